@@ -1,0 +1,156 @@
+"""A request as the scheduler and the cache core see it (vLLM ``v1/request.py``).
+
+Pure data plus the few derived quantities the core needs. Token content is a
+tuple of :mod:`sim.tokens` segments; generated tokens are counted, not stored,
+and live in the request's reserved output stream.
+
+Invariants:
+
+* ``num_tokens == num_prompt_tokens + num_output_tokens``.
+* ``0 <= num_computed_tokens <= num_tokens``.
+* ``block_hashes`` holds exactly the hashes of the full ``hash_block_size``
+  blocks of the first ``num_tokens`` tokens once :meth:`update_block_hashes`
+  has run; it only grows (vLLM appends hashes as output tokens arrive).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Sequence
+
+from sim.kv.hashing import BlockHash, extend_block_hashes
+from sim.tokens import Segment, StreamSegment, output_stream, total_length
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle states we model (subset of vLLM's ``RequestStatus``)."""
+
+    WAITING = enum.auto()
+    WAITING_FOR_REMOTE_KVS = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_ERROR = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+class Request:
+    """One inference request: prompt segments, output budget, scheduling state."""
+
+    __slots__ = (
+        "request_id",
+        "prompt",
+        "num_prompt_tokens",
+        "max_tokens",
+        "output_len",
+        "arrival_time",
+        "priority",
+        "lora_name",
+        "cache_salt",
+        "status",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "block_hashes",
+        "shared_prefix_boundary",
+        "num_preemptions",
+        "skip_reading_prefix_cache",
+        "num_in_flight_tokens",
+        "num_cached_tokens",
+        "num_external_computed_tokens",
+        "metadata",
+        "_hash_block_size",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: Sequence[Segment],
+        max_tokens: int,
+        arrival_time: float = 0.0,
+        *,
+        output_len: int | None = None,
+        priority: int = 0,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        metadata: dict | None = None,
+    ) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"request {request_id}: max_tokens must be >= 1")
+        self.request_id = request_id
+        self.prompt: tuple[Segment, ...] = tuple(prompt)
+        self.num_prompt_tokens = total_length(self.prompt)
+        if self.num_prompt_tokens < 1:
+            raise ValueError(f"request {request_id}: empty prompt")
+        self.max_tokens = max_tokens
+        #: Tokens the request will generate before stopping (EOS or max_tokens).
+        self.output_len = max_tokens if output_len is None else min(output_len, max_tokens)
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.block_hashes: list[BlockHash] = []
+        self.shared_prefix_boundary = 0
+        self.num_preemptions = 0
+        self.skip_reading_prefix_cache = False
+        self.num_in_flight_tokens = 0
+        #: Prefix-cache hit tokens at the first admission (-1 until admitted).
+        self.num_cached_tokens = -1
+        self.num_external_computed_tokens = 0
+        self.metadata: dict = metadata or {}
+        self._hash_block_size = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens
+
+    def segments(self) -> tuple[Segment, ...]:
+        """All token content: the prompt, then the generated tokens so far."""
+        if self.num_output_tokens == 0:
+            return self.prompt
+        return self.prompt + (StreamSegment(output_stream(self.request_id), 0, self.num_output_tokens),)
+
+    def set_hash_block_size(self, hash_block_size: int) -> None:
+        """Bind the hash granularity (once, by the engine) and hash the prompt."""
+        self._hash_block_size = hash_block_size
+        self.block_hashes = []
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Hash any newly completed full blocks (vLLM's request block hasher)."""
+        hbs = self._hash_block_size
+        if hbs and self.num_tokens // hbs > len(self.block_hashes):
+            extend_block_hashes(
+                self.block_hashes,
+                self.segments(),
+                self.num_tokens,
+                self._hash_block_size,
+                self.lora_name,
+                self.cache_salt,
+            )
+
+    def append_output_tokens(self, n: int) -> None:
+        """Record ``n`` generated tokens and hash blocks they complete."""
+        self.num_output_tokens += n
+        self.update_block_hashes()
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, prompt={self.num_prompt_tokens}, "
+            f"out={self.num_output_tokens}/{self.output_len}, computed={self.num_computed_tokens}, "
+            f"{self.status.name})"
+        )
