@@ -1,0 +1,232 @@
+"""Columnar, plain-Python sink for everything a run records (DESIGN.md §6).
+
+The core calls the recorder; the recorder never calls back. It holds one list
+per column, appends rows in the order the simulation produces them, and does
+not import pandas: :mod:`sim.trace.tables` turns the columns into DataFrames.
+
+Invariants:
+
+* Column names and order of the contract columns are those of DESIGN.md §6;
+  extension columns come after them and are never reordered into them.
+* ``kv_events.seq`` is dense from 0 in emission order; every row carries the
+  ``step`` / ``time_s`` the engine set with :meth:`Recorder.set_clock` before
+  the row was produced.
+* Per-group columns (``hit_g<i>``, ``blocks_g<i>``, ``cached_g<i>``) exist for
+  ``i in range(num_groups)``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+
+def kv_event_columns() -> list[str]:
+    return ["seq", "step", "time_s", "kind", "group", "block_id", "block_hash", "request_id", "cause"]
+
+
+def admission_columns(num_groups: int) -> list[str]:
+    return (
+        ["step", "time_s", "request_id", "prompt_tokens"]
+        + [f"hit_g{i}" for i in range(num_groups)]
+        + [
+            "local_tokens",
+            "external_tokens",
+            "hit_diverged",
+            "fallback",
+            "policy",
+            "outcome",
+            "crash_reason",
+            # extensions
+            "kind",
+            "reason",
+            "num_computed_tokens",
+            "tokens_lost",
+            "taint_origin",
+        ]
+    )
+
+
+def request_columns() -> list[str]:
+    return [
+        "request_id",
+        "arrival_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "finished_s",
+        "prompt_tokens",
+        "output_tokens",
+        "local_hit_tokens",
+        "external_hit_tokens",
+        "preemptions",
+        "outcome",
+    ]
+
+
+def schedule_columns() -> list[str]:
+    return ["step", "request_id", "kind", "num_scheduled_tokens", "num_computed_tokens", "preempted"]
+
+
+def step_columns(num_groups: int) -> list[str]:
+    return (
+        ["step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens", "free_blocks"]
+        + [f"blocks_g{i}" for i in range(num_groups)]
+        + [f"cached_g{i}" for i in range(num_groups)]
+    )
+
+
+class Columns:
+    """One table as a dict of equal-length lists, with a fixed column order."""
+
+    __slots__ = ("names", "data")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        self.data: dict[str, list] = {n: [] for n in self.names}
+
+    def append(self, row: dict) -> None:
+        missing = set(self.names) - row.keys()
+        extra = row.keys() - set(self.names)
+        if missing or extra:
+            raise KeyError(f"row does not match columns: missing {sorted(missing)}, unknown {sorted(extra)}")
+        for name in self.names:
+            self.data[name].append(row[name])
+
+    def add_column(self, name: str, default) -> None:
+        """Append an extension column (e.g. a connector metric), back-filled."""
+        if name in self.data:
+            return
+        self.names.append(name)
+        self.data[name] = [default] * len(self)
+
+    def __len__(self) -> int:
+        return len(self.data[self.names[0]]) if self.names else 0
+
+
+class Recorder:
+    """Collects the rows of every result table during one run."""
+
+    def __init__(self, num_groups: int, record_schedule: bool = True) -> None:
+        self.num_groups = num_groups
+        self.schedule_enabled = record_schedule
+        self.step = 0
+        self.time_s = 0.0
+        self.kv_events = Columns(kv_event_columns())
+        self.admissions = Columns(admission_columns(num_groups))
+        self.requests = Columns(request_columns())
+        self.schedule = Columns(schedule_columns())
+        self.steps = Columns(step_columns(num_groups))
+
+    def set_clock(self, step: int, time_s: float) -> None:
+        """Stamp subsequent rows with this engine step and simulated time."""
+        self.step = step
+        self.time_s = time_s
+
+    def record_kv_events(self, events: Iterable) -> None:
+        """Append KV events (objects with kind, group, block_id, block_hash, request_id, cause)."""
+        cols = self.kv_events.data
+        seq = len(self.kv_events)
+        for ev in events:
+            cols["seq"].append(seq)
+            cols["step"].append(self.step)
+            cols["time_s"].append(self.time_s)
+            cols["kind"].append(ev.kind)
+            cols["group"].append(ev.group)
+            cols["block_id"].append(ev.block_id)
+            cols["block_hash"].append(ev.block_hash)
+            cols["request_id"].append(ev.request_id)
+            cols["cause"].append(ev.cause)
+            seq += 1
+
+    def record_admission(
+        self,
+        *,
+        request_id: str,
+        prompt_tokens: int,
+        hits: Sequence[int],
+        local_tokens: int,
+        external_tokens: int,
+        hit_diverged: bool,
+        fallback: bool,
+        policy: str,
+        outcome: str,
+        crash_reason: str = "",
+        kind: str = "first",
+        reason: str = "",
+        num_computed_tokens: int = 0,
+        tokens_lost: int = 0,
+        taint_origin: str = "",
+    ) -> None:
+        """One admission attempt (DESIGN.md §6 ``admissions``)."""
+        if len(hits) != self.num_groups:
+            raise ValueError(f"expected {self.num_groups} per-group hits, got {len(hits)}")
+        row = {
+            "step": self.step,
+            "time_s": self.time_s,
+            "request_id": request_id,
+            "prompt_tokens": prompt_tokens,
+            "local_tokens": local_tokens,
+            "external_tokens": external_tokens,
+            "hit_diverged": bool(hit_diverged),
+            "fallback": bool(fallback),
+            "policy": policy,
+            "outcome": outcome,
+            "crash_reason": crash_reason,
+            "kind": kind,
+            "reason": reason,
+            "num_computed_tokens": num_computed_tokens,
+            "tokens_lost": tokens_lost,
+            "taint_origin": taint_origin,
+        }
+        for i, h in enumerate(hits):
+            row[f"hit_g{i}"] = h
+        self.admissions.append(row)
+
+    def record_schedule(
+        self, request_id: str, kind: str, num_scheduled_tokens: int, num_computed_tokens: int, preempted: bool
+    ) -> None:
+        """One scheduled (or preempted) request in the current step."""
+        if not self.schedule_enabled:
+            return
+        cols = self.schedule.data
+        cols["step"].append(self.step)
+        cols["request_id"].append(request_id)
+        cols["kind"].append(kind)
+        cols["num_scheduled_tokens"].append(num_scheduled_tokens)
+        cols["num_computed_tokens"].append(num_computed_tokens)
+        cols["preempted"].append(bool(preempted))
+
+    def record_step(
+        self,
+        *,
+        duration_s: float,
+        running: int,
+        waiting: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        free_blocks: int,
+        blocks_per_group: Sequence[int],
+        cached_per_group: Sequence[int],
+        **extra,
+    ) -> None:
+        """One engine step; ``extra`` fills extension columns added with ``add_column``."""
+        row = {
+            "step": self.step,
+            "time_s": self.time_s,
+            "duration_s": duration_s,
+            "running": running,
+            "waiting": waiting,
+            "prefill_tokens": prefill_tokens,
+            "decode_tokens": decode_tokens,
+            "free_blocks": free_blocks,
+        }
+        for i in range(self.num_groups):
+            row[f"blocks_g{i}"] = blocks_per_group[i]
+            row[f"cached_g{i}"] = cached_per_group[i]
+        for name, value in extra.items():
+            self.steps.add_column(name, None)
+            row[name] = value
+        self.steps.append(row)
+
+    def record_request(self, **row) -> None:
+        """One finished (or failed) request (DESIGN.md §6 ``requests``)."""
+        self.requests.append(row)
