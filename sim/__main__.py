@@ -1,0 +1,5 @@
+"""``python -m sim`` runs the ``hybridsim`` command line."""
+
+from sim.cli import main
+
+main()

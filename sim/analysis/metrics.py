@@ -1,0 +1,218 @@
+"""Per-request latencies and the run summary (``summary.json``) from the result tables.
+
+Definitions (times in seconds of simulated time, from the ``requests`` table):
+
+* TTFT ``first_token_s - arrival_s``; E2E ``finished_s - arrival_s``;
+  queueing ``first_scheduled_s - arrival_s``.
+* TPOT ``(finished_s - first_token_s) / (output_tokens - 1)``, undefined (NaN)
+  for one output token, as vLLM's serving benchmark defines it. With only the
+  first and last token times known, a request's mean ITL equals its TPOT; the
+  run-level ``itl.mean`` is token-weighted instead (total decode time over total
+  inter-token gaps, as the benchmark pools ITLs), while ``tpot.mean`` weights
+  every request equally.
+* A request *finished* when it has a ``finished_s`` and its ``outcome`` is not
+  one of :data:`FAILED_OUTCOMES`; every other request *failed*. Latency
+  percentiles and throughput count finished requests only.
+* Percentiles are numpy's linear interpolation (``numpy.percentile``), the
+  convention of vLLM's benchmarks.
+* Throughput divides by the span from the first arrival to the last finish.
+  Goodput counts finished requests whose outcome is not ``corrupt`` (their
+  output is wrong, however fast) and that meet every SLO given (a request
+  without a TPOT meets the TPOT SLO).
+* A request's *first admission* is its first ``admissions`` row whose outcome
+  is an admitted one (not ``not_admitted``); failed attempts before it and
+  re-admissions after a preemption are left out so that each prompt counts
+  once. ``hit_rate.g<i>`` is ``sum(hit_g<i>) / sum(prompt_tokens)`` over first
+  admissions (whatever their outcome: ``hit_g<i>`` is the group's independent
+  lookup, a property of the cache, not of the policy); ``local_rate`` /
+  ``external_rate`` do the same with ``local_tokens`` / ``external_tokens``.
+* Divergence is judged on every admitted row (each is a boundary decision).
+  With FA = the minimum hit over ``full_attention`` groups and O = the hits of
+  the other groups: ``mamba_deeper`` when FA < max(O), ``fa_deeper`` when
+  FA > min(O) (both can hold with three or more groups).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
+
+#: ``requests.outcome`` values of a request that did not complete.
+FAILED_OUTCOMES: frozenset[str] = frozenset({"failed", "crash", "aborted"})
+#: ``admissions.outcome`` of an attempt that did not admit the request.
+NOT_ADMITTED = "not_admitted"
+FULL_ATTENTION = "full_attention"
+PERCENTILES = (50, 90, 99)
+
+
+def _tables(source: Any) -> dict[str, pd.DataFrame]:
+    tables = source.tables if hasattr(source, "tables") else source
+    if not isinstance(tables, Mapping):
+        raise ValueError("expected a mapping of table name to DataFrame or an object with .tables")
+    num_groups = max([0] + [infer_num_groups(t.columns) for t in tables.values()])
+    return {n: tables[n] if n in tables else empty_table(n, num_groups) for n in TABLE_NAMES}
+
+
+def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per request: id, outcome, finished flag, output tokens and its latencies."""
+    arrival = requests["arrival_s"]
+    out_tokens = requests["output_tokens"]
+    decode_gaps = (out_tokens - 1).where(out_tokens > 1)
+    finished = requests["finished_s"].notna() & ~requests["outcome"].isin(FAILED_OUTCOMES)
+    return pd.DataFrame(
+        {
+            "request_id": requests["request_id"],
+            "outcome": requests["outcome"],
+            "finished": finished.astype(bool),
+            "output_tokens": out_tokens,
+            "ttft_s": requests["first_token_s"] - arrival,
+            "tpot_s": (requests["finished_s"] - requests["first_token_s"]) / decode_gaps,
+            "itl_mean_s": (requests["finished_s"] - requests["first_token_s"]) / decode_gaps,
+            "e2e_s": requests["finished_s"] - arrival,
+            "queueing_s": requests["first_scheduled_s"] - arrival,
+        }
+    )
+
+
+def _distribution(values: pd.Series) -> dict[str, float | None]:
+    v = values.dropna().to_numpy(dtype=float)
+    if len(v) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
+    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES}}
+
+
+def _counts(values: pd.Series) -> dict[str, int]:
+    return {str(k): int(n) for k, n in sorted(values.value_counts().items())}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return float(num) / float(den) if den > 0 else None
+
+
+def first_admissions(admissions: pd.DataFrame) -> pd.DataFrame:
+    """Each request's first admitted row, in table order (see module docstring)."""
+    admitted = admissions[admissions["outcome"] != NOT_ADMITTED]
+    return admitted.drop_duplicates("request_id", keep="first")
+
+
+def divergence_counts(admissions: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, int]:
+    """``mamba_deeper`` / ``fa_deeper`` counts over admitted rows (module docstring)."""
+    admitted = admissions[admissions["outcome"] != NOT_ADMITTED]
+    fa = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k == FULL_ATTENTION]
+    other = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k != FULL_ATTENTION]
+    if not fa or not other or admitted.empty:
+        return {"mamba_deeper": 0, "fa_deeper": 0}
+    fa_hit = admitted[fa].min(axis=1)
+    return {
+        "mamba_deeper": int((fa_hit < admitted[other].max(axis=1)).sum()),
+        "fa_deeper": int((fa_hit > admitted[other].min(axis=1)).sum()),
+    }
+
+
+def run_summary(
+    tables: Any,
+    *,
+    group_kinds: Sequence[str],
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+    crash: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's metrics as a JSON-able dict with sorted keys (the body of ``summary.json``).
+
+    ``tables`` is a mapping of table name to DataFrame (or an object with
+    ``.tables``); ``group_kinds`` names the attention type of each KV-cache
+    group in group order; ``crash`` is ``None`` or ``{step, time_s,
+    request_id, reason}`` (DESIGN.md §6).
+    """
+    t = _tables(tables)
+    adm, req, kv = t["admissions"], t["requests"], t["kv_events"]
+    num_groups = max(infer_num_groups(adm.columns), infer_num_groups(t["steps"].columns))
+    if len(group_kinds) != num_groups:
+        raise ValueError(
+            f"group_kinds has {len(group_kinds)} entries {list(group_kinds)} but the tables have "
+            f"{num_groups} KV-cache groups; give one attention type per group"
+        )
+    for name, value in (("slo_ttft_s", slo_ttft_s), ("slo_tpot_s", slo_tpot_s)):
+        if value is not None and not value > 0:
+            raise ValueError(f"{name} must be a positive number of seconds or null, got {value!r}")
+
+    per_req = request_metrics(req)
+    done = per_req[per_req["finished"]]
+    span = (req.loc[per_req["finished"], "finished_s"].max() - req["arrival_s"].min()) if len(done) else np.nan
+    duration = float(span) if pd.notna(span) and span > 0 else None
+
+    good = done[done["outcome"] != "corrupt"]
+    if slo_ttft_s is not None:
+        good = good[good["ttft_s"] <= slo_ttft_s]
+    if slo_tpot_s is not None:
+        good = good[good["tpot_s"].isna() | (good["tpot_s"] <= slo_tpot_s)]
+
+    decode_time = (done["tpot_s"] * (done["output_tokens"] - 1)).sum()
+    decode_gaps = (done["output_tokens"] - 1).where(done["output_tokens"] > 1).sum()
+
+    first = first_admissions(adm)
+    prompt = float(first["prompt_tokens"].sum())
+    admitted = adm[adm["outcome"] != NOT_ADMITTED]
+    removed = kv[kv["kind"] == "removed"]
+    evictions = {}
+    for g in range(num_groups):
+        of_group = removed[removed["group"] == g]
+        evictions[f"g{g}"] = {"total": int(len(of_group)), "by_cause": _counts(of_group["cause"])}
+
+    return {
+        "groups": list(group_kinds),
+        "crash": dict(crash) if crash is not None else None,
+        "num_steps": int(len(t["steps"])),
+        "requests": {
+            "total": int(len(req)),
+            "finished": int(len(done)),
+            "failed": int(len(req) - len(done)),
+            "by_outcome": _counts(req["outcome"]),
+            "preemptions": int(req["preemptions"].sum()),
+            "local_hit_tokens": int(req["local_hit_tokens"].sum()),
+            "external_hit_tokens": int(req["external_hit_tokens"].sum()),
+            "prompt_tokens": int(req["prompt_tokens"].sum()),
+            "output_tokens": int(req["output_tokens"].sum()),
+        },
+        "latency_s": {
+            "ttft": _distribution(done["ttft_s"]),
+            "tpot": _distribution(done["tpot_s"]),
+            "e2e": _distribution(done["e2e_s"]),
+            "queueing": _distribution(done["queueing_s"]),
+            "itl": {"mean": _ratio(decode_time, decode_gaps) if decode_gaps > 0 else None},
+        },
+        "throughput": {
+            "duration_s": duration,
+            "requests_per_s": _ratio(len(done), duration) if duration else None,
+            "output_tokens_per_s": _ratio(done["output_tokens"].sum(), duration) if duration else None,
+        },
+        "goodput": {
+            "slo_ttft_s": slo_ttft_s,
+            "slo_tpot_s": slo_tpot_s,
+            "requests": int(len(good)),
+            "requests_per_s": _ratio(len(good), duration) if duration else None,
+        },
+        "cache": {
+            "first_admissions": int(len(first)),
+            "prompt_tokens": int(prompt),
+            "hit_rate": {f"g{i}": _ratio(first[f"hit_g{i}"].sum(), prompt) for i in range(num_groups)},
+            "local_rate": _ratio(first["local_tokens"].sum(), prompt),
+            "external_rate": _ratio(first["external_tokens"].sum(), prompt),
+        },
+        "admissions": {
+            "attempts": int(len(adm)),
+            "admitted": int(len(admitted)),
+            "by_outcome": _counts(adm["outcome"]),
+            "by_policy": {str(p): _counts(rows["outcome"]) for p, rows in sorted(adm.groupby("policy"), key=lambda x: str(x[0]))},
+            "crash_reasons": _counts(adm.loc[adm["crash_reason"] != "", "crash_reason"]),
+            "fallbacks": int(adm["fallback"].sum()),
+            "hit_diverged": int(adm["hit_diverged"].sum()),
+            "divergences": divergence_counts(adm, group_kinds),
+            "tokens_recomputed": int(adm["tokens_lost"].sum()),
+        },
+        "evictions": {"total": int(len(removed)), "by_group": evictions},
+    }

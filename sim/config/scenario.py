@@ -1,0 +1,520 @@
+"""Pydantic models of a whole scenario (DESIGN.md §7); docs/scenarios.md lists every key.
+
+Every model forbids unknown keys except ``connector`` (its own keys belong to
+the connector, which validates them). Defaults that depend on other sections
+(``scheduler.max_model_len``, the batch limits, ``cache.mamba_cache_mode``,
+``outputs.schedule_table``) are ``None`` in the field and filled in by
+:class:`Scenario`'s validator, so a validated scenario holds no ``None`` where a
+value is implied, and dumping it and loading it back gives an equal scenario.
+
+A validator that wants its message tied to a sub-key raises
+``ValueError("@sub.key: message")``; the loader appends ``sub.key`` to the
+error's key path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from sim.config.presets import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    GiB,
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    HardwarePreset,
+    ModelPreset,
+    kv_memory_budget,
+)
+from sim.config.yamlio import did_you_mean
+from sim.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
+from sim.workload.spec import WorkloadSpec
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+
+EXPLICIT_GROUPS_MAX_MODEL_LEN = 8192
+"""DESIGN.md §7: ``max_model_len`` when the scenario gives no model preset."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- model
+
+
+class AttentionLayerSpec(_Strict):
+    """``count`` identical attention layers (full attention, or sliding window with ``window``)."""
+
+    type: Literal["full_attention", "sliding_window"]
+    num_kv_heads: PositiveInt
+    head_size: PositiveInt
+    head_size_v: PositiveInt | None = None
+    dtype_bytes: PositiveInt = 2
+    window: PositiveInt | None = None
+    count: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _window_matches_type(self) -> "AttentionLayerSpec":
+        if self.type == "sliding_window" and self.window is None:
+            raise ValueError("@window: a sliding_window layer needs 'window' (tokens)")
+        if self.type == "full_attention" and self.window is not None:
+            raise ValueError("@window: only a sliding_window layer has a window")
+        return self
+
+    def shape(self) -> AttentionLayerShape:
+        return AttentionLayerShape(self.num_kv_heads, self.head_size, self.head_size_v, self.dtype_bytes, self.window)
+
+
+class MambaLayerSpec(_Strict):
+    """``count`` identical recurrent layers: state tensor shapes and their element sizes."""
+
+    type: Literal["mamba"]
+    state_shapes: list[list[PositiveInt]] = Field(min_length=1)
+    state_dtype_bytes: list[PositiveInt] = Field(min_length=1)
+    mixer: Literal["mamba1", "mamba2", "gdn", "short_conv"] = "mamba2"
+    prefill_checkpoints: bool = False
+    count: PositiveInt = 1
+
+    @model_validator(mode="after")
+    def _one_dtype_per_tensor(self) -> "MambaLayerSpec":
+        if len(self.state_shapes) != len(self.state_dtype_bytes):
+            raise ValueError(
+                f"@state_dtype_bytes: give one element size per state tensor "
+                f"({len(self.state_shapes)} shapes, {len(self.state_dtype_bytes)} sizes)"
+            )
+        return self
+
+    def shape(self) -> MambaLayerShape:
+        return MambaLayerShape(
+            tuple(tuple(s) for s in self.state_shapes), tuple(self.state_dtype_bytes),
+            self.mixer, self.prefill_checkpoints,
+        )
+
+
+def _layer_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "mamba" if kind == "mamba" else "attention"
+
+
+LayerSpec = Annotated[
+    Union[Annotated[AttentionLayerSpec, Tag("attention")], Annotated[MambaLayerSpec, Tag("mamba")]],
+    Discriminator(_layer_kind),
+]
+
+
+class ModelSection(_Strict):
+    """``{preset: NAME}`` or an explicit ``layers:`` list (cache layout only; no step-time sizes)."""
+
+    preset: str | None = None
+    layers: list[LayerSpec] | None = None
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in MODEL_PRESETS:
+            raise ValueError(
+                f"unknown model preset {name!r}{did_you_mean(name, MODEL_PRESETS)} (valid: {', '.join(MODEL_PRESETS)})"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelSection":
+        if (self.preset is None) == (self.layers is None):
+            raise ValueError("@preset: give exactly one of 'preset' or 'layers'")
+        if self.layers is not None and not self.layers:
+            raise ValueError("@layers: give at least one layer")
+        return self
+
+    @property
+    def preset_obj(self) -> ModelPreset | None:
+        return MODEL_PRESETS[self.preset] if self.preset is not None else None
+
+    def layer_shapes(self) -> tuple[LayerShape, ...]:
+        if self.preset is not None:
+            return MODEL_PRESETS[self.preset].shape.layers
+        assert self.layers is not None
+        return tuple(layer.shape() for layer in self.layers for _ in range(layer.count))
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+class HardwareOverrides(_Strict):
+    """Replace a hardware preset's numbers or the step-time model's constants (``null`` keeps the default)."""
+
+    memory_bytes: PositiveInt | None = None
+    memory_bandwidth: PositiveFloat | None = None
+    bf16_flops: PositiveFloat | None = None
+    step_overhead_s: NonNegativeFloat | None = None
+    per_request_overhead_s: NonNegativeFloat | None = None
+    compute_efficiency: Fraction | None = None
+    memory_efficiency: Fraction | None = None
+
+    def given(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class HardwareSection(_Strict):
+    preset: str
+    gpu_memory_utilization: Fraction = DEFAULT_GPU_MEMORY_UTILIZATION
+    overrides: HardwareOverrides = Field(default_factory=HardwareOverrides)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str) -> str:
+        if name not in HARDWARE_PRESETS:
+            raise ValueError(
+                f"unknown hardware preset {name!r}{did_you_mean(name, HARDWARE_PRESETS)} "
+                f"(valid: {', '.join(HARDWARE_PRESETS)})"
+            )
+        return name
+
+    def preset_obj(self) -> HardwarePreset:
+        """The preset with ``memory_bytes`` / ``memory_bandwidth`` / ``bf16_flops`` overrides applied."""
+        hw = HARDWARE_PRESETS[self.preset]
+        given = {k: v for k, v in self.overrides.given().items() if k in ("memory_bytes", "memory_bandwidth", "bf16_flops")}
+        return replace(hw, **given) if given else hw
+
+
+# --------------------------------------------------------------------------- cache
+
+
+class FullAttentionGroup(_Strict):
+    type: Literal["full_attention"]
+
+
+class SlidingWindowGroup(_Strict):
+    type: Literal["sliding_window"]
+    window: PositiveInt
+
+
+class MambaGroup(_Strict):
+    type: Literal["mamba"]
+    prefill_checkpoints: bool = False
+
+
+GROUP_TYPES = ("full_attention", "sliding_window", "mamba")
+
+
+def _group_shorthand(value: Any) -> Any:
+    """A bare type name ``mamba`` means ``{type: mamba}``."""
+    if isinstance(value, str):
+        if value not in GROUP_TYPES:
+            raise ValueError(f"unknown group type {value!r}{did_you_mean(value, GROUP_TYPES)} (valid: {', '.join(GROUP_TYPES)})")
+        return {"type": value}
+    return value
+
+
+def _group_kind(value: Any) -> str | None:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind in GROUP_TYPES else None
+
+
+GroupSpec = Annotated[
+    Union[
+        Annotated[FullAttentionGroup, Tag("full_attention")],
+        Annotated[SlidingWindowGroup, Tag("sliding_window")],
+        Annotated[MambaGroup, Tag("mamba")],
+    ],
+    Discriminator(
+        _group_kind,
+        custom_error_type="group_type",
+        custom_error_message=f"a group needs 'type', one of: {', '.join(GROUP_TYPES)}",
+    ),
+    BeforeValidator(_group_shorthand),
+]
+
+
+class CacheSection(_Strict):
+    block_size: PositiveInt = 16
+    num_blocks: Annotated[int, Field(ge=2)] | None = None
+    kv_memory_gb: PositiveFloat | None = None
+    enable_prefix_caching: bool = True
+    mamba_cache_mode: Literal["align", "none"] | None = None
+    retention_interval: NonNegativeInt | None = 0
+    groups: list[GroupSpec] | None = None
+    corrected_mamba_accounting: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CacheSection":
+        if self.num_blocks is not None and self.kv_memory_gb is not None:
+            raise ValueError("@kv_memory_gb: give cache.num_blocks or cache.kv_memory_gb, not both")
+        derived = "align" if self.enable_prefix_caching else "none"
+        if self.mamba_cache_mode is None:
+            self.mamba_cache_mode = derived
+        elif self.mamba_cache_mode != derived:
+            raise ValueError(
+                f"@mamba_cache_mode: {self.mamba_cache_mode!r} contradicts enable_prefix_caching: "
+                f"{str(self.enable_prefix_caching).lower()} (vLLM 0.33 derives it: 'align' with prefix caching, "
+                f"'none' without)"
+            )
+        if self.groups is not None:
+            if not self.groups:
+                raise ValueError("@groups: give at least one group, or leave groups out")
+            if self.retention_interval:
+                if not any(g.type in ("mamba", "sliding_window") for g in self.groups):
+                    raise ValueError(
+                        "@retention_interval: a positive retention interval needs a mamba or sliding_window group"
+                    )
+                if self.retention_interval % self.block_size:
+                    raise ValueError(
+                        f"@retention_interval: {self.retention_interval} is not a multiple of the block size "
+                        f"{self.block_size}"
+                    )
+        return self
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+class SchedulerSection(_Strict):
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    max_model_len: PositiveInt | None = None
+    long_prefill_token_threshold: NonNegativeInt = 0
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    prefix_policy: str = Field(default="pr48425", min_length=1)
+    watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
+# --------------------------------------------------------------------------- connector
+
+
+class ConnectorSection(BaseModel):
+    """``type`` plus the connector's own keys (kept as extra fields; the connector validates them)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(default="none", min_length=1)
+
+    def options(self) -> dict[str, Any]:
+        """The connector-specific keys."""
+        return dict(self.model_extra or {})
+
+
+# --------------------------------------------------------------------------- actions
+
+
+class EvictSpec(_Strict):
+    """Drop the cache entries of ``blocks`` (indices into ``prefix_of``'s prompt blocks) in ``group``."""
+
+    prefix_of: str = Field(min_length=1)
+    group: Union[Literal["full_attention", "mamba", "sliding_window"], NonNegativeInt]
+    blocks: list[NonNegativeInt] = Field(min_length=1)
+
+
+class ConnectorFault(BaseModel):
+    """Fault options; their keys belong to the connector's fault wrapper."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ActionSpec(_Strict):
+    """One intervention just before step ``at`` (``clock: steps``) or at ``at`` seconds (``clock: time``)."""
+
+    at: NonNegativeFloat
+    evict: EvictSpec | None = None
+    reset_prefix_cache: Literal[True] | None = None
+    connector_fault: ConnectorFault | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "ActionSpec":
+        kinds = [k for k in ("evict", "reset_prefix_cache", "connector_fault") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                "@evict: an action needs exactly one of 'evict', 'reset_prefix_cache' or 'connector_fault'"
+                + (f" (got {', '.join(kinds)})" if kinds else "")
+            )
+        return self
+
+
+# --------------------------------------------------------------------------- slo, outputs
+
+
+class SLOSection(_Strict):
+    """Goodput thresholds: a request meets the SLO when every given bound holds."""
+
+    ttft_s: PositiveFloat | None = None
+    tpot_s: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> "SLOSection":
+        if self.ttft_s is None and self.tpot_s is None:
+            raise ValueError("@ttft_s: give ttft_s, tpot_s or both")
+        return self
+
+
+class OutputsSection(_Strict):
+    tables_format: Literal["parquet", "csv"] = "parquet"
+    schedule_table: bool | None = None
+    plots: bool = True
+
+
+# --------------------------------------------------------------------------- scenario
+
+
+def _batch_defaults(hardware: HardwarePreset | None) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` as vLLM 0.33 picks them for ``vllm serve``.
+
+    ``EngineArgs.get_batch_defaults``: >= 160 GiB: 16384 / 1024; >= 70 GiB and
+    not an A100: 8192 / 1024; otherwise 2048 / 256. With no hardware, the
+    ``SchedulerConfig`` class defaults 2048 / 128.
+    """
+    if hardware is None:
+        return 2048, 128
+    if hardware.memory_bytes >= 160 * GiB:
+        return 16384, 1024
+    if hardware.memory_bytes >= 70 * GiB and not hardware.name.startswith("a100"):
+        return 8192, 1024
+    return 2048, 256
+
+
+class Scenario(_Strict):
+    name: str = Field(min_length=1)
+    seed: int = 0
+    clock: Literal["steps", "time"] = "steps"
+    model: ModelSection | None = None
+    hardware: HardwareSection | None = None
+    cache: CacheSection = Field(default_factory=CacheSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+    connector: ConnectorSection = Field(default_factory=ConnectorSection)
+    workload: WorkloadSpec
+    actions: list[ActionSpec] = Field(default_factory=list)
+    on_crash: Literal["stop", "record"] = "stop"
+    slo: SLOSection | None = None
+    outputs: OutputsSection = Field(default_factory=OutputsSection)
+    check_invariants: bool = False
+
+    @model_validator(mode="after")
+    def _resolve(self) -> "Scenario":
+        self._check_model_and_clock()
+        self._fill_scheduler_defaults()
+        self._check_retention()
+        self._check_actions()
+        if self.outputs.schedule_table is None:
+            self.outputs.schedule_table = self.clock == "steps"
+        self._check_kv_memory()
+        return self
+
+    # -- checks, in the order they run
+
+    def _check_model_and_clock(self) -> None:
+        if self.model is None and self.cache.groups is None:
+            raise ValueError("@model: give a model (a preset or explicit layers) or cache.groups")
+        if self.clock == "time":
+            if self.model is None or self.model.preset is None:
+                raise ValueError(
+                    f"@model: clock: time needs a model preset for the step-time model (valid: {', '.join(MODEL_PRESETS)})"
+                )
+            if self.hardware is None:
+                raise ValueError(f"@hardware: clock: time needs a hardware preset (valid: {', '.join(HARDWARE_PRESETS)})")
+
+    def _fill_scheduler_defaults(self) -> None:
+        s = self.scheduler
+        tokens, seqs = _batch_defaults(self.hardware.preset_obj() if self.hardware else None)
+        if s.max_num_batched_tokens is None:
+            s.max_num_batched_tokens = tokens
+        if s.max_num_seqs is None:
+            s.max_num_seqs = seqs
+        if s.max_model_len is None:
+            preset = self.model.preset_obj if self.model else None
+            s.max_model_len = preset.max_model_len if preset else EXPLICIT_GROUPS_MAX_MODEL_LEN
+
+    def _check_retention(self) -> None:
+        n = self.cache.retention_interval
+        if not n or self.cache.groups is not None or self.model is None:
+            return
+        shapes = self.model.layer_shapes()
+        sparse = any(isinstance(l, MambaLayerShape) or l.window is not None for l in shapes)
+        if not sparse:
+            raise ValueError(
+                "@cache.retention_interval: a positive retention interval needs Mamba or sliding-window layers "
+                f"(model {self.model.preset or 'layers'} has none)"
+            )
+        if not any(isinstance(l, MambaLayerShape) for l in shapes) and n % self.cache.block_size:
+            raise ValueError(
+                f"@cache.retention_interval: {n} is not a multiple of the block size {self.cache.block_size}"
+            )
+
+    def _check_actions(self) -> None:
+        request_ids = [r.id for r in self.workload.requests] if self.workload.requests is not None else None
+        groups = self.cache.groups
+        for i, action in enumerate(self.actions):
+            if self.clock == "steps" and action.at != int(action.at):
+                raise ValueError(f"@actions.{i}.at: with clock: steps, 'at' is a step number (got {action.at})")
+            ev = action.evict
+            if ev is None:
+                continue
+            if request_ids is not None and ev.prefix_of not in request_ids:
+                raise ValueError(
+                    f"@actions.{i}.evict.prefix_of: no request {ev.prefix_of!r} in the workload"
+                    f"{did_you_mean(ev.prefix_of, request_ids)}"
+                )
+            if groups is not None:
+                if isinstance(ev.group, int) and ev.group >= len(groups):
+                    raise ValueError(
+                        f"@actions.{i}.evict.group: group index {ev.group} out of range (valid: 0..{len(groups) - 1})"
+                    )
+                if isinstance(ev.group, str) and all(g.type != ev.group for g in groups):
+                    raise ValueError(
+                        f"@actions.{i}.evict.group: no {ev.group} group in cache.groups "
+                        f"(valid: {', '.join(sorted({g.type for g in groups}))})"
+                    )
+
+    def _check_kv_memory(self) -> None:
+        if self.cache.num_blocks is not None or self.cache.kv_memory_gb is not None:
+            return
+        if self.hardware is None or self.model is None or self.model.preset is None:
+            raise ValueError(
+                "@cache.num_blocks: give cache.num_blocks or cache.kv_memory_gb, or a model preset and a hardware "
+                "section to derive the KV memory from"
+            )
+        try:
+            self.kv_memory_bytes()
+        except ValueError as exc:
+            raise ValueError(f"@hardware.preset: {exc}; give cache.num_blocks or cache.kv_memory_gb") from None
+
+    # -- derived values for the builder
+
+    def model_shape(self) -> ModelShape | None:
+        """The model's cache layout (``None`` with only explicit groups); GDN checkpoints follow the hardware."""
+        if self.model is None:
+            return None
+        preset = self.model.preset_obj
+        if preset is not None:
+            shape = preset.shape_for(self.hardware.preset_obj()) if self.hardware else preset.shape
+            if shape.max_model_len != self.scheduler.max_model_len:
+                shape = replace(shape, max_model_len=self.scheduler.max_model_len)
+            return shape
+        assert self.scheduler.max_model_len is not None
+        return ModelShape("layers", self.model.layer_shapes(), self.scheduler.max_model_len)
+
+    def kv_memory_bytes(self) -> int | None:
+        """KV-cache bytes: ``kv_memory_gb`` GiB, else the hardware-derived budget; ``None`` when ``num_blocks`` rules."""
+        if self.cache.num_blocks is not None:
+            return None
+        if self.cache.kv_memory_gb is not None:
+            return int(self.cache.kv_memory_gb * GiB)
+        assert self.hardware is not None and self.model is not None and self.model.preset_obj is not None
+        s = self.scheduler
+        assert s.max_num_batched_tokens is not None and s.max_num_seqs is not None
+        return kv_memory_budget(
+            self.model.preset_obj,
+            self.hardware.preset_obj(),
+            gpu_memory_utilization=self.hardware.gpu_memory_utilization,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_num_seqs=s.max_num_seqs,
+        )
+
+
+__all__ = [
+    "ActionSpec", "AttentionLayerSpec", "CacheSection", "ConnectorFault", "ConnectorSection", "EvictSpec",
+    "FullAttentionGroup", "HardwareOverrides", "HardwareSection", "MambaGroup", "MambaLayerSpec", "ModelSection",
+    "OutputsSection", "SLOSection", "Scenario", "SchedulerSection", "SlidingWindowGroup",
+]

@@ -1,0 +1,105 @@
+"""Scheduler side of a KV connector (vLLM ``KVConnectorBase_V1``).
+
+A connector supplies *external* KV beyond the local prefix-cache hit. The
+scheduler asks it, at every admission attempt that does a lookup, how many
+tokens it can add (:meth:`KVConnector.get_num_new_matched_tokens`), tells it
+which blocks were allocated (:meth:`KVConnector.update_state_after_alloc`), and
+hands it the block table when the request finishes
+(:meth:`KVConnector.request_finished_all_groups`).
+
+Invariants (vLLM's contract, which the scheduler relies on):
+
+* ``get_num_new_matched_tokens`` is free of side effects: it may be called
+  again for the same request (a skipped or failed admission, a re-admission
+  after preemption) and must answer from the current state only. ``None``
+  means "not known yet, ask again next step". The second element (load
+  asynchronously) must be ``False`` when the first is 0.
+* ``update_state_after_alloc`` is called once per successful allocation; for an
+  asynchronous load it is the moment the transfer starts.
+* ``request_finished_all_groups`` is called exactly once per finished request,
+  before its blocks are freed; returning ``True`` keeps the blocks until the
+  engine reports the request in ``finished_sending``.
+
+Simulation-side additions (vLLM's worker side, which we fold in here):
+:meth:`KVConnector.bind` gives the connector its
+:class:`~sim.connector.context.ConnectorContext` once, before the first step;
+:meth:`KVConnector.get_finished` returns ``(finished_recving,
+finished_sending)``, the transfers that completed since the last call; the
+engine calls it once per step before ``schedule()`` and hands the result to
+``Scheduler.update_from_kv_xfer_finished``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sim.request import Request
+
+
+class KVConnector:
+    """Base class of every connector; subclasses override the hooks they need.
+
+    Capability flags mirror vLLM's: ``supports_hma`` (the connector implements
+    ``request_finished_all_groups``; a model with more than one KV-cache group
+    cannot run with a connector lacking it) and
+    ``supports_divergent_local_hybrid_hits`` (vLLM 0.33's gate for
+    ``get_computed_blocks_for_connector``; default ``False``).
+    """
+
+    #: Registry name of the connector type.
+    name: ClassVar[str] = "base"
+
+    supports_hma: bool = True
+    supports_divergent_local_hybrid_hits: bool = False
+
+    #: The context given by :meth:`bind` (``None`` until bound).
+    ctx: Any = None
+
+    def bind(self, ctx: Any) -> None:
+        """Receive the run's :class:`~sim.connector.context.ConnectorContext` (once, before step 0)."""
+        self.ctx = ctx
+
+    def on_new_request(self, request: Request) -> None:
+        """A request entered the scheduler."""
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """External tokens available beyond ``num_computed_tokens`` (block-aligned local hit)."""
+        raise NotImplementedError
+
+    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+        """Blocks were allocated for ``request``; ``num_external_tokens`` > 0 means load them."""
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """The request finished; return ``(delay_free, kv_transfer_params)``."""
+        return False, None
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Single-group variant, used only for connectors without HMA support."""
+        return False, None
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether pending transfers will release blocks (then the scheduler waits instead of preempting)."""
+        return False
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        """``(finished_recving, finished_sending)`` request ids since the last call."""
+        return set(), set()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """GPU block ids whose load failed since the last call (none by default)."""
+        return set()
+
+    def take_events(self) -> list:
+        """KV events of the connector's own tier since the last call."""
+        return []
+
+
+class NoConnector(KVConnector):
+    """The ``none`` connector: no external KV. The scheduler treats it as no connector at all."""
+
+    name = "none"
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return 0, False

@@ -1,0 +1,239 @@
+"""The ``remote`` connector: P/D disaggregation seen from the decode instance (vLLM's NIXL pull connector).
+
+Every remote-prefilled request (all requests by default, or those listed in
+``requests``) is first computed by a *prefill instance*; the decode instance
+(the one we simulate) then pulls the KV and, for a hybrid, the last Mamba
+state over a network link, asynchronously, and recomputes the rest.
+
+The prefill instance is a latency model, not a second scheduler: it is a
+processor-sharing server with throughput ``prefill_tokens_per_s`` plus a fixed
+``prefill_overhead_ms`` per request (on the step clock: ``prefill_steps``
+steps). The decode-side decisions this simulator studies (the prefix boundary,
+what the connector may claim, the asserts it trips) depend only on *when* the
+remote KV is ready and *how much* of it there is; the prefill instance's own
+cache and batching would double the cost of a run and need a workload of its
+own without changing those decisions. A full second instance can be composed
+from two runs instead.
+
+Scheduler-side semantics follow ``NixlPullConnectorScheduler`` (vLLM 0.33):
+
+* until the prefill finished, ``get_num_new_matched_tokens`` answers ``None``
+  (in vLLM the decode instance does not even see the request before that);
+* then it answers ``count = R - local`` with ``R`` the prefill's token count:
+  the prompt minus the backoff the decoder recomputes
+  (``_prefill_backoff``: 1 token when the model has Mamba layers, so the
+  decoder derives h(N) from the shipped h(N-1)), asynchronously, when
+  ``count > 0``, else 0. No block alignment and no cap, as in NIXL;
+* ``update_state_after_alloc`` consumes the remote blocks (one transfer per
+  request: a re-admission after preemption answers 0 and recomputes), and
+  ``assert num_external_tokens == 0`` when the request has no remote blocks.
+
+NIXL's block-pairing checks run on its worker when the transfer is posted; we
+run them here, when the transfer is planned (the next step in vLLM):
+``get_exchange_clipped_blocks`` ("Number of KV cache groups must match") and
+``_apply_prefix_caching`` (non-Mamba: ``num_decode_blocks <=
+len(prefill_group)``; Mamba hybrids: the SSM pairing "unpairable SSM state
+slots" and the FA ``|decode - prefill| > max_padding`` check). A failing check
+raises ``AssertionError`` with vLLM's message; the scheduler records it as the
+engine crash. ``supports_divergent_local_hybrid_hits`` is True, as NIXL
+declares it (it always ships the last Mamba state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from sim.connector.base import KVConnector
+from sim.connector.context import ConnectorContext, LinkSpec, block_table
+from sim.request import Request
+
+#: One 200 Gb/s RDMA NIC (InfiniBand HDR / NDR200, RoCE) at ~25 GB/s effective.
+DEFAULT_NETWORK_GBPS = 25.0
+#: RDMA read latency plus NIXL notification round trip.
+DEFAULT_NETWORK_LATENCY_US = 20.0
+#: Prefill throughput of one prefill instance: an 8B model on one H100 (~20k tokens/s).
+DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
+#: Router hop plus the prefill instance's scheduling and first-step overhead.
+DEFAULT_PREFILL_OVERHEAD_MS = 5.0
+GB = 1e9
+
+
+@dataclass
+class _Remote:
+    prefill_done: bool = False
+    remote_tokens: int = 0
+    consumed: bool = False
+
+
+class RemoteConnector(KVConnector):
+    """NIXL-like remote prefill; works with no options (defaults above)."""
+
+    name = "remote"
+    supports_hma = True
+    supports_divergent_local_hybrid_hits = True
+
+    def __init__(
+        self,
+        bandwidth_gbps: float = DEFAULT_NETWORK_GBPS,
+        latency_us: float = DEFAULT_NETWORK_LATENCY_US,
+        concurrency: int | None = None,
+        transfer_steps: int = 1,
+        prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
+        prefill_overhead_ms: float = DEFAULT_PREFILL_OVERHEAD_MS,
+        prefill_steps: int = 1,
+        requests: Sequence[str] | None = None,
+    ) -> None:
+        if requests is not None and (isinstance(requests, str) or not all(isinstance(r, str) for r in requests)):
+            raise ValueError(f"connector.requests: expected a list of request ids, got {requests!r}")
+        self.network_spec = LinkSpec(bandwidth_gbps * GB, latency_us * 1e-6, concurrency, transfer_steps)
+        self.prefill_spec = LinkSpec(prefill_tokens_per_s, prefill_overhead_ms * 1e-3, None, prefill_steps)
+        self.remote_requests = None if requests is None else set(requests)
+        self._remote: dict[str, _Remote] = {}
+        self._recving: set[str] = set()
+        self.counters: dict[str, int] = {
+            "queries": 0,
+            "not_ready": 0,
+            "hit_tokens": 0,
+            "loads": 0,
+            "bytes_loaded": 0,
+            "prefills": 0,
+        }
+
+    def bind(self, ctx: ConnectorContext) -> None:
+        super().bind(ctx)
+        self.backoff = 1 if ctx.has_mamba else 0
+        self.prefill = ctx.transfers.make_link(f"{self.name}.prefill", self.prefill_spec)
+        self.network = ctx.transfers.make_link(f"{self.name}.network", self.network_spec)
+        #: NIXL ``blocks_per_sw``: window blocks + 1 for sliding-window groups, 0 otherwise.
+        self.blocks_per_sw = [
+            -(-g.window // g.block_size) + 1 if g.kind == "sliding_window" and g.window else 0 for g in ctx.groups
+        ]
+        self._loads_in_flight = 0
+
+    def is_remote(self, request: Request) -> bool:
+        return self.remote_requests is None or request.request_id in self.remote_requests
+
+    def remote_token_count(self, request: Request) -> int:
+        """NIXL ``_get_remote_prefill_token_count``: the prompt less the decoder's backoff."""
+        p = request.num_prompt_tokens
+        return p - self.backoff if self.backoff and p > self.backoff else p
+
+    def on_new_request(self, request: Request) -> None:
+        if not self.is_remote(request) or request.request_id in self._remote:
+            return
+        remote = _Remote(remote_tokens=self.remote_token_count(request))
+        self._remote[request.request_id] = remote
+        self.counters["prefills"] += 1
+
+        def done() -> None:
+            remote.prefill_done = True
+
+        self.prefill.submit(remote.remote_tokens, done)
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        self.counters["queries"] += 1
+        remote = self._remote.get(request.request_id)
+        if remote is None or remote.consumed:
+            return 0, False
+        if not remote.prefill_done:
+            self.counters["not_ready"] += 1
+            return None, False
+        count = remote.remote_tokens - num_computed_tokens
+        if count > 0:
+            self.counters["hit_tokens"] += count
+            return count, True
+        return 0, False
+
+    def _clip(self, ids: list[list[int]]) -> list[list[int]]:
+        """NIXL ``get_exchange_clipped_blocks``: window tails, the state-bearing Mamba slot."""
+        if not len(ids) == len(self.blocks_per_sw):
+            raise AssertionError("Number of KV cache groups must match")
+        out = []
+        for g, blocks in zip(self.ctx.groups, ids):
+            if self.blocks_per_sw[g.index]:
+                blocks = blocks[-self.blocks_per_sw[g.index] :]
+            elif g.kind == "mamba" and blocks:
+                blocks = blocks[-1:]
+            out.append(blocks)
+        return out
+
+    def prefill_block_counts(self, remote_tokens: int) -> list[int]:
+        """Blocks per group the prefill instance offers for its ``remote_tokens`` computed tokens."""
+        counts = []
+        for g in self.ctx.groups:
+            n = -(-remote_tokens // g.block_size)
+            if g.kind == "mamba":
+                n = min(n, 1)
+            elif self.blocks_per_sw[g.index]:
+                n = min(n, self.blocks_per_sw[g.index])
+            counts.append(n)
+        return counts
+
+    def _check_pairing(self, decode: list[list[int]], prefill: list[int]) -> None:
+        """NIXL worker ``_apply_prefix_caching`` checks (logical block size equal on both sides)."""
+        for i, (g, d) in enumerate(zip(self.ctx.groups, decode)):
+            nd, npf = len(d), prefill[i]
+            if not self.ctx.has_mamba:
+                if not nd <= npf:
+                    raise AssertionError("num_decode_blocks <= len(prefill_group)")
+            elif g.kind == "mamba":
+                if nd != npf and not nd - npf <= 1:
+                    raise AssertionError(f"Group {i}: unpairable SSM state slots, decode={nd} prefill={npf}")
+            elif not nd < npf:
+                max_padding = 2
+                if not abs(nd - npf) <= max_padding:
+                    raise AssertionError(f"Group {i}: |{nd} - {npf}| > {max_padding}")
+
+    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+        rid = request.request_id
+        remote = self._remote.get(rid)
+        if remote is None or remote.consumed:
+            return
+        if not remote.prefill_done:
+            if not num_external_tokens == 0:
+                raise AssertionError("num_external_tokens == 0")
+            return
+        remote.consumed = True  # NIXL: params["do_remote_prefill"] = False, one transfer per request
+        if num_external_tokens <= 0:
+            return
+        table = block_table(blocks)
+        unhashed = []
+        for group in table:
+            ids = list(group)
+            while ids and ids[0].is_null:
+                ids.pop(0)
+            unhashed.append([b.block_id for b in ids if b.block_hash is None and not b.is_null])
+        decode = self._clip(unhashed)
+        self._check_pairing(decode, self.prefill_block_counts(remote.remote_tokens))
+        nbytes = sum(len(d) * g.bytes_per_block for d, g in zip(decode, self.ctx.groups))
+        self.counters["loads"] += 1
+        self._loads_in_flight += 1
+
+        def done() -> None:
+            self._loads_in_flight -= 1
+            self.counters["bytes_loaded"] += nbytes
+            self._recving.add(rid)
+
+        self.network.submit(nbytes, done)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Decode side, no bidirectional transfer: free at once (NIXL ``request_finished``)."""
+        self._remote.pop(request.request_id, None)
+        return False, None
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        recving, self._recving = self._recving, set()
+        return recving, set()
+
+    def metrics(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.counters)
+        out["transfer_time"] = self.network.stats.busy_time
+        out["prefill_time"] = self.prefill.stats.busy_time
+        return out
+
+    def step_columns(self) -> dict[str, float | int]:
+        pending = sum(1 for r in self._remote.values() if not r.prefill_done)
+        return {"conn_prefills_in_flight": pending, "conn_loads_in_flight": self._loads_in_flight}

@@ -1,0 +1,103 @@
+"""Scripted interventions (DESIGN.md §7 ``actions``), applied by the engine before a step.
+
+* ``evict: {prefix_of: R, group: G, blocks: [i, ...]}`` removes the cache
+  entries of request R's prompt blocks ``i`` (indices at the group's block
+  size; for Mamba: the state after block ``i``) in every group G names (a type
+  names all its groups, an integer one group), the way vLLM's
+  ``BlockPool.evict_blocks`` does: one ``removed`` event per entry, and the
+  block does not move (a free block stays in place in the free queue, an
+  owned block stays owned). An entry that is not cached is skipped.
+* ``reset_prefix_cache: true`` calls the pool's prefix-cache reset, which (as
+  in vLLM) only succeeds when every block is free.
+* ``connector_fault: {...}`` hands the options to the connector's
+  ``inject_fault`` (the ``faulty`` connector has one).
+
+The hashes of R's prompt are computed from its content, so an action may
+target a request that has not arrived yet or has finished.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sim.config import ScenarioError
+from sim.engine.loop import Action
+from sim.kv.hashing import extend_block_hashes, hashes_at_block_size
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.config.scenario import Scenario
+    from sim.engine.build import Components
+
+
+def _target_groups(group: int | str, group_kinds: list[str]) -> list[int]:
+    if isinstance(group, int):
+        return [group]
+    return [i for i, kind in enumerate(group_kinds) if kind == group]
+
+
+def _evict_action(spec: Any, components: "Components", index: int) -> Action:
+    requests = {r.request_id: r for r in components.requests}
+    request = requests.get(spec.prefix_of)
+    if request is None:
+        raise ScenarioError(f"actions.{index}.evict.prefix_of: no request {spec.prefix_of!r} in the workload")
+    groups = _target_groups(spec.group, components.group_kinds)
+    if not groups or max(groups) >= len(components.group_kinds):
+        raise ScenarioError(
+            f"actions.{index}.evict.group: {spec.group!r} names no KV-cache group "
+            f"(groups: {', '.join(f'{i}={k}' for i, k in enumerate(components.group_kinds))})"
+        )
+    config = components.kv_cache_config
+    fine: list[int] = []
+    extend_block_hashes(
+        fine, request.prompt, request.num_prompt_tokens, config.hash_block_size, request.lora_name, request.cache_salt
+    )
+    targets: list[tuple[int, int]] = []
+    for g in groups:
+        group_hashes = hashes_at_block_size(fine, config.hash_block_size, config.groups[g].spec.block_size)
+        for i in spec.blocks:
+            if i >= len(group_hashes):
+                raise ScenarioError(
+                    f"actions.{index}.evict.blocks: block {i} is beyond request {spec.prefix_of!r}'s "
+                    f"{len(group_hashes)} full prompt blocks in group {g}"
+                )
+            targets.append((group_hashes[i], g))
+    pool = components.kv_manager.block_pool
+
+    def apply() -> None:
+        ids: list[int] = []
+        for block_hash, g in targets:
+            cached = pool.get_cached_block(block_hash, [g])
+            if cached:
+                ids.extend(b.block_id for b in cached)
+        if ids:
+            pool.evict_blocks(ids, request_id=spec.prefix_of, cause="evict_action")
+
+    desc = f"evict {spec.prefix_of} blocks {list(spec.blocks)} in group {spec.group}"
+    return Action(at=None, at_s=None, apply=apply, description=desc)
+
+
+def build_actions(scenario: "Scenario", components: "Components") -> list[Action]:
+    """The scenario's actions, bound to this run's objects, each due at its step (or time)."""
+    actions: list[Action] = []
+    for i, spec in enumerate(scenario.actions):
+        if spec.evict is not None:
+            action = _evict_action(spec.evict, components, i)
+        elif spec.reset_prefix_cache:
+            manager = components.kv_manager
+            action = Action(None, None, manager.reset_prefix_cache, "reset_prefix_cache")
+        else:
+            connector = components.connector
+            inject = getattr(connector, "inject_fault", None)
+            if inject is None:
+                raise ScenarioError(
+                    f"actions.{i}.connector_fault: connector {scenario.connector.type!r} takes no faults "
+                    "(use connector type 'faulty' wrapping it)"
+                )
+            options = dict(spec.connector_fault.model_extra or {})
+            action = Action(None, None, lambda inject=inject, options=options: inject(**options), "connector_fault")
+        if scenario.clock == "steps":
+            action.at = int(spec.at)
+        else:
+            action.at_s = float(spec.at)
+        actions.append(action)
+    return actions

@@ -1,0 +1,299 @@
+"""The SimPy engine: one process that steps the pure scheduler.
+
+The engine owns the simulated clock. Each engine step is one
+``Scheduler.schedule()`` / ``update_from_output()`` pair and one SimPy
+timeout of the step's duration (1 with ``clock: steps``, the step-time model's
+answer with ``clock: time``). There is one SimPy event per engine step, never
+one per token or per block; connector transfers are their own SimPy
+processes (``sim.engine.transfer``) and wake the engine when it is idle.
+
+Ordering inside a step (DESIGN.md §5): at the start of step ``k`` (time
+``t``) the engine
+
+1. applies the scripted actions due at step ``k`` (their KV events belong to
+   step ``k``),
+2. adds the requests that have arrived (``arrival <= t``; with
+   ``clock: steps`` a request with ``at: k`` arrives just before step ``k``),
+3. hands the connector's finished transfers to the scheduler,
+4. calls ``schedule()``, waits the step's duration, then calls
+   ``update_from_output()`` (tokens sampled in a step exist at its end).
+
+Arrivals are fed by the engine loop itself from the time-sorted workload
+rather than by a separate SimPy process: SimPy orders simultaneous events by
+scheduling order, and "arrived just before step k" must not depend on that.
+When nothing is runnable the engine sleeps until the next arrival, the next
+due action or a connector wake-up, whichever is first; with ``clock: steps``
+the step counter then jumps to the step of that arrival.
+
+Invariants: the step number strictly increases; simulated time never
+decreases; every request given to the engine ends in exactly one
+``requests`` row (finished, failed, or unfinished when the run stops).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import simpy
+
+from sim.request import Request, RequestStatus
+from sim.scheduler import EngineCrash, Scheduler, SchedulerOutput
+
+
+@dataclass
+class RequestTimes:
+    """Timestamps of one request on the simulated clock (seconds or steps)."""
+
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    token_times: int = 0
+
+
+@dataclass
+class CrashInfo:
+    """The crash that stopped (or, recorded, marked) a run."""
+
+    step: int
+    time_s: float
+    request_id: str | None
+    reason: str
+
+
+@dataclass
+class Action:
+    """A scripted intervention applied just before step ``at`` (or at time ``at_s``)."""
+
+    at: int | None
+    at_s: float | None
+    apply: Callable[[], None]
+    description: str
+
+
+class StopRun(Exception):
+    """Raised inside the engine to end the run early (crash with ``on_crash: stop``)."""
+
+
+@dataclass
+class EngineLoop:
+    """Steps a :class:`Scheduler` on a SimPy clock; see the module docstring."""
+
+    env: simpy.Environment
+    scheduler: Scheduler
+    requests: Sequence[Request]
+    clock: str
+    step_duration: Callable[[SchedulerOutput, Scheduler], float]
+    recorder: Any
+    kv_manager: Any
+    connector: Any | None = None
+    transfers: Any | None = None
+    actions: Sequence[Action] = ()
+    on_crash: str = "stop"
+    check_invariants: Callable[[], None] | None = None
+    step_columns: Callable[[], dict] | None = None
+    progress: Callable[[int, float, int], None] | None = None
+    max_steps: int | None = None
+
+    times: dict[str, RequestTimes] = field(default_factory=dict)
+    crash: CrashInfo | None = None
+    step: int = 0
+    finished: list[Request] = field(default_factory=list)
+    wake_event: simpy.Event | None = None
+    stalled: bool = False
+    _next_request: int = 0
+    _idle: bool = False
+
+    def __post_init__(self) -> None:
+        self._actions_by_step: dict[int, list[Action]] = {}
+        self._timed_actions: list[Action] = sorted(
+            (a for a in self.actions if a.at is None), key=lambda a: a.at_s or 0.0
+        )
+        for action in self.actions:
+            if action.at is not None:
+                self._actions_by_step.setdefault(action.at, []).append(action)
+        self._pending_step_actions = sorted(self._actions_by_step)
+        self.requests = sorted(self.requests, key=lambda r: r.arrival_time)
+        self._by_id = {r.request_id: r for r in self.requests}
+        self.process = self.env.process(self._run())
+
+    # ------------------------------------------------------------ wake-ups
+    def wake(self) -> None:
+        """Called by connector transfers when they complete (may be idle)."""
+        if self.wake_event is not None and not self.wake_event.triggered:
+            self.wake_event.succeed()
+
+    def _next_wakeup(self) -> float | None:
+        """The earliest simulated time at which something new can happen."""
+        candidates: list[float] = []
+        if self._next_request < len(self.requests):
+            candidates.append(float(self.requests[self._next_request].arrival_time))
+        if self.clock == "steps":
+            pending = [s for s in self._pending_step_actions if s >= self.step]
+            if pending:
+                candidates.append(float(pending[0]))
+        if self._timed_actions:
+            candidates.append(float(self._timed_actions[0].at_s or 0.0))
+        due = getattr(self.transfers, "_due", None)
+        if due:
+            candidates.append(float(min(d.step for d in due)))
+        return min(candidates) if candidates else None
+
+    # ---------------------------------------------------------------- loop
+    def _admit_arrivals(self) -> None:
+        now = self.env.now
+        while self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= now:
+            request = self.requests[self._next_request]
+            self._next_request += 1
+            self.times[request.request_id] = RequestTimes()
+            self.scheduler.add_request(request)
+
+    def _apply_actions(self) -> None:
+        for action in self._actions_by_step.pop(self.step, ()):
+            action.apply()
+        while self._timed_actions and (self._timed_actions[0].at_s or 0.0) <= self.env.now:
+            self._timed_actions.pop(0).apply()
+
+    def _has_work(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def _run(self):
+        env = self.env
+        while True:
+            if not self._due_now() and (self._idle or not self._has_work()):
+                nxt = self._next_wakeup()
+                if nxt is None and not self._transfers_pending():
+                    if self._has_work():
+                        self.stalled = True
+                        raise StopRun("stalled: requests are waiting but none can be scheduled and nothing is pending")
+                    return
+                self.wake_event = env.event()
+                if nxt is not None and nxt > env.now:
+                    yield env.timeout(nxt - env.now) | self.wake_event
+                elif nxt is None:
+                    yield self.wake_event
+                self.wake_event = None
+                self._idle = False
+                if self.clock == "steps":
+                    self.step = max(self.step, int(env.now))
+            if self.max_steps is not None and self.step >= self.max_steps:
+                raise StopRun(f"max_steps {self.max_steps} reached")
+            yield from self._one_step()
+
+    def _due_now(self) -> bool:
+        if self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= self.env.now:
+            return True
+        if self.step in self._actions_by_step:
+            return True
+        return bool(self._timed_actions and (self._timed_actions[0].at_s or 0.0) <= self.env.now)
+
+    def _transfers_pending(self) -> bool:
+        """A transfer is in flight: its completion can make a waiting request runnable."""
+        t = self.transfers
+        if t is None:
+            return False
+        if getattr(t, "_due", None):
+            return True
+        return any(link.in_flight() for link in getattr(t, "links", {}).values() if hasattr(link, "in_flight"))
+
+    def _one_step(self):
+        env = self.env
+        sched = self.scheduler
+        rec = self.recorder
+        rec.set_clock(self.step, float(env.now))
+        sched.step = self.step
+        self._apply_actions()
+        self._admit_arrivals()
+        self._record_kv_events()  # the actions' events belong to this step
+        advance = getattr(self.transfers, "advance", None)
+        if advance is not None:
+            advance(self.step)
+        if self.connector is not None:
+            recving, sending = self.connector.get_finished()
+            if recving or sending:
+                sched.update_from_kv_xfer_finished(sorted(recving), sorted(sending))
+            errors = self.connector.get_block_ids_with_load_errors()
+            if errors:
+                self.kv_manager.block_pool.evict_blocks(sorted(errors), cause="load_error")
+        try:
+            output = sched.schedule()
+        except EngineCrash as crash:
+            self._on_crash(crash)
+            return
+        self._note_recorded_crashes()
+        duration = 1.0 if self.clock == "steps" else self.step_duration(output, sched)
+        start = float(env.now)
+        for rid in output.num_scheduled_tokens:
+            t = self.times.get(rid)
+            if t is not None and t.first_scheduled is None:
+                t.first_scheduled = start
+        yield env.timeout(duration)
+        end = float(env.now)
+        finished = sched.update_from_output(output)
+        for rid in output.num_scheduled_tokens:
+            t = self.times.get(rid)
+            if t is not None and t.first_token is None and self._by_id[rid].num_output_tokens > 0:
+                t.first_token = end
+        for request in finished:
+            self.times[request.request_id].finished = end
+        # Nothing ran and nothing moved: sleep until something new can happen.
+        self._idle = not output.num_scheduled_tokens and not output.preempted_req_ids
+        self.finished.extend(finished)
+        running, waiting = sched.get_request_counts()
+        extra = self.step_columns() if self.step_columns is not None else {}
+        rec.record_step(
+            duration_s=duration,
+            running=running,
+            waiting=waiting,
+            prefill_tokens=output.prefill_tokens,
+            decode_tokens=output.decode_tokens,
+            free_blocks=self.kv_manager.block_pool.get_num_free_blocks(),
+            blocks_per_group=self.kv_manager.num_blocks_per_group(),
+            cached_per_group=self.kv_manager.num_cached_per_group(),
+            **extra,
+        )
+        if self.check_invariants is not None:
+            try:
+                self.check_invariants()
+            except AssertionError as exc:
+                raise InvariantViolation(self.step, str(exc)) from None
+        if self.progress is not None:
+            self.progress(self.step, end, len(self.finished))
+        self.step += 1
+        if self.clock == "steps":
+            self.step = max(self.step, int(env.now))
+
+    def _record_kv_events(self) -> None:
+        events = self.kv_manager.take_events()
+        if events:
+            self.recorder.record_kv_events(events)
+
+    def _note_recorded_crashes(self) -> None:
+        """With ``on_crash: record`` the first recorded crash is the run's crash marker."""
+        if self.crash is None and self.scheduler.crashes:
+            first = self.scheduler.crashes[0]
+            self.crash = CrashInfo(self.step, float(self.env.now), first.request_id, first.reason)
+
+    def _on_crash(self, crash: EngineCrash) -> None:
+        """``on_crash: stop``: the engine dies; every in-flight request fails."""
+        self.crash = CrashInfo(self.step, float(self.env.now), crash.request_id, crash.reason)
+        self._record_kv_events()
+        raise StopRun(crash.reason)
+
+    def fail_in_flight(self) -> list[Request]:
+        """Mark every unfinished request as failed (the engine stopped)."""
+        failed = []
+        for request in list(self.scheduler.requests.values()):
+            if not request.is_finished():
+                request.status = RequestStatus.FINISHED_ERROR
+                failed.append(request)
+        return failed
+
+
+class InvariantViolation(Exception):
+    """``--check-invariants`` found a broken invariant after a step."""
+
+    def __init__(self, step: int, message: str) -> None:
+        super().__init__(f"step {step}: invariant violated: {message}")
+        self.step = step
+        self.message = message

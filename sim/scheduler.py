@@ -1,0 +1,860 @@
+"""A vLLM 0.33 ``Scheduler`` step for what hybridsim models (``v1/core/sched/scheduler.py``).
+
+One engine step is one :meth:`Scheduler.schedule` followed by one
+:meth:`Scheduler.update_from_output`. Pure and deterministic: no clock, no
+SimPy, no randomness; the engine stamps time on the recorder.
+
+What it decides, as vLLM 0.33 does:
+
+* **Running first** (in ``running`` order), each request gets
+  ``min(remaining, long_prefill_token_threshold, budget, max_model_len -
+  computed - 1)`` tokens, clipped by the Mamba block-aligned split; a request
+  left with 0 tokens is skipped (``continue``). When ``allocate_slots`` fails
+  the scheduler preempts by recompute (FCFS: the last running request;
+  priority: the max of ``(priority, arrival_time)``) until it fits or the
+  request preempted itself; a failed request stops the running loop.
+* **Waiting** only if nothing was preempted this step, while the token budget
+  lasts and fewer than ``max_num_seqs`` run. Waiting requests that hold blocks
+  (async loads) are drained before the others. A fresh admission
+  (``num_computed_tokens == 0``) looks up the local hit through the prefix
+  policy, asks the connector for external tokens (``None``: skip the request
+  this step), re-runs ``get_computed_blocks`` when the lookup's
+  ``hit_diverged`` is set and the connector adds nothing, then allocates the
+  whole prompt (``full_sequence_must_fit``). A failed allocation stops
+  admission for this step (head-of-line). An async load parks the request in
+  ``WAITING_FOR_REMOTE_KVS``; once the engine reports it in
+  ``finished_recving`` its blocks are cached and it is admitted without a new
+  lookup.
+* **Finish**: ``request_finished_all_groups`` on the connector, then the
+  blocks are freed unless the connector still sends them.
+
+vLLM's asserts on this path (``num_new_tokens > 0``, ``num_computed_tokens <=
+num_tokens``, the ones inside ``truncate_computed_blocks`` and the kv core,
+``ValueError`` from the block pool) surface as :class:`EngineCrash`. With
+``on_crash="stop"`` the exception propagates, as the real engine dies; with
+``on_crash="record"`` the offending request is finished with
+``FINISHED_ERROR`` (blocks freed), the crash is kept in :attr:`Scheduler.crashes`
+and the step goes on.
+
+Not modelled (absent from hybridsim): speculative decoding and lookahead
+slots, encoder inputs, LoRA limits, structured output, async scheduling and
+pipeline parallelism (so no output placeholders and no deferred frees), pause
+states, streaming sessions, prefill cadence, DP balancing, DSV41 replay
+windows, fine-grained partial Mamba hits (``prefix_match_unit``), the
+``scheduler_reserve_full_isl=False`` mode, and load-error recovery
+(``_update_requests_with_invalid_blocks``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal
+
+from sim.kv.specs import KVCacheConfig, MambaSpec
+from sim.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
+from sim.request import Request, RequestStatus
+
+SchedulingPolicyName = Literal["fcfs", "priority"]
+
+
+class EngineCrash(Exception):
+    """An assertion or error the real engine would die of, with the request that triggered it.
+
+    ``reason`` names it as the real engine would print it, e.g.
+    ``"AssertionError: num_new_tokens > 0"`` or ``"ValueError: Cannot get 1
+    free blocks from the pool"``.
+    """
+
+    def __init__(self, reason: str, request_id: str | None, step: int = -1) -> None:
+        super().__init__(f"{reason} (request {request_id}, step {step})")
+        self.reason = reason
+        self.request_id = request_id
+        self.step = step
+
+
+def _crash_reason(exc: BaseException) -> str:
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler knobs with vLLM 0.33's ``SchedulerConfig`` class defaults.
+
+    ``max_num_batched_tokens`` (2048) and ``max_num_seqs`` (128) are the class
+    defaults; vLLM's engine raises them by GPU and usage context, which is the
+    config layer's business. ``max_model_len`` ``None`` takes the KV-cache
+    config's. ``watermark`` is the fraction of blocks kept free at admission
+    (passed to the kv manager, which applies it).
+    """
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    long_prefill_token_threshold: int = 0
+    policy: SchedulingPolicyName = "fcfs"
+    watermark: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"scheduler.{key}: expected an integer >= 1, got {value!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"scheduler.max_model_len: expected an integer >= 1 or null, got {self.max_model_len!r}")
+        thr = self.long_prefill_token_threshold
+        if not isinstance(thr, int) or isinstance(thr, bool) or thr < 0:
+            raise ValueError(f"scheduler.long_prefill_token_threshold: expected an integer >= 0, got {thr!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduler.policy: expected 'fcfs' or 'priority', got {self.policy!r}")
+        if not (isinstance(self.watermark, (int, float)) and 0.0 <= self.watermark < 1.0):
+            raise ValueError(f"scheduler.watermark: expected a fraction in [0, 1), got {self.watermark!r}")
+
+
+@dataclass
+class SchedulerOutput:
+    """What one ``schedule()`` decided (the model input of the step)."""
+
+    step: int
+    scheduled_new_reqs: list[Request] = field(default_factory=list)
+    scheduled_resumed_reqs: list[Request] = field(default_factory=list)
+    scheduled_running_reqs: list[Request] = field(default_factory=list)
+    #: request id -> tokens scheduled this step, in scheduling order.
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    #: request id -> ``num_computed_tokens`` before this step.
+    num_computed_tokens_before: dict[str, int] = field(default_factory=dict)
+    preempted_req_ids: list[str] = field(default_factory=list)
+    #: Requests finished between the previous step and this one.
+    finished_req_ids: set[str] = field(default_factory=set)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One successful admission, as the :data:`AdmissionChecker` sees it.
+
+    ``lookup`` is the policy's result (before any fallback); ``blocks``,
+    ``local_tokens`` and ``external_tokens`` are what ``allocate_slots`` was
+    given; ``hits`` are the independent per-group hits of that lookup.
+    """
+
+    request: Request
+    kind: str
+    lookup: PrefixLookup | None
+    blocks: Any
+    local_tokens: int
+    external_tokens: int
+    fallback: bool
+    load_async: bool
+    hits: tuple[int, ...]
+
+
+#: Classifies an admission: returns ``(outcome, tokens_lost, taint_origin)``.
+AdmissionChecker = Callable[[Admission], tuple[str, int, str]]
+
+
+class _WaitQueue:
+    """vLLM's FCFS deque or priority heap (key: priority, arrival time, request id)."""
+
+    def __init__(self, priority: bool) -> None:
+        self.priority = priority
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, float, str, Request]] = []
+
+    def add(self, request: Request) -> None:
+        if self.priority:
+            heapq.heappush(self._heap, (request.priority, request.arrival_time, request.request_id, request))
+        else:
+            self._fifo.append(request)
+
+    def prepend(self, request: Request) -> None:
+        """Front of the queue (FCFS); a priority queue just re-inserts (vLLM)."""
+        if self.priority:
+            self.add(request)
+        else:
+            self._fifo.appendleft(request)
+
+    def prepend_in_order(self, requests: list[Request]) -> None:
+        """Put ``requests`` at the front, keeping their order."""
+        for request in reversed(requests):
+            self.prepend(request)
+
+    def peek(self) -> Request:
+        return self._heap[0][3] if self.priority else self._fifo[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3] if self.priority else self._fifo.popleft()
+
+    def remove(self, requests: set[Request]) -> None:
+        if self.priority:
+            self._heap = [e for e in self._heap if e[3] not in requests]
+            heapq.heapify(self._heap)
+        else:
+            self._fifo = deque(r for r in self._fifo if r not in requests)
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.priority else len(self._fifo)
+
+
+class _Skip(Exception):
+    """Internal: the waiting request is skipped this step (stays queued)."""
+
+
+class _StopAdmission(Exception):
+    """Internal: admission stops for this step (head-of-line)."""
+
+
+class Scheduler:
+    """vLLM's scheduler over one :class:`~sim.kv.manager.KVCacheManager`."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_manager: Any,
+        connector: Any | None = None,
+        prefix_policy: PrefixPolicy | str = "reconciled",
+        recorder: Any | None = None,
+        admission_checker: AdmissionChecker | None = None,
+        on_crash: Literal["stop", "record"] = "stop",
+    ) -> None:
+        if on_crash not in ("stop", "record"):
+            raise ValueError(f"on_crash: expected 'stop' or 'record', got {on_crash!r}")
+        self.config = config
+        self.kv = kv_manager
+        kv_cfg: KVCacheConfig = kv_manager.kv_cache_config
+        self.kv_cache_config = kv_cfg
+        self.max_model_len = config.max_model_len or kv_cfg.max_model_len
+        self.block_size = kv_cfg.scheduler_block_size
+        self.hash_block_size = kv_cfg.hash_block_size
+        self.num_groups = len(kv_cfg.groups)
+        # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
+        if connector is not None and getattr(connector, "name", "") == "none":
+            connector = None
+        if connector is not None and not connector.supports_hma and self.num_groups > 1:
+            raise ValueError(
+                f"connector {connector.name!r} does not support the hybrid memory allocator (supports_hma: false); "
+                f"a model with {self.num_groups} KV-cache groups cannot use it (vLLM refuses to start)"
+            )
+        self.connector = connector
+        self.prefix_policy = get_prefix_policy(prefix_policy) if isinstance(prefix_policy, str) else prefix_policy
+        self.recorder = recorder
+        self.admission_checker = admission_checker
+        self.on_crash = on_crash
+        self.priority = config.policy == "priority"
+
+        # Mamba block-aligned split (vLLM `need_mamba_block_aligned_split`).
+        mamba_specs = [g.spec for g in kv_cfg.groups if isinstance(g.spec, MambaSpec)]
+        self.need_mamba_split = kv_cfg.needs_mamba_block_aligned_split
+        self.mamba_block_size = mamba_specs[0].block_size if mamba_specs else 0
+        self.mamba_has_prefill_checkpoints = kv_cfg.mamba_prefill_checkpoints
+        # MambaMixer2 / GDN export checkpoints at any token (vLLM alignment 1).
+        self.mamba_checkpoint_alignment = 1 if self.mamba_has_prefill_checkpoints else None
+
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.waiting = _WaitQueue(self.priority)
+        self.kv_holding_waiting = _WaitQueue(self.priority)
+        self.finished_req_ids: set[str] = set()
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self._inflight_prefills: dict[str, Request] = {}
+        #: Crashes kept with ``on_crash="record"`` (in order).
+        self.crashes: list[EngineCrash] = []
+        self.step = 0
+        # Counters.
+        self.num_preemptions = 0
+        self.num_admissions = 0
+        self.num_fallbacks = 0
+        self.num_finished = 0
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (vLLM ``add_request``); binds its hash block size."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r}: duplicate request id")
+        if request.num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
+                f"max_model_len {self.max_model_len}"
+            )
+        request.set_hash_block_size(self.hash_block_size)
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or len(self.waiting) or len(self.kv_holding_waiting))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """``(running, waiting)``; waiting includes requests parked on an async load."""
+        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.kv_holding_waiting)
+
+    # --------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        """Decide one engine step. Raises :class:`EngineCrash` (``on_crash="stop"``)."""
+        out = SchedulerOutput(step=self.step, finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = set()
+        budget = self.config.max_num_batched_tokens
+        preempted: list[Request] = []
+        kinds: dict[str, str] = {}
+        self.kv.new_step_starts()
+
+        num_running, num_waiting = self.get_request_counts()
+        # vLLM: the threshold only applies when someone else could be starved.
+        threshold = self.config.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+
+        budget = self._schedule_running(out, budget, threshold, preempted, kinds)
+        if not preempted:
+            self._schedule_waiting(out, budget, threshold, kinds)
+
+        out.preempted_req_ids = [r.request_id for r in preempted]
+        self._update_after_schedule(out, kinds)
+        return out
+
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request], kinds: dict[str, str]
+    ) -> int:
+        req_index = 0
+        while req_index < len(self.running) and budget > 0:
+            request = self.running[req_index]
+            n = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, self.max_model_len - request.num_computed_tokens - 1)
+            if self.need_mamba_split:
+                n = self._mamba_block_aligned_split(request, n)
+            if n <= 0:
+                # vLLM `continue`s here (not FCFS-strict): later requests may still run.
+                req_index += 1
+                continue
+            new_blocks = None
+            while True:
+                try:
+                    new_blocks = self._guarded(lambda: self.kv.allocate_slots(request, n), request=request)
+                except EngineCrash:
+                    if self.on_crash == "stop":
+                        raise
+                    self._fail_request(request)
+                    break
+                if new_blocks is not None:
+                    break
+                if self.connector is not None and self.connector.has_pending_block_frees():
+                    break
+                if self.priority:
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    victim_index = self.running.index(victim)
+                    del self.running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                    if victim.request_id in out.num_scheduled_tokens:
+                        out.scheduled_running_reqs.remove(victim)
+                        budget += out.num_scheduled_tokens.pop(victim.request_id)
+                        kinds.pop(victim.request_id)
+                else:
+                    victim = self.running.pop()
+                self._preempt_request(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status == RequestStatus.FINISHED_ERROR:
+                continue  # on_crash="record": it left `running`, the next one is at req_index
+            if new_blocks is None:
+                if self.priority and request.status == RequestStatus.PREEMPTED:
+                    # It preempted itself; the higher-priority ones after it may still fit.
+                    continue
+                break
+            out.scheduled_running_reqs.append(request)
+            out.num_scheduled_tokens[request.request_id] = n
+            kinds[request.request_id] = "running"
+            budget -= n
+            req_index += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, kinds: dict[str, str]) -> None:
+        skipped: dict[int, list[Request]] = {0: [], 1: []}
+        while budget > 0:
+            queue = self.kv_holding_waiting if len(self.kv_holding_waiting) else self.waiting
+            if not len(queue):
+                break
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = queue.peek()
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if request.request_id not in self.finished_recving_kv_req_ids:
+                    self._skip(queue, skipped)
+                    continue
+                self._update_waiting_for_remote_kv(request)
+                request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+            try:
+                admitted = self._try_admit(request, queue, budget, threshold, out, kinds)
+            except _Skip:
+                self._skip(queue, skipped)
+                continue
+            except _StopAdmission:
+                break
+            except EngineCrash:
+                if self.on_crash == "stop":
+                    raise
+                self._fail_request(request)
+                continue
+            budget -= admitted
+        for holds, group in ((1, self.kv_holding_waiting), (0, self.waiting)):
+            group.prepend_in_order(skipped[holds])
+
+    def _skip(self, queue: _WaitQueue, skipped: dict[int, list[Request]]) -> None:
+        request = queue.pop()
+        skipped[int(self._holds_kv_blocks(request))].append(request)
+
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    def _try_admit(
+        self,
+        request: Request,
+        queue: _WaitQueue,
+        budget: int,
+        threshold: int,
+        out: SchedulerOutput,
+        kinds: dict[str, str],
+    ) -> int:
+        """Admit ``request`` (head of ``queue``); returns the tokens it was scheduled.
+
+        Raises ``_Skip`` (stay queued, try the next one), ``_StopAdmission``
+        (head-of-line stop) or :class:`EngineCrash`.
+        """
+        rid = request.request_id
+        lookup: PrefixLookup | None = None
+        hits: tuple[int, ...] = (0,) * self.num_groups
+        ext = 0
+        load_async = False
+        fallback = False
+        if request.num_computed_tokens == 0:
+            kind = "after_preemption" if request.num_preemptions else "first"
+            hits = tuple(self.kv.find_per_group_hits(request))
+            lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
+            blocks, local = lookup.blocks, lookup.local_tokens
+            request.shared_prefix_boundary = lookup.shared_prefix_boundary
+            row = dict(request=request, kind=kind, hits=hits, lookup=lookup)
+            if self.connector is not None:
+                partial_tail = local % self.block_size
+                aligned_local = local - partial_tail
+                ext_answer, load_async = self.connector.get_num_new_matched_tokens(request, aligned_local)
+                if request.skip_reading_prefix_cache:
+                    ext_answer, load_async = 0, False
+                if ext_answer is None:
+                    self._record_admission(**row, local=local, ext=0, fallback=False, outcome="not_admitted",
+                                           reason="connector_not_ready")
+                    raise _Skip
+                if partial_tail and ext_answer > partial_tail:
+                    blocks = self._guarded(lambda: self.kv.truncate_computed_blocks(blocks, aligned_local),
+                                           **row, local=local, ext=ext_answer)
+                    local = aligned_local
+                    ext = ext_answer
+                elif partial_tail:
+                    ext, load_async = 0, False
+                else:
+                    ext = ext_answer
+                if lookup.hit_diverged and ext == 0:
+                    # vLLM 0.33: no external tokens back the deeper local hit; reconcile.
+                    blocks, local, request.shared_prefix_boundary = self.kv.get_computed_blocks(request)
+                    fallback = True
+            computed = local + ext
+            row = dict(row, local=local, ext=ext, fallback=fallback)
+            self._check(computed <= request.num_tokens, "num_computed_tokens <= request.num_tokens", **row)
+        else:
+            # After an async load: no new lookup (vLLM), blocks already held.
+            kind = "after_async_load"
+            blocks = self.kv.empty_kv_cache_blocks
+            local = 0
+            computed = request.num_computed_tokens
+            row = dict(request=request, kind=kind, hits=hits, lookup=None, local=0, ext=0, fallback=False)
+
+        if load_async:
+            self._check(ext > 0, "num_external_computed_tokens > 0", **row)
+            n = 0
+        else:
+            n = request.num_tokens - computed
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            self._check(n > 0, "num_new_tokens > 0", **row)
+            if self.need_mamba_split:
+                n = self._mamba_block_aligned_split(request, n, local, ext)
+                if n == 0:
+                    self._record_admission(**row, outcome="not_admitted", reason="no_aligned_chunk")
+                    raise _StopAdmission
+        reserved = self._inflight_prefill_reserved_blocks() if load_async else 0
+        new_blocks = self._guarded(
+            lambda: self.kv.allocate_slots(
+                request,
+                n,
+                num_new_computed_tokens=local,
+                new_computed_blocks=blocks,
+                num_external_computed_tokens=ext,
+                delay_cache_blocks=load_async,
+                full_sequence_must_fit=True,
+                reserved_blocks=reserved,
+                has_scheduled_reqs=bool(self.running),
+            ),
+            **row,
+        )
+        if new_blocks is None:
+            self._record_admission(**row, outcome="not_admitted", reason="no_blocks")
+            raise _StopAdmission
+
+        if self.connector is not None:
+            self.connector.update_state_after_alloc(request, self.kv.get_blocks(rid), ext)
+        self.num_admissions += 1
+        if fallback:
+            self.num_fallbacks += 1
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = computed
+            request.num_external_computed_tokens = ext
+        outcome, tokens_lost, taint_origin = "ok", 0, ""
+        if self.admission_checker is not None:
+            outcome, tokens_lost, taint_origin = self.admission_checker(
+                Admission(request, kind, lookup, blocks, local, ext, fallback, load_async, hits)
+            )
+        self._record_admission(**row, outcome=outcome, tokens_lost=tokens_lost, taint_origin=taint_origin,
+                               num_computed=computed)
+
+        if load_async:
+            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            request.num_computed_tokens = computed
+            self._inflight_prefills[rid] = request
+            raise _Skip
+        queue.pop()
+        self.running.append(request)
+        if request.status == RequestStatus.WAITING:
+            out.scheduled_new_reqs.append(request)
+            kinds[rid] = "new"
+        else:
+            out.scheduled_resumed_reqs.append(request)
+            kinds[rid] = "resumed"
+        out.num_scheduled_tokens[rid] = n
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = computed
+        if computed + n < request.num_tokens:
+            self._inflight_prefills[rid] = request
+        return n
+
+    def _check(self, ok: bool, assertion: str, **row: Any) -> None:
+        """vLLM ``assert <assertion>``: a failed one is an engine crash."""
+        if not ok:
+            self._crash(f"AssertionError: {assertion}", **row)
+
+    def _guarded(self, call: Callable[[], Any], **row: Any) -> Any:
+        """Run a kv-core call; its AssertionError / ValueError is an engine crash.
+
+        ``row`` names the request (and, during an admission, the admission row
+        to record with outcome ``crash``).
+        """
+        try:
+            return call()
+        except (AssertionError, ValueError) as exc:
+            self._crash(_crash_reason(exc), **row)
+
+    def _crash(self, reason: str, request: Request, kind: str = "", hits=None, lookup=None, local: int = 0,
+               ext: int = 0, fallback: bool = False) -> None:
+        if kind:
+            self._record_admission(request=request, kind=kind, hits=hits, lookup=lookup, local=local, ext=ext,
+                                   fallback=fallback, outcome="crash", crash_reason=reason)
+        crash = EngineCrash(reason, request.request_id, self.step)
+        if self.on_crash == "record":
+            self.crashes.append(crash)
+        raise crash
+
+    def _record_admission(
+        self,
+        *,
+        request: Request,
+        kind: str,
+        hits,
+        lookup: PrefixLookup | None,
+        local: int,
+        ext: int,
+        fallback: bool,
+        outcome: str,
+        reason: str = "",
+        crash_reason: str = "",
+        tokens_lost: int = 0,
+        taint_origin: str = "",
+        num_computed: int | None = None,
+    ) -> None:
+        """One ``admissions`` row; ``num_computed`` is where an admitted request resumes."""
+        if self.recorder is None:
+            return
+        self.recorder.record_admission(
+            request_id=request.request_id,
+            prompt_tokens=request.num_prompt_tokens,
+            hits=hits,
+            local_tokens=local,
+            external_tokens=ext,
+            hit_diverged=bool(lookup is not None and lookup.hit_diverged),
+            fallback=fallback,
+            policy=self.prefix_policy.name,
+            outcome=outcome,
+            crash_reason=crash_reason,
+            kind=kind,
+            reason=reason,
+            num_computed_tokens=request.num_computed_tokens if num_computed is None else num_computed,
+            tokens_lost=tokens_lost,
+            taint_origin=taint_origin,
+        )
+
+    def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        rec = self.recorder
+        for rid, n in out.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            before = request.num_computed_tokens
+            out.num_computed_tokens_before[rid] = before
+            if n == 1 and before == request.num_tokens - 1:
+                out.decode_tokens += 1
+            else:
+                out.prefill_tokens += n
+            if rec is not None:
+                rec.record_schedule(rid, kinds[rid], n, before, False)
+            request.num_computed_tokens += n
+            request.num_in_flight_tokens += n
+            if request.num_computed_tokens >= request.num_tokens:
+                self._inflight_prefills.pop(rid, None)
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute preemption: free every block, back to the front of ``waiting``.
+
+        Its ``schedule`` row (0 tokens, ``preempted=True``) carries the
+        computed tokens it lost.
+        """
+        if self.recorder is not None:
+            self.recorder.record_schedule(request.request_id, "running", 0, request.num_computed_tokens, True)
+        self.kv.free(request)
+        self._inflight_prefills.pop(request.request_id, None)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    # ----------------------------------------------------------- mamba split
+    def _mamba_block_aligned_split(
+        self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """vLLM ``_mamba_block_aligned_split`` without EAGLE and fine-grained hits.
+
+        Non-final prefill chunks end on Mamba block boundaries; a chunk also
+        stops at the last cacheable boundary ``floor((num_tokens - 1) / B) * B``
+        (unless the layers write it into a prefill checkpoint block from inside
+        the final chunk), at the block-floored shared-prefix junction, and at
+        the next boundary when it starts mid-block.
+        """
+        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new_tokens
+        bs = self.mamba_block_size
+        last_cache_position = _checkpoint_position(request.num_tokens, bs)
+        end = start + num_new_tokens
+        use_internal_checkpoint = (
+            self.mamba_has_prefill_checkpoints
+            and end >= prefill_end
+            and self._checkpoint_valid(start, end, _checkpoint_position(prefill_end, bs))
+        )
+        if use_internal_checkpoint:
+            last_cache_position = 0
+        if end < prefill_end:
+            max_prefill = self.config.max_num_batched_tokens
+            if self.config.long_prefill_token_threshold > 0:
+                max_prefill = min(max_prefill, self.config.long_prefill_token_threshold)
+            aligned_end = end // bs * bs
+            if aligned_end > start or bs <= max_prefill:
+                end = aligned_end
+        junction = request.shared_prefix_boundary
+        stops = (
+            (start // bs + 1) * bs if start % bs and not use_internal_checkpoint else 0,
+            last_cache_position,
+            start + (junction - start) // bs * bs if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
+    def _checkpoint_valid(self, query_start: int, query_end: int, checkpoint_position: int) -> bool:
+        """vLLM ``is_mamba_prefill_checkpoint_valid``."""
+        alignment = self.mamba_checkpoint_alignment
+        if alignment is None:
+            return False
+        bs, hbs = self.mamba_block_size, self.hash_block_size
+        initial_state_col = (query_start - 1) // bs
+        checkpoint_col = -(-query_end // bs) - 2
+        return (
+            query_start % hbs == 0
+            and checkpoint_col > initial_state_col
+            and query_start + hbs <= checkpoint_position
+            and query_start < checkpoint_position < query_end
+            and (checkpoint_position - query_start) % alignment == 0
+        )
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""
+        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills.values())
+
+    def _request_remaining_blocks(self, request: Request) -> int:
+        """vLLM ``_request_remaining_blocks``: blocks to hold the full sequence (admission cap applied)."""
+        full = min(request.num_tokens, self.max_model_len)
+        return self.kv.coordinator.get_num_blocks_to_allocate(
+            request.request_id,
+            full,
+            self.kv.empty_kv_cache_blocks.blocks,
+            request.num_computed_tokens,
+            request.num_computed_tokens,
+            full,
+            True,
+            max(request.num_prompt_tokens, request.num_tokens - 1),
+        )
+
+    # ------------------------------------------------------ async KV loads
+    def update_from_kv_xfer_finished(self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()) -> None:
+        """The connector's finished transfers (vLLM ``_update_from_kv_xfer_finished``)."""
+        for rid in finished_recving:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(rid)
+            elif request.is_finished():
+                self._free_blocks(request)
+        for rid in finished_sending:
+            request = self.requests.get(rid)
+            if request is not None:
+                self._free_blocks(request)
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        """The load finished: cache the loaded blocks; a whole-prompt load recomputes the last token."""
+        self.kv.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.discard(request.request_id)
+
+    # ---------------------------------------------------- update from output
+    def update_from_output(self, out: SchedulerOutput) -> list[Request]:
+        """Apply the step's model output; returns the requests that finished.
+
+        Each scheduled request whose known tokens are now all computed samples
+        one token (as vLLM's scheduler tests fabricate model output) and stops
+        on ``output_len`` (the workload's EOS), ``max_tokens`` or ``max_model_len``.
+        """
+        finished: list[Request] = []
+        for rid, n in out.num_scheduled_tokens.items():
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            request.num_in_flight_tokens -= n
+            if request.is_finished() or request.status != RequestStatus.RUNNING:
+                continue
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # a prefill chunk: no token sampled
+            request.append_output_tokens(1)
+            status = self._stop_status(request)
+            if status is not None:
+                request.status = status
+                self.running.remove(request)
+                self._free_request(request)
+                finished.append(request)
+        self._drain_events()
+        self.step += 1
+        return finished
+
+    def _stop_status(self, request: Request) -> RequestStatus | None:
+        """vLLM ``check_stop`` order: EOS (here: the workload's ``output_len``), then length caps."""
+        if request.num_output_tokens >= request.output_len and request.output_len < request.max_tokens:
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _drain_events(self) -> None:
+        events = list(self.kv.take_events())
+        if self.connector is not None:
+            events.extend(self.connector.take_events())
+        if self.recorder is not None and events:
+            self.recorder.record_kv_events(events)
+
+    # ---------------------------------------------------------------- finish
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (abort); returns those that were not finished yet."""
+        if not status.is_finished:
+            raise ValueError(f"finish_requests: {status.name} is not a finished status")
+        ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
+        done: list[Request] = []
+        for rid in ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            self._remove_from_queues(request)
+            delay_free = (
+                request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                and rid not in self.finished_recving_kv_req_ids
+            )
+            self.finished_recving_kv_req_ids.discard(rid)
+            request.status = status
+            self._free_request(request, delay_free_blocks=delay_free)
+            done.append(request)
+        return done
+
+    def _remove_from_queues(self, request: Request) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove({request})
+            self.kv_holding_waiting.remove({request})
+
+    def _fail_request(self, request: Request) -> None:
+        """``on_crash="record"``: the crashing request fails, the engine goes on."""
+        self._remove_from_queues(request)
+        request.status = RequestStatus.FINISHED_ERROR
+        self._free_request(request)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> None:
+        """vLLM ``_free_request``: tell the connector, then free unless it still sends."""
+        self._inflight_prefills.pop(request.request_id, None)
+        if self.connector is not None:
+            delay_free_blocks |= self._connector_finished(request)
+        self.finished_req_ids.add(request.request_id)
+        self.num_finished += 1
+        if not delay_free_blocks:
+            self._free_blocks(request)
+
+    def _connector_finished(self, request: Request) -> bool:
+        processed = max(0, request.num_computed_tokens - request.num_in_flight_tokens)
+        self.kv.remove_skipped_blocks(request.request_id, processed)
+        block_ids = self.kv.get_block_ids_for_computed_tokens(request.request_id, request.num_computed_tokens)
+        if self.connector.supports_hma:
+            delay, _ = self.connector.request_finished_all_groups(request, block_ids)
+        else:
+            delay, _ = self.connector.request_finished(request, block_ids[0])
+        return bool(delay)
+
+    def _free_blocks(self, request: Request) -> None:
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+
+
+def _checkpoint_position(num_tokens: int, block_size: int) -> int:
+    """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no hash lookahead)."""
+    return max((num_tokens - 1) // block_size * block_size, 0)

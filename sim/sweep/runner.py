@@ -1,0 +1,270 @@
+"""Run a sweep into a directory, resumably.
+
+Layout of ``DIR``::
+
+    DIR/<run-id>/            a normal result bundle (scenario.resolved.yaml, summary.json, tables, plots)
+    DIR/<run-id>/sweep-run.json   the run's identity: base scenario hash + override strings
+    DIR/<run-id>/error.txt   traceback, for a failed run
+    DIR/sweep.json           manifest: definition + every run's values, overrides, status, error
+    DIR/sweep.parquet        one row per run (see :mod:`sim.sweep.table`)
+    DIR/plots/<name>.png     the sweep's ``plots:`` figures
+
+Resume rule: a run whose ``summary.json`` is complete (see
+:func:`~sim.sweep.executors.complete_summary`) and whose ``sweep-run.json`` matches
+is reused, not rerun; every other run directory is cleared and run again (so a
+failed run is retried). A run directory that belongs to a *different* definition
+(other base scenario content or overrides) is an error, raised before anything
+runs or is deleted. ``sweep.json`` and ``sweep.parquet`` are pure functions of the
+definition and the runs' outcomes: no timestamps, no executor, planned order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from sim.sweep.executors import (
+    Executor,
+    LoadFn,
+    RunFn,
+    RunOutcome,
+    RunTask,
+    default_load,
+    complete_summary,
+    make_executor,
+)
+from sim.sweep.grid import RunSpec, SweepError, SweepSpec, plan_runs, yaml_text
+from sim.sweep.table import build_table, write_table
+
+MANIFEST_FILE = "sweep.json"
+TABLE_FILE = "sweep.parquet"
+IDENTITY_FILE = "sweep-run.json"
+PLOTS_DIR = "plots"
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A planned run and what became of it (``status`` ok | failed)."""
+
+    run_id: str
+    values: dict[str, Any]
+    seed: int
+    overrides: tuple[str, ...]
+    status: str
+    error: str | None
+    summary: dict[str, Any] | None
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` did. ``runs`` are in planned order; ``executed`` / ``reused`` partition their ids."""
+
+    out_dir: Path
+    runs: list[RunRecord]
+    executed: list[str]
+    reused: list[str]
+    plots: list[Path] = field(default_factory=list)
+    plot_errors: list[str] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[RunRecord]:
+        return [r for r in self.runs if r.status == "failed"]
+
+    @property
+    def table_path(self) -> Path:
+        return self.out_dir / TABLE_FILE
+
+    def table(self) -> Any:
+        """``sweep.parquet`` as a pandas DataFrame."""
+        return read_sweep(self.out_dir)
+
+
+def read_sweep(out_dir: Path | str) -> Any:
+    """Load ``DIR/sweep.parquet`` as a pandas DataFrame."""
+    import pandas as pd
+
+    return pd.read_parquet(Path(out_dir) / TABLE_FILE)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _identity(scenario_sha: str, run: RunSpec) -> dict[str, Any]:
+    return {"scenario_sha256": scenario_sha, "overrides": list(run.overrides)}
+
+
+def _read_identity(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((run_dir / IDENTITY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _base_seed(spec: SweepSpec, load: LoadFn) -> int:
+    """Load the base scenario once (fail fast on a bad file) and return its ``seed``."""
+    try:
+        scenario = load(str(spec.scenario.resolve()), [])
+    except Exception as exc:
+        raise SweepError(f"cannot load base scenario {spec.scenario}: {exc}") from exc
+    seed = getattr(scenario, "seed", None)
+    if spec.seeds.values is None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise SweepError(f"base scenario {spec.scenario} has no integer 'seed' to count seeds from; give explicit seeds")
+    return seed if isinstance(seed, int) else 0
+
+
+def _progress_wanted(progress: bool | None) -> bool:
+    if progress is not None:
+        return progress
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def _with_progress(outcomes: Iterator[RunOutcome], total: int, reused: int, show: bool) -> Iterator[RunOutcome]:
+    if not show or total == 0:
+        yield from outcomes
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    label = f"sweep ({reused} reused)" if reused else "sweep"
+    failed = 0
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task(label, total=total)
+        for outcome in outcomes:
+            failed += outcome.status == "failed"
+            bar.update(task, advance=1, description=f"{label}, {failed} failed" if failed else label)
+            yield outcome
+
+
+def _manifest(spec: SweepSpec, scenario_sha: str, seeds: Sequence[int], records: Sequence[RunRecord]) -> dict[str, Any]:
+    return {
+        "format": MANIFEST_FORMAT,
+        "scenario": spec.scenario.as_posix(),
+        "scenario_sha256": scenario_sha,
+        "axes": [{"keys": list(a.keys), "points": [list(p) for p in a.points]} for a in spec.axes],
+        "seeds": list(seeds),
+        "plots": [
+            {"name": p.name, "x": p.x, "metrics": list(p.metrics), "hue": p.hue} for p in spec.plots
+        ],
+        "runs": [
+            {
+                "run_id": r.run_id,
+                "values": r.values,
+                "seed": r.seed,
+                "overrides": list(r.overrides),
+                "status": r.status,
+                "error": r.error,
+            }
+            for r in records
+        ],
+    }
+
+
+def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
+    from sim.sweep.plots import plot_sweep
+
+    frame = result.table()
+    ok = frame[frame["status"] == "ok"]
+    for plot in spec.plots:
+        if ok.empty:
+            result.plot_errors.append(f"plot {plot.name!r}: no successful runs to plot")
+            continue
+        out = out_dir / PLOTS_DIR / f"{plot.name}.png"
+        try:
+            plot_sweep(frame, x=plot.x, metrics=list(plot.metrics), hue=plot.hue, out=out)
+        except ValueError as exc:
+            result.plot_errors.append(f"plot {plot.name!r}: {exc}")
+        else:
+            result.plots.append(out)
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: Path | str,
+    *,
+    executor: str | Executor = "local",
+    jobs: int | None = None,
+    progress: bool | None = None,
+    load_fn: LoadFn | None = None,
+    run_fn: RunFn | None = None,
+) -> SweepResult:
+    """Run every planned run not already complete in ``out_dir``; write ``sweep.json``, ``sweep.parquet`` and plots.
+
+    ``executor``: ``"local"`` (process pool of ``jobs``, default all CPUs), ``"serial"``, ``"ray"``, or an
+    :class:`~sim.sweep.executors.Executor`. ``progress``: a rich progress bar (default: only on a TTY and when the
+    ``CI`` environment variable is unset). ``load_fn`` / ``run_fn`` replace :func:`sim.config.load_scenario` /
+    :func:`sim.engine.run.run_scenario`; they must be module-level (picklable) functions.
+    Failed runs are recorded, never raised; bad input raises :class:`~sim.sweep.grid.SweepError`.
+    """
+    out_dir = Path(out_dir)
+    runner = make_executor(executor, jobs) if isinstance(executor, str) else executor
+    base_seed = _base_seed(spec, load_fn or default_load)
+    runs = plan_runs(spec, base_seed)
+    scenario_sha = _sha256(spec.scenario)
+    scenario_path = str(spec.scenario.resolve())
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    reused: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        run_dir = out_dir / run.run_id
+        identity = _read_identity(run_dir)
+        if identity is not None and identity != _identity(scenario_sha, run):
+            raise SweepError(
+                f"{run_dir} holds a run of a different sweep definition (base scenario content or overrides differ); "
+                "use a new output directory or remove that one"
+            )
+        summary = complete_summary(run_dir) if identity is not None else None
+        if summary is not None:
+            reused[run.run_id] = summary
+
+    tasks = []
+    for run in runs:
+        if run.run_id in reused:
+            continue
+        run_dir = out_dir / run.run_id
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        (run_dir / IDENTITY_FILE).write_text(json.dumps(_identity(scenario_sha, run), indent=2) + "\n")
+        tasks.append(RunTask(run.run_id, scenario_path, run.overrides, str(run_dir), load_fn, run_fn))
+
+    outcomes: dict[str, RunOutcome] = {}
+    for outcome in _with_progress(runner.run(tasks), len(tasks), len(reused), _progress_wanted(progress)):
+        outcomes[outcome.run_id] = outcome
+
+    records = []
+    for run in runs:
+        if run.run_id in reused:
+            status, error, summary = "ok", None, reused[run.run_id]
+        else:
+            got = outcomes[run.run_id]
+            status, error, summary = got.status, got.error, got.summary
+        records.append(RunRecord(run.run_id, dict(run.values), run.seed, run.overrides, status, error, summary))
+
+    rows = [
+        {"run_id": r.run_id, "values": r.values, "seed": r.seed, "status": r.status, "error": r.error, "summary": r.summary}
+        for r in records
+    ]
+    write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)
+    seeds = spec.seeds.resolve(base_seed)
+    manifest = _manifest(spec, scenario_sha, seeds, records)
+    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
+
+    result = SweepResult(
+        out_dir=out_dir,
+        runs=records,
+        executed=[t.run_id for t in tasks],
+        reused=[r.run_id for r in runs if r.run_id in reused],
+    )
+    if spec.plots:
+        _draw_plots(spec, out_dir, result)
+    return result

@@ -1,0 +1,284 @@
+"""Result bundles: the directory a run writes (DESIGN.md §6), and reading it back.
+
+A bundle holds ``scenario.resolved.yaml``, ``summary.json`` and one file per
+table, ``<table>.parquet`` (default) or ``<table>.csv``. Writing the same data
+twice gives the same bytes:
+
+* ``summary.json``: keys sorted at every level, two-space indent, a final
+  newline; NaN and ±inf become ``null`` (JSON has neither), numpy scalars become
+  Python numbers, tuples become lists.
+* Parquet: an explicit Arrow schema per column (int64 / float64 / bool /
+  string), no pandas or Arrow schema metadata, fixed compression (zstd) and
+  format version; the only writer-dependent bytes are the ``created_by`` string
+  that names the pyarrow version.
+* CSV: ``,``-separated, ``\\n`` line ends, header row, floats in Python's
+  shortest round-trip form, missing values as empty fields, booleans as
+  ``True``/``False``.
+
+Reading never unpickles: Parquet through pyarrow, CSV as text coerced to the
+schema of :mod:`sim.trace.tables`. A bundle marked ``"partial": true`` in its
+summary was cut short (e.g. a run stopped by a crash or an interrupt); its
+tables hold what was recorded up to that point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups, normalize_table
+
+SCENARIO_FILE = "scenario.resolved.yaml"
+SUMMARY_FILE = "summary.json"
+TABLE_FORMATS = ("parquet", "csv")
+
+TablesFormat = Literal["parquet", "csv"]
+
+_ARROW_TYPES = {"int64": pa.int64(), "Int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def json_safe(value: Any) -> Any:
+    """A JSON-able copy of ``value``: NaN/inf → None, numpy → Python, tuples → lists."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"summary keys must be strings, got {k!r}")
+            out[k] = json_safe(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if value is None or isinstance(value, str):
+        return value
+    if value is pd.NA:
+        return None
+    raise ValueError(f"summary value {value!r} of type {type(value).__name__} is not JSON-able")
+
+
+def dumps_summary(summary: Mapping[str, Any]) -> str:
+    """The exact text of ``summary.json`` for ``summary`` (deterministic)."""
+    return json.dumps(json_safe(summary), sort_keys=True, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------- tables I/O
+
+
+def _arrow_table(df: pd.DataFrame) -> pa.Table:
+    arrays, fields = [], []
+    for col in df.columns:
+        s = df[col]
+        if isinstance(s.dtype, pd.Int64Dtype):
+            typ = pa.int64()
+        elif s.dtype == "str" or s.dtype == object:
+            typ = pa.string()
+        else:
+            typ = _ARROW_TYPES.get(str(s.dtype))
+            if typ is None:
+                raise ValueError(f"column {col!r} has dtype {s.dtype} that a bundle cannot store")
+        arrays.append(pa.array(s, type=typ, from_pandas=True))
+        fields.append(pa.field(col, typ, nullable=True))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def write_table(df: pd.DataFrame, path: Path, fmt: TablesFormat) -> None:
+    """Write one normalized table; same frame → same bytes."""
+    if fmt == "parquet":
+        pq.write_table(
+            _arrow_table(df),
+            path,
+            compression="zstd",
+            version="2.6",
+            use_dictionary=True,
+            write_statistics=True,
+            store_schema=False,
+        )
+    elif fmt == "csv":
+        df.to_csv(path, index=False, lineterminator="\n", na_rep="")
+    else:
+        raise ValueError(f"tables_format {fmt!r} is not one of {TABLE_FORMATS}")
+
+
+def read_table(name: str, path: Path) -> pd.DataFrame:
+    """Read one table file (``.parquet`` or ``.csv``) into the schema of :mod:`sim.trace.tables`."""
+    if path.suffix == ".parquet":
+        mapper = {pa.int64(): pd.Int64Dtype()}.get
+        df = pq.read_table(path).to_pandas(types_mapper=mapper)
+    elif path.suffix == ".csv":
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+    else:
+        raise ValueError(f"{path}: table files are .parquet or .csv")
+    try:
+        return normalize_table(name, df)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def find_table_file(directory: Path, name: str) -> Path | None:
+    """The file holding table ``name`` in ``directory`` (None if absent; error if both formats)."""
+    found = [directory / f"{name}.{ext}" for ext in TABLE_FORMATS if (directory / f"{name}.{ext}").is_file()]
+    if len(found) > 1:
+        raise ValueError(f"{directory}: table {name!r} exists as both {found[0].name} and {found[1].name}")
+    return found[0] if found else None
+
+
+# ---------------------------------------------------------------- bundle
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refusing any name that would land outside ``directory``."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"refusing to write {name!r}: bundle files are plain names inside the bundle directory")
+    target = (directory / name).resolve()
+    if target.parent != directory.resolve():
+        raise ValueError(f"refusing to write {target}: it is outside the bundle directory {directory}")
+    return target
+
+
+def write_result(
+    out_dir: str | Path,
+    *,
+    scenario_yaml: str,
+    summary: Mapping[str, Any],
+    tables: Mapping[str, pd.DataFrame],
+    tables_format: TablesFormat = "parquet",
+    partial: bool = False,
+) -> Path:
+    """Write a result bundle into ``out_dir`` (created if needed) and return its path.
+
+    ``tables`` maps table names (:data:`~sim.trace.tables.TABLE_NAMES`) to
+    DataFrames; they are normalized before writing. ``summary`` gains the key
+    ``partial``; a caller-given ``partial`` must agree with the argument. A table
+    file of the other format left by an earlier write is removed so that the
+    directory holds exactly one file per table.
+    """
+    if tables_format not in TABLE_FORMATS:
+        raise ValueError(f"tables_format {tables_format!r} is not one of {TABLE_FORMATS}")
+    unknown = [n for n in tables if n not in TABLE_NAMES]
+    if unknown:
+        raise ValueError(f"unknown tables {unknown}; valid tables: {', '.join(TABLE_NAMES)}")
+    if "partial" in summary and summary["partial"] is not partial:
+        raise ValueError(f"summary['partial'] = {summary['partial']!r} contradicts partial={partial!r}")
+    directory = Path(out_dir)
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"result path {directory} exists and is not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+
+    _inside(directory, SCENARIO_FILE).write_text(scenario_yaml, encoding="utf-8")
+    _inside(directory, SUMMARY_FILE).write_text(dumps_summary({**summary, "partial": partial}), encoding="utf-8")
+    for name in TABLE_NAMES:
+        if name not in tables:
+            continue
+        path = _inside(directory, f"{name}.{tables_format}")
+        write_table(normalize_table(name, tables[name]), path, tables_format)
+        for other in TABLE_FORMATS:
+            stale = _inside(directory, f"{name}.{other}")
+            if other != tables_format and stale.is_file():
+                stale.unlink()
+    return directory
+
+
+@dataclass
+class LoadedResult:
+    """A result bundle read back: summary, resolved scenario text and the five tables.
+
+    Tables absent from the bundle are empty with the contract columns (the
+    number of groups taken from ``summary["groups"]`` or the other tables).
+    ``group_kinds`` is ``summary["groups"]`` when the run recorded it (the
+    attention type of each KV-cache group, e.g. ``full_attention``, ``mamba``).
+    """
+
+    summary: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    scenario_yaml: str = ""
+    path: Path | None = None
+    group_kinds: list[str] = field(default_factory=list)
+
+    @property
+    def kv_events(self) -> pd.DataFrame:
+        return self.tables["kv_events"]
+
+    @property
+    def admissions(self) -> pd.DataFrame:
+        return self.tables["admissions"]
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self.tables["requests"]
+
+    @property
+    def schedule(self) -> pd.DataFrame:
+        return self.tables["schedule"]
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.tables["steps"]
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.summary.get("partial", False))
+
+    @property
+    def num_groups(self) -> int:
+        return max(len(self.group_kinds), infer_num_groups(self.admissions.columns),
+                   infer_num_groups(self.steps.columns))
+
+    @classmethod
+    def from_tables(
+        cls,
+        tables: Mapping[str, pd.DataFrame],
+        *,
+        summary: Mapping[str, Any] | None = None,
+        group_kinds: list[str] | None = None,
+        scenario_yaml: str = "",
+    ) -> "LoadedResult":
+        """Wrap in-memory tables (e.g. from :func:`~sim.trace.tables.tables_from_recorder`)."""
+        summary = dict(summary or {})
+        kinds = list(group_kinds if group_kinds is not None else summary.get("groups") or [])
+        present = {n: normalize_table(n, t) for n, t in tables.items()}
+        num_groups = max([len(kinds)] + [infer_num_groups(t.columns) for t in present.values()])
+        full = {n: present.get(n, empty_table(n, num_groups)) for n in TABLE_NAMES}
+        return cls(summary=summary, tables=full, scenario_yaml=scenario_yaml, group_kinds=kinds)
+
+
+def load_result(path: str | Path) -> LoadedResult:
+    """Read a bundle written by :func:`write_result` (Parquet or CSV tables)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ValueError(f"result directory {directory} does not exist")
+    summary_path = directory / SUMMARY_FILE
+    if not summary_path.is_file():
+        raise ValueError(f"{directory} is not a result bundle: {SUMMARY_FILE} is missing")
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{summary_path}: invalid JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path}: expected a JSON object")
+    scenario_path = directory / SCENARIO_FILE
+    scenario_yaml = scenario_path.read_text(encoding="utf-8") if scenario_path.is_file() else ""
+    tables = {}
+    for name in TABLE_NAMES:
+        file = find_table_file(directory, name)
+        if file is not None:
+            tables[name] = read_table(name, file)
+    result = LoadedResult.from_tables(tables, summary=summary, scenario_yaml=scenario_yaml)
+    result.path = directory
+    return result

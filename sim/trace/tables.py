@@ -1,0 +1,285 @@
+"""The DESIGN.md §6 result tables as pandas DataFrames with a fixed schema.
+
+The :class:`~sim.trace.recorder.Recorder` collects plain-Python columns; this
+module is the one place that turns them (or a table read back from Parquet or
+CSV) into DataFrames. Whatever the source, a table leaving this module has:
+
+* the contract columns of DESIGN.md §6 in their order (the per-group columns
+  ``hit_g<i>`` / ``blocks_g<i>`` / ``cached_g<i>`` for ``i = 0..N-1`` in place),
+  then extension columns in the order they were recorded (or found in a file);
+* one fixed dtype per column (:func:`column_dtype`): ``int64``, ``float64``
+  (missing times are NaN), ``bool`` or pandas ``str`` (a missing string is
+  ``""``, never NaN); an extension column the schema does not know gets the
+  narrowest of these that holds its values (nullable ``Int64`` for integers
+  with gaps, e.g. a column added part-way through a run);
+* a deterministic row order (:data:`SORT_KEYS`): ``kv_events`` by ``seq``;
+  ``admissions`` and ``schedule`` by ``step`` then recording order;
+  ``requests`` by ``arrival_s`` then ``request_id``; ``steps`` by ``step``;
+  the index is a fresh ``RangeIndex``.
+
+Block hashes are 64-bit unsigned ints. They are stored as 16-character
+lower-case, zero-padded hex strings (``""`` when an event has no hash): exact in
+Parquet and CSV alike, fixed width and greppable in a CSV diff, and immune to
+readers that would turn an unsigned 64-bit value into int64 overflow or a
+float. :func:`hash_to_hex` / :func:`hex_to_hash` convert.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from sim.trace.recorder import (
+    Columns,
+    Recorder,
+    admission_columns,
+    kv_event_columns,
+    request_columns,
+    schedule_columns,
+    step_columns,
+)
+
+TABLE_NAMES: tuple[str, ...] = ("kv_events", "admissions", "requests", "schedule", "steps")
+
+#: Dtype name of the 64-bit block-hash column (a ``str`` column of 16 hex digits).
+HASH_DTYPE = "hex64"
+
+_INT, _NINT, _FLOAT, _BOOL, _STR = "int64", "Int64", "float64", "bool", "str"
+
+_FIXED_DTYPES: dict[str, dict[str, str]] = {
+    "kv_events": {
+        "seq": _INT, "step": _INT, "time_s": _FLOAT, "kind": _STR, "group": _INT,
+        "block_id": _INT, "block_hash": HASH_DTYPE, "request_id": _STR, "cause": _STR,
+    },
+    "admissions": {
+        "step": _INT, "time_s": _FLOAT, "request_id": _STR, "prompt_tokens": _INT,
+        "local_tokens": _INT, "external_tokens": _INT, "hit_diverged": _BOOL, "fallback": _BOOL,
+        "policy": _STR, "outcome": _STR, "crash_reason": _STR, "kind": _STR, "reason": _STR,
+        "num_computed_tokens": _INT, "tokens_lost": _INT, "taint_origin": _STR,
+    },
+    "requests": {
+        "request_id": _STR, "arrival_s": _FLOAT, "first_scheduled_s": _FLOAT,
+        "first_token_s": _FLOAT, "finished_s": _FLOAT, "prompt_tokens": _INT,
+        "output_tokens": _INT, "local_hit_tokens": _INT, "external_hit_tokens": _INT,
+        "preemptions": _INT, "outcome": _STR,
+    },
+    "schedule": {
+        "step": _INT, "request_id": _STR, "kind": _STR, "num_scheduled_tokens": _INT,
+        "num_computed_tokens": _INT, "preempted": _BOOL,
+    },
+    "steps": {
+        "step": _INT, "time_s": _FLOAT, "duration_s": _FLOAT, "running": _INT, "waiting": _INT,
+        "prefill_tokens": _INT, "decode_tokens": _INT, "free_blocks": _INT,
+    },
+}
+
+_PER_GROUP = {
+    "admissions": ("hit_g",),
+    "steps": ("blocks_g", "cached_g"),
+}
+
+#: Columns each table is sorted by (stable sort, so ties keep recording order).
+SORT_KEYS: dict[str, tuple[str, ...]] = {
+    "kv_events": ("seq",),
+    "admissions": ("step",),
+    "requests": ("arrival_s", "request_id"),
+    "schedule": ("step",),
+    "steps": ("step",),
+}
+
+_HEX64 = re.compile(r"^[0-9a-f]{16}$")
+_GROUP_COL = re.compile(r"^(hit_g|blocks_g|cached_g)(\d+)$")
+
+
+def hash_to_hex(block_hash: int | None) -> str:
+    """A 64-bit unsigned block hash as 16 lower-case hex digits (``""`` for none)."""
+    if block_hash is None:
+        return ""
+    h = int(block_hash)
+    if not 0 <= h < 1 << 64:
+        raise ValueError(f"block_hash {block_hash!r} is not a 64-bit unsigned int")
+    return format(h, "016x")
+
+
+def hex_to_hash(text: str) -> int | None:
+    """Inverse of :func:`hash_to_hex`."""
+    if text == "":
+        return None
+    if not _HEX64.match(text):
+        raise ValueError(f"block_hash {text!r} is not 16 lower-case hex digits")
+    return int(text, 16)
+
+
+def _check_table(table: str) -> None:
+    if table not in TABLE_NAMES:
+        raise ValueError(f"unknown table {table!r}; valid tables: {', '.join(TABLE_NAMES)}")
+
+
+def column_dtype(table: str, column: str) -> str | None:
+    """The schema dtype of a contract or known extension column, ``None`` if unknown."""
+    _check_table(table)
+    fixed = _FIXED_DTYPES[table].get(column)
+    if fixed is not None:
+        return fixed
+    m = _GROUP_COL.match(column)
+    if m and m.group(1) in _PER_GROUP.get(table, ()):
+        return _INT
+    return None
+
+
+def contract_columns(table: str, num_groups: int) -> list[str]:
+    """Column order of a table as the recorder defines it (DESIGN.md §6 + known extensions)."""
+    _check_table(table)
+    return {
+        "kv_events": kv_event_columns,
+        "admissions": lambda: admission_columns(num_groups),
+        "requests": request_columns,
+        "schedule": schedule_columns,
+        "steps": lambda: step_columns(num_groups),
+    }[table]()
+
+
+def infer_num_groups(columns: Iterable[str]) -> int:
+    """Number of KV-cache groups implied by per-group column names (0 if none)."""
+    indices = [int(m.group(2)) for c in columns if (m := _GROUP_COL.match(c))]
+    return max(indices) + 1 if indices else 0
+
+
+# ---------------------------------------------------------------- coercion
+
+
+def _nonempty_str(values: pd.Series) -> pd.Series:
+    return values.astype(object).where(values.notna(), "").map(str)
+
+
+def _to_number(values: pd.Series, table: str, column: str) -> pd.Series:
+    """Numbers from numeric, Python-object (recorder) or text (CSV) values; ``""``/None are missing."""
+    if values.dtype.kind in "biuf" or isinstance(values.dtype, pd.Int64Dtype):
+        return values
+    obj = values.astype(object)
+    obj = obj.where(obj.notna() & (obj != ""), None)
+    try:
+        return pd.to_numeric(obj, errors="raise")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{table}.{column}: expected numbers ({exc})") from None
+
+
+def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series:
+    """Bring one column to its schema dtype, raising a clear error on bad values."""
+    if dtype == _STR:
+        return _nonempty_str(values).astype(_STR)
+    if dtype == HASH_DTYPE:
+        if values.dtype.kind in "iu" or values.dtype == object and any(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values
+        ):
+            return pd.Series([hash_to_hex(None if _is_missing(v) else v) for v in values], dtype=_STR)
+        text = _nonempty_str(values)
+        bad = [v for v in text if v and not _HEX64.match(v)]
+        if bad:
+            raise ValueError(f"{table}.{column}: {bad[0]!r} is not 16 lower-case hex digits")
+        return text.astype(_STR)
+    if dtype == _BOOL:
+        if values.dtype == bool:
+            return values
+        mapping = {"True": True, "False": False, "true": True, "false": False, "1": True, "0": False,
+                   True: True, False: False, 1: True, 0: False}
+        out = values.astype(object).map(mapping.get)
+        if out.isna().any():
+            bad = values[out.isna()].iloc[0]
+            raise ValueError(f"{table}.{column}: {bad!r} is not a boolean (True/False)")
+        return out.astype(bool)
+    nums = _to_number(values, table, column)
+    if dtype == _FLOAT:
+        return nums.astype(_FLOAT)
+    if dtype in (_INT, _NINT):
+        if nums.dtype.kind == "f":
+            finite = nums.dropna()
+            if (finite != np.floor(finite)).any():
+                raise ValueError(f"{table}.{column}: expected integers, got {finite[finite != np.floor(finite)].iloc[0]!r}")
+        if dtype == _INT:
+            if nums.isna().any():
+                raise ValueError(f"{table}.{column}: missing value in a column that is always set")
+            return nums.astype(_INT)
+        return nums.astype(_NINT)
+    raise AssertionError(f"unknown schema dtype {dtype!r}")
+
+
+def _is_missing(v: object) -> bool:
+    return v is None or (isinstance(v, float) and np.isnan(v))
+
+
+def _infer_dtype(values: pd.Series) -> str:
+    """Dtype of an extension column the schema does not know, from its values."""
+    if values.dtype == bool:
+        return _BOOL
+    if values.dtype.kind in "iu" or isinstance(values.dtype, pd.Int64Dtype):
+        return _NINT if values.isna().any() else _INT
+    if values.dtype.kind == "f":
+        return _FLOAT
+    present = [v for v in values.astype(object) if not _is_missing(v) and v != ""]
+    if not present:
+        return _STR
+    if all(isinstance(v, (bool, np.bool_)) for v in present) or all(v in ("True", "False") for v in present):
+        return _BOOL if len(present) == len(values) else _STR
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present) or all(
+        isinstance(v, str) and re.fullmatch(r"-?\d+", v) for v in present
+    ):
+        return _INT if len(present) == len(values) else _NINT
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in present):
+        return _FLOAT
+    if all(isinstance(v, str) for v in present):
+        try:
+            pd.to_numeric(pd.Series(present), errors="raise")
+            return _FLOAT
+        except ValueError:
+            return _STR
+    return _STR
+
+
+# ---------------------------------------------------------------- public
+
+
+def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> pd.DataFrame:
+    """Schema dtypes, canonical column order and deterministic row order for one table.
+
+    Accepts a DataFrame or a mapping of column name to values (as the recorder
+    holds them). Columns missing from the contract are an error; unknown
+    columns are kept as extensions with an inferred dtype.
+    """
+    _check_table(table)
+    df = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(
+        {k: pd.Series(list(v), dtype=object) for k, v in frame.items()}
+    )
+    num_groups = infer_num_groups(df.columns)
+    order = contract_columns(table, num_groups)
+    missing = [c for c in order if c not in df.columns]
+    if missing:
+        raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
+    order += [c for c in df.columns if c not in order]
+    out = {}
+    for col in order:
+        dtype = column_dtype(table, col) or _infer_dtype(df[col])
+        out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col)
+    result = pd.DataFrame(out, columns=order)
+    keys = list(SORT_KEYS[table])
+    if len(result) > 1:
+        result = result.sort_values(keys, kind="mergesort", na_position="last")
+    return result.reset_index(drop=True)
+
+
+def table_from_columns(table: str, columns: Columns) -> pd.DataFrame:
+    """One recorder table (:class:`~sim.trace.recorder.Columns`) as a normalized DataFrame."""
+    return normalize_table(table, {name: columns.data[name] for name in columns.names})
+
+
+def tables_from_recorder(recorder: Recorder) -> dict[str, pd.DataFrame]:
+    """All five tables of a run, keyed by :data:`TABLE_NAMES` (in that order)."""
+    return {name: table_from_columns(name, getattr(recorder, name)) for name in TABLE_NAMES}
+
+
+def empty_table(table: str, num_groups: int) -> pd.DataFrame:
+    """A zero-row table with the contract columns and dtypes."""
+    return normalize_table(table, {c: [] for c in contract_columns(table, num_groups)})

@@ -1,0 +1,62 @@
+"""The single entry point: a ``workload:`` spec to a sorted list of requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sim.request import Request
+from sim.workload.draft import RequestDraft
+from sim.workload.errors import WorkloadError
+from sim.workload.generators import generate
+from sim.workload.options import apply_options
+from sim.workload.script import script_drafts
+from sim.workload.spec import WorkloadSpec
+from sim.workload.traces import read_trace
+
+CLOCKS = ("time", "steps")
+
+
+def build_requests(
+    spec: WorkloadSpec,
+    *,
+    base_dir: Path,
+    rng: np.random.Generator,
+    hash_block_size: int | None = None,
+    clock: str = "time",
+) -> list[Request]:
+    """The workload's requests, sorted by ``(arrival_time, source order)``.
+
+    Each request has ``output_len`` set (its EOS point, ``<= max_tokens``) and
+    prompt content as stream/id segments; block hashes are left to the engine
+    (``Request.set_hash_block_size``). ``hash_block_size`` only validates the
+    expansion of hash-block traces (Mooncake, Qwen). ``rng`` is split into two
+    independent children, one for the generator and one for ``sample``, so
+    sampling a trace does not depend on how many draws a generator used.
+    Paths in the spec are relative to ``base_dir``. Bad input raises
+    :class:`WorkloadError`.
+    """
+    if clock not in CLOCKS:
+        raise WorkloadError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    gen_rng, sample_rng = rng.spawn(2)
+    base_dir = Path(base_dir)
+    drafts: list[RequestDraft]
+    if spec.requests is not None:
+        drafts = script_drafts(spec.requests, clock)
+    elif spec.generator is not None:
+        drafts = generate(spec.generator, gen_rng, base_dir)
+    else:
+        assert spec.trace is not None
+        drafts = read_trace(spec.trace, base_dir, hash_block_size)
+    drafts = apply_options(drafts, spec, sample_rng, clock)
+    _check_unique_ids(drafts)
+    return [d.to_request() for d in drafts]
+
+
+def _check_unique_ids(drafts: list[RequestDraft]) -> None:
+    seen: set[str] = set()
+    for d in drafts:
+        if d.request_id in seen:
+            raise WorkloadError(f"duplicate request id {d.request_id!r}")
+        seen.add(d.request_id)

@@ -1,0 +1,42 @@
+"""A request before the workload options are applied.
+
+Every source (script, generator, trace reader) yields drafts; the options
+(:mod:`sim.workload.options`) filter and re-time them, and only the survivors
+become :class:`sim.request.Request` objects. ``order`` is the source's own
+order (script position, generation order, trace line) and breaks arrival-time
+ties, so the final sort is total and stable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.request import Request
+from sim.tokens import Segment
+
+
+@dataclass(slots=True)
+class RequestDraft:
+    request_id: str
+    arrival: float
+    prompt: tuple[Segment, ...]
+    max_tokens: int
+    output_len: int
+    order: int
+    priority: int = 0
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    metadata: dict = field(default_factory=dict)
+
+    def to_request(self) -> Request:
+        return Request(
+            self.request_id,
+            self.prompt,
+            self.max_tokens,
+            self.arrival,
+            output_len=self.output_len,
+            priority=self.priority,
+            lora_name=self.lora_name,
+            cache_salt=self.cache_salt,
+            metadata=self.metadata,
+        )

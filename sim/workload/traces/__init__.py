@@ -1,0 +1,30 @@
+"""Trace readers: each turns a file into request drafts in file order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.workload.draft import RequestDraft
+from sim.workload.spec import TraceSpec
+from sim.workload.traces.azure import read_azure
+from sim.workload.traces.mooncake import read_mooncake
+from sim.workload.traces.qwen import read_qwen
+from sim.workload.traces.records import read_records
+
+
+def read_trace(spec: TraceSpec, base_dir: Path, hash_block_size: int | None) -> list[RequestDraft]:
+    """Drafts of the trace ``spec.path`` (relative to ``base_dir``), in file order.
+
+    ``hash_block_size`` only validates formats that expand hash blocks.
+    """
+    path = base_dir / spec.path
+    if spec.format == "mooncake":
+        return read_mooncake(path, hash_block_size)
+    if spec.format == "qwen":
+        return read_qwen(path, hash_block_size)
+    if spec.format == "azure":
+        return read_azure(path)
+    return read_records(path)
+
+
+__all__ = ["read_trace", "read_mooncake", "read_qwen", "read_azure", "read_records"]

@@ -1,0 +1,109 @@
+"""Shared pieces of the trace readers: line iteration, field checks, hash-block expansion.
+
+Hash-block expansion (shared/traces/README.md): a trace that gives one id per
+``trace_block`` prompt tokens is turned into token content without any
+per-token work. Block ``k`` with id ``h`` becomes ``StreamSegment(prefix + h,
+0, trace_block)``; the last block may be partial and then covers only the
+first ``input_length - k * trace_block`` positions of its stream. Equal ids give
+equal streams, so blocks shared in the trace stay shared at every hash block
+size that divides ``trace_block``; larger sizes are refused (the README: merging
+trace blocks is not sound).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from sim.tokens import StreamSegment
+from sim.workload.errors import WorkloadError
+
+
+def open_trace(path: Path) -> Path:
+    if not path.is_file():
+        raise WorkloadError(f"{path}: trace file not found")
+    return path
+
+
+def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for each non-blank line; bad JSON raises ``FILE:LINE``."""
+    with open_trace(path).open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+            yield line_no, obj
+
+
+def where(path: Path, line: int) -> str:
+    return f"{path}:{line}"
+
+
+def int_field(obj: dict[str, Any], key: str, loc: str, minimum: int = 0) -> int:
+    """An integer field ``>= minimum`` (a float with an integral value is accepted)."""
+    if key not in obj:
+        raise WorkloadError(f"{loc}: missing field '{key}'")
+    value = obj[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise WorkloadError(f"{loc}: '{key}' must be an integer, got {value!r}")
+    if value < minimum:
+        raise WorkloadError(f"{loc}: '{key}' must be >= {minimum}, got {value}")
+    return value
+
+
+def time_field(obj: dict[str, Any], key: str, loc: str) -> float:
+    """A finite, non-negative number."""
+    if key not in obj:
+        raise WorkloadError(f"{loc}: missing field '{key}'")
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise WorkloadError(f"{loc}: '{key}' must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def output_tokens(obj: dict[str, Any], key: str, loc: str) -> int:
+    """The output length; 0 becomes 1 (a request always generates at least one token)."""
+    return max(1, int_field(obj, key, loc, minimum=0))
+
+
+def check_hash_block_size(path: Path, fmt: str, trace_block: int, hash_block_size: int | None) -> None:
+    if hash_block_size is None:
+        return
+    if hash_block_size < 1 or trace_block % hash_block_size:
+        divisors = [d for d in range(1, trace_block + 1) if trace_block % d == 0 and d >= 8]
+        raise WorkloadError(
+            f"{path}: a {fmt} trace identifies content in {trace_block}-token blocks; the hash block "
+            f"size {hash_block_size} does not divide {trace_block}, so its blocks would merge trace "
+            f"blocks, which is not sound. Use a hash block size that divides {trace_block} "
+            f"(e.g. {', '.join(map(str, divisors))})."
+        )
+
+
+def expand_hash_blocks(
+    prefix: str, hash_ids: Any, input_length: int, trace_block: int, loc: str
+) -> tuple[StreamSegment, ...]:
+    """Prompt segments of a request given as trace hash ids (see the module docstring)."""
+    if not isinstance(hash_ids, list):
+        raise WorkloadError(f"{loc}: 'hash_ids' must be a list of integers")
+    expected = -(-input_length // trace_block)
+    if len(hash_ids) != expected:
+        raise WorkloadError(
+            f"{loc}: {len(hash_ids)} hash_ids for input_length {input_length}; expected "
+            f"ceil({input_length}/{trace_block}) = {expected}"
+        )
+    for h in hash_ids:
+        if not isinstance(h, int) or isinstance(h, bool):
+            raise WorkloadError(f"{loc}: 'hash_ids' must hold integers, got {h!r}")
+    segments = [StreamSegment(f"{prefix}{h}", 0, trace_block) for h in hash_ids]
+    tail = input_length - (expected - 1) * trace_block
+    if tail != trace_block:
+        segments[-1] = StreamSegment(f"{prefix}{hash_ids[-1]}", 0, tail)
+    return tuple(segments)

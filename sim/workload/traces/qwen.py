@@ -1,0 +1,64 @@
+"""Qwen/Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon), one JSON object a line.
+
+Fields, per that dataset's README: ``chat_id`` (unique per request),
+``parent_chat_id`` (-1 for a conversation's first request), ``timestamp``
+(seconds since the trace start, a float), ``input_length``, ``output_length``,
+``type`` (text/search/image/file), ``turn`` and ``hash_ids`` (one id per
+16-token prompt block). We assume, as for Mooncake, that there are
+``ceil(input_length / 16)`` ids and the last block may be partial; a line that
+disagrees is refused. Block id ``h`` becomes stream ``qw:<h>``.
+
+Request ``q<chat_id>``. The parent link, turn and type go to ``metadata``; they
+do not change content: a child's prompt is its own hash ids, which already
+repeat the parent's blocks where the real prompts did. The parent's *generated*
+tokens are not in the child's prompt (the trace holds no link between them), so
+a child does not hit blocks its parent cached while decoding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.workload.draft import RequestDraft
+from sim.workload.errors import WorkloadError
+from sim.workload.traces.common import (
+    check_hash_block_size,
+    expand_hash_blocks,
+    int_field,
+    jsonl_objects,
+    output_tokens,
+    time_field,
+    where,
+)
+
+QWEN_BLOCK = 16
+STREAM_PREFIX = "qw:"
+
+
+def read_qwen(path: Path, hash_block_size: int | None = None) -> list[RequestDraft]:
+    check_hash_block_size(path, "qwen", QWEN_BLOCK, hash_block_size)
+    drafts: list[RequestDraft] = []
+    seen: dict[int, int] = {}
+    for line, obj in jsonl_objects(path):
+        loc = where(path, line)
+        chat_id = int_field(obj, "chat_id", loc, minimum=0)
+        if chat_id in seen:
+            raise WorkloadError(f"{loc}: chat_id {chat_id} already used on line {seen[chat_id]}")
+        seen[chat_id] = line
+        parent = int_field(obj, "parent_chat_id", loc, minimum=-1) if "parent_chat_id" in obj else -1
+        arrival = time_field(obj, "timestamp", loc)
+        input_length = int_field(obj, "input_length", loc, minimum=1)
+        out = output_tokens(obj, "output_length", loc)
+        if "hash_ids" not in obj:
+            raise WorkloadError(f"{loc}: missing field 'hash_ids'")
+        prompt = expand_hash_blocks(STREAM_PREFIX, obj["hash_ids"], input_length, QWEN_BLOCK, loc)
+        metadata = {
+            "chat_id": chat_id,
+            "parent": None if parent < 0 else f"q{parent}",
+            "turn": obj.get("turn"),
+            "type": obj.get("type"),
+        }
+        drafts.append(
+            RequestDraft(f"q{chat_id}", arrival, prompt, out, out, order=len(drafts), metadata=metadata)
+        )
+    return drafts

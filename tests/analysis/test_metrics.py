@@ -1,0 +1,87 @@
+import json
+import math
+
+import pytest
+
+from sim.analysis.metrics import divergence_counts, first_admissions, request_metrics, run_summary
+from sim.trace.bundle import dumps_summary
+from sim.trace.tables import empty_table
+
+KINDS = ["full_attention", "mamba"]
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-12, abs=1e-12)
+
+
+def test_per_request_latencies(tables):
+    m = request_metrics(tables["requests"]).set_index("request_id")
+    assert m.loc["r0", ["ttft_s", "tpot_s", "e2e_s", "queueing_s"]].tolist() == approx([1.0, 0.5, 3.0, 0.5])
+    assert m.loc["r1", "tpot_s"] == approx(0.3) and m.loc["r1", "itl_mean_s"] == approx(0.3)
+    assert math.isnan(m.loc["r2", "tpot_s"])  # one output token: no TPOT
+    assert m["finished"].tolist() == [True, True, True, False]
+
+
+def test_run_summary_latency_and_throughput(tables):
+    s = run_summary(tables, group_kinds=KINDS)
+    lat = s["latency_s"]
+    # TTFT over finished r0, r1, r2 = [1.0, 0.5, 2.0]: linear-interpolated percentiles
+    assert lat["ttft"] == approx({"mean": 3.5 / 3, "p50": 1.0, "p90": 1.8, "p99": 1.98})
+    assert lat["tpot"] == approx({"mean": 0.4, "p50": 0.4, "p90": 0.48, "p99": 0.498})
+    assert lat["e2e"] == approx({"mean": 6.1 / 3, "p50": 2.0, "p90": 2.8, "p99": 2.98})
+    assert lat["queueing"]["p50"] == approx(0.0)
+    assert lat["itl"]["mean"] == approx((2.0 + 0.6) / 6)  # token-weighted, unlike tpot.mean
+    assert s["throughput"] == approx({"duration_s": 4.0, "requests_per_s": 0.75, "output_tokens_per_s": 2.25})
+    assert s["requests"] == {"total": 4, "finished": 3, "failed": 1,
+                             "by_outcome": {"corrupt": 1, "failed": 1, "ok": 2}, "preemptions": 1,
+                             "local_hit_tokens": 104, "external_hit_tokens": 32, "prompt_tokens": 200,
+                             "output_tokens": 9}
+
+
+def test_goodput_excludes_corrupt_and_slo_misses(tables):
+    assert run_summary(tables, group_kinds=KINDS)["goodput"]["requests"] == 2  # r2 corrupt
+    g = run_summary(tables, group_kinds=KINDS, slo_ttft_s=0.8)["goodput"]
+    assert (g["requests"], g["requests_per_s"], g["slo_ttft_s"]) == (1, 0.25, 0.8)
+    assert run_summary(tables, group_kinds=KINDS, slo_tpot_s=0.4)["goodput"]["requests"] == 1
+    with pytest.raises(ValueError, match="slo_tpot_s must be a positive"):
+        run_summary(tables, group_kinds=KINDS, slo_tpot_s=0)
+
+
+def test_hit_rates_divergences_and_admission_counts(tables):
+    first = first_admissions(tables["admissions"])
+    assert first[["step", "request_id"]].values.tolist() == [[0, "r0"], [2, "r1"], [3, "r2"], [6, "r3"]]
+    s = run_summary(tables, group_kinds=KINDS)
+    cache = s["cache"]
+    assert cache["prompt_tokens"] == 200 and cache["first_admissions"] == 4
+    assert cache["hit_rate"] == approx({"g0": 136 / 200, "g1": 112 / 200})
+    assert (cache["local_rate"], cache["external_rate"]) == approx((104 / 200, 32 / 200))
+    a = s["admissions"]
+    # mamba deeper: r0@0 (64<96), r0@5 (0<96); FA deeper: r1@2 (48>16), r2 (16>0), r3 (8>0)
+    assert a["divergences"] == {"mamba_deeper": 2, "fa_deeper": 3}
+    assert (a["attempts"], a["admitted"], a["fallbacks"], a["hit_diverged"], a["tokens_recomputed"]) == (6, 5, 1, 1, 32)
+    assert a["by_outcome"] == {"corrupt": 1, "crash": 1, "not_admitted": 1, "ok": 3}
+    assert a["by_policy"] == {"max_per_group": {"corrupt": 1, "crash": 1},
+                              "reconciled": {"not_admitted": 1, "ok": 3}}
+    assert a["crash_reasons"] == {"AssertionError: num_new_tokens > 0": 1}
+    # no full-attention group: divergence undefined, reported as zero
+    assert divergence_counts(tables["admissions"], ["mamba", "mamba"]) == {"mamba_deeper": 0, "fa_deeper": 0}
+
+
+def test_evictions_and_crash(tables):
+    crash = {"step": 6, "time_s": 3.0, "request_id": "r3", "reason": "AssertionError: num_new_tokens > 0"}
+    s = run_summary(tables, group_kinds=KINDS, crash=crash)
+    assert s["evictions"] == {"total": 3, "by_group": {"g0": {"total": 2, "by_cause": {"evict_lru": 2}},
+                                                       "g1": {"total": 1, "by_cause": {"evict_forced": 1}}}}
+    assert s["crash"] == crash and s["groups"] == KINDS and s["num_steps"] == 7
+    assert json.loads(dumps_summary(s)) == s  # JSON-able, no NaN
+    assert run_summary(tables, group_kinds=KINDS)["crash"] is None
+
+
+def test_empty_run_and_bad_group_kinds(tables):
+    empty = {n: empty_table(n, 2) for n in tables}
+    s = run_summary(empty, group_kinds=KINDS)
+    assert s["latency_s"]["ttft"] == {"mean": None, "p50": None, "p90": None, "p99": None}
+    assert s["throughput"]["requests_per_s"] is None and s["cache"]["hit_rate"] == {"g0": None, "g1": None}
+    assert json.loads(dumps_summary(s)) == s
+    with pytest.raises(ValueError, match="group_kinds has 1 entries"):
+        run_summary(tables, group_kinds=["full_attention"])

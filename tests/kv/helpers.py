@@ -1,0 +1,27 @@
+"""Small builders shared by the cache-core tests."""
+
+from __future__ import annotations
+
+from sim.kv.manager import KVCacheManager
+from sim.kv.specs import kv_cache_config_from_groups
+from sim.request import Request
+from sim.tokens import StreamSegment
+
+
+def make_request(rid: str, *segments: tuple[str, int], block_size: int = 16, max_tokens: int = 1) -> Request:
+    """A request whose prompt is the given ``(stream, tokens)`` runs, each from position 0."""
+    req = Request(rid, [StreamSegment(s, 0, n) for s, n in segments], max_tokens)
+    req.set_hash_block_size(block_size)
+    return req
+
+
+def make_manager(groups, num_blocks: int, block_size: int = 16, retention_interval=None, **kw) -> KVCacheManager:
+    """As vLLM's unit tests: explicit groups, dense retention unless given."""
+    config = kv_cache_config_from_groups(
+        groups, block_size=block_size, num_blocks=num_blocks, retention_interval=retention_interval
+    )
+    return KVCacheManager(config, **kw)
+
+
+def ids(blocks) -> tuple[list[int], ...]:
+    return blocks.get_block_ids()

@@ -1,0 +1,108 @@
+import pandas as pd
+import pytest
+
+from sim.trace.recorder import Recorder
+from sim.trace.tables import (
+    TABLE_NAMES,
+    empty_table,
+    hash_to_hex,
+    hex_to_hash,
+    normalize_table,
+    tables_from_recorder,
+)
+
+# DESIGN.md §6 column lists, written out literally (two groups), then the recorder's extensions.
+EXPECTED_COLUMNS = {
+    "kv_events": ["seq", "step", "time_s", "kind", "group", "block_id", "block_hash", "request_id", "cause"],
+    "admissions": ["step", "time_s", "request_id", "prompt_tokens", "hit_g0", "hit_g1", "local_tokens",
+                   "external_tokens", "hit_diverged", "fallback", "policy", "outcome", "crash_reason",
+                   "kind", "reason", "num_computed_tokens", "tokens_lost", "taint_origin"],
+    "requests": ["request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finished_s", "prompt_tokens",
+                 "output_tokens", "local_hit_tokens", "external_hit_tokens", "preemptions", "outcome"],
+    "schedule": ["step", "request_id", "kind", "num_scheduled_tokens", "num_computed_tokens", "preempted"],
+    "steps": ["step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens",
+              "free_blocks", "blocks_g0", "blocks_g1", "cached_g0", "cached_g1"],
+}
+
+
+def _dtypes(df: pd.DataFrame) -> dict[str, str]:
+    return {c: str(t) for c, t in df.dtypes.items()}
+
+
+def test_columns_and_dtypes(recorder):
+    t = tables_from_recorder(recorder)
+    assert list(t) == list(TABLE_NAMES)
+    for name, cols in EXPECTED_COLUMNS.items():
+        assert list(t[name].columns) == cols, name
+    assert _dtypes(t["kv_events"]) == {
+        "seq": "int64", "step": "int64", "time_s": "float64", "kind": "str", "group": "int64",
+        "block_id": "int64", "block_hash": "str", "request_id": "str", "cause": "str"}
+    adm = _dtypes(t["admissions"])
+    assert adm["hit_g1"] == "int64" and adm["hit_diverged"] == "bool" and adm["crash_reason"] == "str"
+    req = _dtypes(t["requests"])
+    assert req["finished_s"] == "float64" and req["preemptions"] == "int64"
+    assert _dtypes(t["schedule"])["preempted"] == "bool"
+    assert set(_dtypes(t["steps"]).values()) == {"int64", "float64"}
+
+
+def test_deterministic_row_order(recorder):
+    t = tables_from_recorder(recorder)
+    assert t["kv_events"]["seq"].tolist() == list(range(10))
+    # admissions: by step, ties in recording order (ra before rb at step 3)
+    assert t["admissions"][["step", "request_id"]].values.tolist() == [[1, "rc"], [3, "ra"], [3, "rb"]]
+    # requests: arrival then id
+    assert t["requests"]["request_id"].tolist() == ["r0", "r1", "r2"]
+    assert t["schedule"][["step", "request_id", "preempted"]].values.tolist() == [
+        [0, "rz", True], [1, "rc", False], [1, "ra", False]]
+    assert t["steps"]["step"].tolist() == [0, 1, 2, 3]
+    assert all(t[n].index.equals(pd.RangeIndex(len(t[n]))) for n in TABLE_NAMES)
+
+
+def test_block_hash_hex_and_missing_values(recorder):
+    kv = tables_from_recorder(recorder)["kv_events"]
+    assert kv["block_hash"].tolist()[:4] == ["8000000000000000", "0000000000000000",
+                                             "8000000000000001", "0000000000000001"]
+    cleared = kv[kv["kind"] == "cleared"].iloc[0]
+    assert (cleared["group"], cleared["block_id"], cleared["request_id"]) == (-1, -1, "")
+    req = tables_from_recorder(recorder)["requests"]
+    assert req.loc[req["request_id"] == "r2", "finished_s"].isna().all()
+    assert hash_to_hex(2**64 - 1) == "ffffffffffffffff" and hex_to_hash("ffffffffffffffff") == 2**64 - 1
+    assert hash_to_hex(None) == "" and hex_to_hash("") is None
+    with pytest.raises(ValueError, match="64-bit"):
+        hash_to_hex(2**64)
+    with pytest.raises(ValueError, match="hex"):
+        hex_to_hash("FFFF")
+
+
+def test_empty_tables_have_columns_and_dtypes():
+    t = tables_from_recorder(Recorder(num_groups=3))
+    for name in TABLE_NAMES:
+        assert len(t[name]) == 0
+        assert _dtypes(t[name]) == _dtypes(empty_table(name, 3))
+    assert "hit_g2" in t["admissions"].columns and "cached_g2" in t["steps"].columns
+    assert str(t["admissions"]["hit_diverged"].dtype) == "bool"
+    assert str(t["kv_events"]["block_hash"].dtype) == "str"
+
+
+def test_extension_column_backfilled_and_typed():
+    rec = Recorder(num_groups=1)
+    kw = dict(duration_s=0.1, running=0, waiting=0, prefill_tokens=0, decode_tokens=0, free_blocks=5,
+              blocks_per_group=[0], cached_per_group=[0])
+    rec.record_step(**kw)
+    rec.set_clock(1, 0.1)
+    rec.record_step(**kw, offload_bytes=4096)
+    steps = tables_from_recorder(rec)["steps"]
+    assert list(steps.columns)[-1] == "offload_bytes"
+    assert str(steps["offload_bytes"].dtype) == "Int64"
+    assert steps["offload_bytes"].isna().tolist() == [True, False]
+
+
+def test_bad_values_name_the_column():
+    df = empty_table("requests", 0).astype(object)
+    df.loc[0] = ["r0", 0.0, 0.0, 0.0, 1.0, "many", 1, 0, 0, 0, "ok"]
+    with pytest.raises(ValueError, match=r"requests\.prompt_tokens"):
+        normalize_table("requests", df)
+    with pytest.raises(ValueError, match="missing columns"):
+        normalize_table("schedule", pd.DataFrame({"step": [0]}))
+    with pytest.raises(ValueError, match="unknown table"):
+        normalize_table("events", pd.DataFrame())

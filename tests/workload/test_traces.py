@@ -1,0 +1,184 @@
+"""Trace readers: Mooncake expansion (exact), Qwen, Azure, our own JSONL/Parquet, errors."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sim.kv.hashing import hash_block
+from sim.tokens import IdsSegment, StreamSegment, block_content
+from sim.workload import WorkloadError
+
+MOONCAKE = [
+    {"timestamp": 0, "input_length": 1300, "output_length": 10, "hash_ids": [1, 2, 3]},
+    {"timestamp": 1500, "input_length": 1100, "output_length": 0, "hash_ids": [1, 2, 4]},
+    {"timestamp": 250, "input_length": 512, "output_length": 7, "hash_ids": [5]},
+]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path.name
+
+
+def mooncake(build, tmp_path, rows=MOONCAKE, **kw):
+    name = write_jsonl(tmp_path / "mc.jsonl", rows)
+    return build({"trace": {"format": "mooncake", "path": name}}, **kw)
+
+
+def expected_chain(ids, input_length, bs):
+    """Hashes built by hand: block i is positions [(i*bs) % 512, +bs) of stream mc:<id of its 512-block>."""
+    chain, parent = [], None
+    for i in range(input_length // bs):
+        seg = StreamSegment(f"mc:{ids[i * bs // 512]}", (i * bs) % 512, bs)
+        parent = hash_block(parent, block_content([seg], 0, bs))
+        chain.append(parent)
+    return chain
+
+
+def test_mooncake_fields_and_order(build, tmp_path):
+    reqs = mooncake(build, tmp_path)
+    assert [r.request_id for r in reqs] == ["mc1", "mc3", "mc2"]
+    assert [r.arrival_time for r in reqs] == [0.0, 0.25, 1.5]
+    a, c, b = reqs
+    assert a.prompt == (
+        StreamSegment("mc:1", 0, 512),
+        StreamSegment("mc:2", 0, 512),
+        StreamSegment("mc:3", 0, 276),
+    )
+    assert (a.num_prompt_tokens, a.max_tokens, a.output_len) == (1300, 10, 10)
+    assert (b.max_tokens, b.output_len) == (1, 1)  # output_length 0: at least one token
+    assert c.prompt == (StreamSegment("mc:5", 0, 512),)
+
+
+@pytest.mark.parametrize("bs", [16, 64, 256, 512])
+def test_mooncake_expansion_is_exact_and_keeps_shared_blocks_shared(build, tmp_path, bs):
+    a, _, b = mooncake(build, tmp_path, hash_block_size=bs)
+    a.set_hash_block_size(bs)
+    b.set_hash_block_size(bs)
+    assert len(a.block_hashes) == 1300 // bs  # the partial 276-token tail adds 276 // bs blocks
+    assert len(b.block_hashes) == 1100 // bs
+    assert a.block_hashes == expected_chain([1, 2, 3], 1300, bs)
+    assert b.block_hashes == expected_chain([1, 2, 4], 1100, bs)
+    shared = 1024 // bs
+    assert a.block_hashes[:shared] == b.block_hashes[:shared]
+    if len(b.block_hashes) > shared:
+        assert a.block_hashes[shared] != b.block_hashes[shared]
+
+
+@pytest.mark.parametrize("bs", [48, 1024, 0])
+def test_mooncake_refuses_block_sizes_that_do_not_divide_512(build, tmp_path, bs):
+    with pytest.raises(WorkloadError, match=f"hash block size {bs} does not divide 512"):
+        mooncake(build, tmp_path, hash_block_size=bs)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "invalid JSON"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
+        ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}', "1 hash_ids for input_length 600; expected ceil(600/512) = 2"),
+        ('{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}', "'timestamp' must be a finite number >= 0"),
+        ('{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}', "'input_length' must be an integer"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["x"]}', "'hash_ids' must hold integers"),
+        ("[1, 2]", "expected a JSON object"),
+    ],
+)
+def test_mooncake_malformed_lines_name_file_and_line(build, tmp_path, line, message):
+    path = tmp_path / "mc.jsonl"
+    path.write_text(json.dumps(MOONCAKE[0]) + "\n\n" + line + "\n")
+    with pytest.raises(WorkloadError) as exc:
+        build({"trace": {"format": "mooncake", "path": "mc.jsonl"}})
+    assert str(exc.value).startswith(f"{path}:3: ")
+    assert message in str(exc.value)
+
+
+def test_missing_trace_file(build):
+    with pytest.raises(WorkloadError, match="trace file not found"):
+        build({"trace": {"format": "mooncake", "path": "nope.jsonl"}})
+
+
+QWEN = [
+    {"chat_id": 3, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 5, "type": "text", "turn": 1, "hash_ids": [10, 11, 12]},
+    {"chat_id": 9, "parent_chat_id": 3, "timestamp": 2.25, "input_length": 70, "output_length": 8, "type": "text", "turn": 2, "hash_ids": [10, 11, 13, 14, 15]},
+]
+
+
+def test_qwen_blocks_parents_and_refusal(build, tmp_path):
+    name = write_jsonl(tmp_path / "qwen.jsonl", QWEN)
+    root, child = build({"trace": {"format": "qwen", "path": name}}, hash_block_size=16)
+    assert (root.request_id, child.request_id) == ("q3", "q9")
+    assert child.arrival_time == 2.25
+    assert child.metadata == {"chat_id": 9, "parent": "q3", "turn": 2, "type": "text"}
+    assert root.metadata["parent"] is None
+    assert child.prompt[-1] == StreamSegment("qw:15", 0, 6)
+    root.set_hash_block_size(16)
+    child.set_hash_block_size(16)
+    assert len(root.block_hashes) == 2 and len(child.block_hashes) == 4  # 40 // 16, 70 // 16
+    assert root.block_hashes == child.block_hashes[:2]
+    with pytest.raises(WorkloadError, match="does not divide 16"):
+        build({"trace": {"format": "qwen", "path": name}}, hash_block_size=32)
+    write_jsonl(tmp_path / "dup.jsonl", [QWEN[0], QWEN[0]])
+    with pytest.raises(WorkloadError, match=r"dup.jsonl:2: chat_id 3 already used on line 1"):
+        build({"trace": {"format": "qwen", "path": "dup.jsonl"}})
+
+
+def test_azure_csv(build, tmp_path):
+    (tmp_path / "az.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,0\n"
+        "2023-11-16 18:15:46.1805900,100,7\n"
+    )
+    reqs = build({"trace": {"format": "azure", "path": "az.csv"}})
+    assert [r.request_id for r in reqs] == ["az4", "az2", "az3"]
+    assert [r.arrival_time for r in reqs] == pytest.approx([0.0, 0.5, 4.814579])
+    assert reqs[1].prompt == (StreamSegment("az:2", 0, 374),)
+    assert (reqs[2].max_tokens, reqs[2].output_len) == (1, 1)
+    (tmp_path / "bad.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,10,2\nyesterday,10,2\n")
+    with pytest.raises(WorkloadError, match=r"bad.csv:3: cannot parse"):
+        build({"trace": {"format": "azure", "path": "bad.csv"}})
+    (tmp_path / "cols.csv").write_text("time,ContextTokens\n")
+    with pytest.raises(WorkloadError, match=r"cols.csv:1: missing column\(s\) TIMESTAMP, GeneratedTokens"):
+        build({"trace": {"format": "azure", "path": "cols.csv"}})
+
+
+def test_own_jsonl_format_with_ids_and_segments(build, tmp_path):
+    rows = [
+        {"id": "a", "at": 1.0, "token_ids": list(range(48)), "max_tokens": 5, "output_len": 3},
+        {"id": "b", "at": 2.0, "prompt": [{"ids": list(range(32))}, {"content": "x", "tokens": 16}], "max_tokens": 2, "lora": "l1"},
+        {"id": 7, "at": 0.5, "prompt": [{"content": "x", "start": 4, "tokens": 8}, {"output_of": "a", "tokens": 3}], "max_tokens": 1},
+    ]
+    name = write_jsonl(tmp_path / "own.jsonl", rows)
+    c, a, b = build({"trace": {"format": "requests", "path": name}})
+    assert (c.request_id, a.request_id, b.request_id) == ("7", "a", "b")
+    assert a.prompt == (IdsSegment(np.arange(48)),) and a.output_len == 3
+    assert b.lora_name == "l1" and b.output_len == 2
+    a.set_hash_block_size(16)
+    b.lora_name = None
+    b.set_hash_block_size(16)
+    assert len(a.block_hashes) == len(b.block_hashes) == 3
+    assert a.block_hashes[:2] == b.block_hashes[:2] and a.block_hashes[2] != b.block_hashes[2]
+    write_jsonl(tmp_path / "bad.jsonl", [rows[0], {"id": "z", "at": 0, "max_tokens": 1}])
+    with pytest.raises(WorkloadError, match=r"bad.jsonl:2: .*exactly one of 'prompt'"):
+        build({"trace": {"format": "requests", "path": "bad.jsonl"}})
+    write_jsonl(tmp_path / "dup.jsonl", [rows[0], rows[0]])
+    with pytest.raises(WorkloadError, match=r"dup.jsonl:2: duplicate request id 'a'"):
+        build({"trace": {"format": "requests", "path": "dup.jsonl"}})
+
+
+def test_own_parquet_format(build, tmp_path):
+    ids = pa.array([list(range(20)), list(range(10, 30))], type=pa.list_(pa.int32()))
+    table = pa.table({"id": ["p", "q"], "at": [0.0, 1.0], "max_tokens": [4, 4], "output_len": [2, None], "token_ids": ids})
+    pq.write_table(table, tmp_path / "own.parquet")
+    p, q = build({"trace": {"format": "requests", "path": "own.parquet"}})
+    assert p.prompt == (IdsSegment(np.arange(20)),) and q.prompt == (IdsSegment(np.arange(10, 30)),)
+    assert (p.output_len, q.output_len) == (2, 4)
+    seg = table.drop_columns(["token_ids"]).append_column(
+        "prompt", pa.array([json.dumps([{"content": "d", "tokens": 9}]), json.dumps([{"content": "d", "tokens": 0}])])
+    )
+    pq.write_table(seg, tmp_path / "seg.parquet")
+    with pytest.raises(WorkloadError, match=r"seg.parquet:2: prompt.0.content.tokens"):
+        build({"trace": {"format": "requests", "path": "seg.parquet"}})
