@@ -454,7 +454,10 @@ class Scheduler:
             if self.connector is not None:
                 partial_tail = local % self.block_size
                 aligned_local = local - partial_tail
-                ext_answer, load_async = self.connector.get_num_new_matched_tokens(request, aligned_local)
+                # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
+                ext_answer, load_async = self._guarded(
+                    lambda: self.connector.get_num_new_matched_tokens(request, aligned_local), **row, local=local
+                )
                 if request.skip_reading_prefix_cache:
                     ext_answer, load_async = 0, False
                 if ext_answer is None:
@@ -519,7 +522,8 @@ class Scheduler:
             raise _StopAdmission
 
         if self.connector is not None:
-            self.connector.update_state_after_alloc(request, self.kv.get_blocks(rid), ext)
+            self._guarded(lambda: self.connector.update_state_after_alloc(request, self.kv.get_blocks(rid), ext),
+                          **row)
         self.num_admissions += 1
         if fallback:
             self.num_fallbacks += 1

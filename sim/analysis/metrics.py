@@ -10,9 +10,10 @@ Definitions (times in seconds of simulated time, from the ``requests`` table):
   run-level ``itl.mean`` is token-weighted instead (total decode time over total
   inter-token gaps, as the benchmark pools ITLs), while ``tpot.mean`` weights
   every request equally.
-* A request *finished* when it has a ``finished_s`` and its ``outcome`` is not
-  one of :data:`FAILED_OUTCOMES`; every other request *failed*. Latency
-  percentiles and throughput count finished requests only.
+* A request *finished* when it has a ``finished_s`` and its ``outcome`` is one
+  of :data:`FINISHED_OUTCOMES` (the worst outcome of its admissions); every
+  other request (``crash``, ``failed``, ``unfinished``, ``not_arrived``)
+  *failed*. Latency percentiles and throughput count finished requests only.
 * Percentiles are numpy's linear interpolation (``numpy.percentile``), the
   convention of vLLM's benchmarks.
 * Throughput divides by the span from the first arrival to the last finish.
@@ -41,8 +42,8 @@ import pandas as pd
 
 from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
 
-#: ``requests.outcome`` values of a request that did not complete.
-FAILED_OUTCOMES: frozenset[str] = frozenset({"failed", "crash", "aborted"})
+#: ``requests.outcome`` values of a request that ran to completion.
+FINISHED_OUTCOMES: frozenset[str] = frozenset({"ok", "recompute", "corrupt"})
 #: ``admissions.outcome`` of an attempt that did not admit the request.
 NOT_ADMITTED = "not_admitted"
 FULL_ATTENTION = "full_attention"
@@ -62,7 +63,7 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     arrival = requests["arrival_s"]
     out_tokens = requests["output_tokens"]
     decode_gaps = (out_tokens - 1).where(out_tokens > 1)
-    finished = requests["finished_s"].notna() & ~requests["outcome"].isin(FAILED_OUTCOMES)
+    finished = requests["finished_s"].notna() & requests["outcome"].isin(FINISHED_OUTCOMES)
     return pd.DataFrame(
         {
             "request_id": requests["request_id"],

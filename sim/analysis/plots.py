@@ -14,8 +14,9 @@ through Agg. Output is deterministic: no software/date metadata, a fixed SVG
 hash salt, no random jitter. Empty data gives a figure that says so instead of
 an error.
 
-The time axis is simulated seconds when the ``steps`` table's ``time_s``
-varies (``clock: time``) and the engine step otherwise (``clock: steps``).
+The time axis is simulated seconds under ``clock: time`` and the engine step
+under ``clock: steps`` (from ``summary["clock"]``; without it, seconds when
+``time_s`` varies and differs from ``step``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from sim.analysis.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
@@ -82,8 +84,11 @@ def _ordered_outcomes(values: Sequence[str]) -> list[str]:
     return [o for o in OUTCOME_ORDER if o in present] + sorted(present - set(OUTCOME_ORDER))
 
 
-def _time_axis(steps: pd.DataFrame) -> tuple[str, str]:
-    if steps["time_s"].nunique() > 1:
+def _time_axis(result: Any, steps: pd.DataFrame) -> tuple[str, str]:
+    """``time_s`` under ``clock: time``, ``step`` under ``clock: steps`` (where time counts steps)."""
+    clock = (getattr(result, "summary", None) or {}).get("clock")
+    if clock == "time" or (clock is None and not steps["time_s"].equals(steps["step"].astype(float))
+                           and steps["time_s"].nunique() > 1):
         return "time_s", "simulated time (s)"
     return "step", "engine step"
 
@@ -132,7 +137,7 @@ def plot_block_usage(result: Any, path: str | Path, *, group_kinds: Sequence[str
         for ax in axes[1:, 0]:
             ax.set_axis_off()
         return _save(fig, path)
-    xcol, xlabel = _time_axis(steps)
+    xcol, xlabel = _time_axis(result, steps)
     ax = axes[0, 0]
     ax.step(steps[xcol], steps["free_blocks"], where="post", color="#7f7f7f", label="free blocks")
     ax.set_title("shared block pool", loc="left", fontsize=10)
@@ -155,6 +160,7 @@ def plot_block_usage(result: Any, path: str | Path, *, group_kinds: Sequence[str
 
 def _finish_panel(ax: Axes) -> None:
     ax.set_ylabel("blocks")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
 
@@ -205,7 +211,7 @@ def plot_divergence(result: Any, path: str | Path, *, group_kinds: Sequence[str]
     ax.set_ylabel(f"{_group_label(gy, kinds)} hit (tokens)")
     ax.set_title(f"above the diagonal: g{gy} deeper; below: g{gx} deeper ({len(admitted)} admissions)",
                  fontsize=9, color="#555555")
-    ax.legend(title="outcome", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(title="outcome (area ∝ count)", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
@@ -222,24 +228,31 @@ def plot_eviction_raster(result: Any, path: str | Path, *, group_kinds: Sequence
     if removed.empty or n == 0:
         _empty(axes[0, 0], "no evictions")
         return _save(fig, path)
-    xcol, xlabel = _time_axis(steps) if not steps.empty else ("step", "engine step")
+    xcol, xlabel = _time_axis(result, steps) if not steps.empty else ("step", "engine step")
     for g in range(n):
         ax = axes[g, 0]
         ev = removed[removed["group"] == g]
         ax.scatter(ev[xcol], ev["block_id"].astype(float), s=6, marker="s", color=f"C{g % 10}", linewidths=0)
         ax.set_ylabel("block id")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"{_group_label(g, kinds)}: {len(ev)} evictions", loc="left", fontsize=10)
         ax.grid(alpha=0.3)
+    if not steps.empty:
+        axes[-1, 0].set_xlim(steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1))
     axes[-1, 0].set_xlabel(xlabel)
     return _save(fig, path)
 
 
-def _ecdf(ax: Axes, values: pd.Series, label: str | None = None) -> bool:
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _ecdf(ax: Axes, values: pd.Series, label: str | None = None, index: int = 0) -> bool:
+    """Step ECDF; runs after the first get other line styles so that equal curves stay visible."""
     v = np.sort(values.dropna().to_numpy(dtype=float))
     if len(v) == 0:
         return False
     ax.step(np.concatenate([[v[0]], v]), np.concatenate([[0.0], np.arange(1, len(v) + 1) / len(v)]),
-            where="post", label=label)
+            where="post", label=label, color=f"C{index % 10}", linestyle=_LINESTYLES[index % len(_LINESTYLES)])
     return True
 
 
@@ -272,6 +285,7 @@ def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
                       color=_outcome_colour(o, others))
         ax.bar_label(bars, fontsize=7)
     ax.set_xticks(x, [str(i) for i in table.index])
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(title="outcome", fontsize=8)
@@ -308,7 +322,7 @@ def compare_latency_cdfs(results: Mapping[str, Any], path: str | Path) -> Path:
         done[label] = per_req[per_req["finished"]]
     for ax, (col, name) in zip(axes[0], _LATENCIES):
         ax.set_title(name)
-        drawn = [_ecdf(ax, d[col], label=str(label)) for label, d in done.items()]
+        drawn = [_ecdf(ax, d[col], label=str(label), index=i) for i, (label, d) in enumerate(done.items())]
         if not any(drawn):
             _empty(ax, f"no {name} data")
             continue

@@ -12,6 +12,9 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from sim.connector.base import KVConnector, NoConnector
+from sim.connector.faulty import FaultyConnector
+from sim.connector.offload import OffloadConnector
+from sim.connector.remote import RemoteConnector
 from sim.connector.scripted import ScriptedConnector
 
 ENTRY_POINT_GROUP = "hybridsim.connectors"
@@ -61,10 +64,16 @@ def create_connector(name: str, **options: Any) -> KVConnector:
 
 register_connector(NoConnector)
 register_connector(ScriptedConnector)
+register_connector(OffloadConnector)
+register_connector(RemoteConnector)
+register_connector(FaultyConnector)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "FaultyConnector",
     "KVConnector",
+    "OffloadConnector",
+    "RemoteConnector",
     "NoConnector",
     "ScriptedConnector",
     "connector_names",

@@ -95,6 +95,14 @@ class KVConnector:
         """KV events of the connector's own tier since the last call."""
         return []
 
+    def metrics(self) -> dict[str, Any]:
+        """Run-level connector metrics for ``summary.json`` (queries, hit tokens, bytes, failures)."""
+        return {}
+
+    def step_columns(self) -> dict[str, Any]:
+        """Per-step values recorded as extension columns of the ``steps`` table (e.g. tier occupancy)."""
+        return {}
+
 
 class NoConnector(KVConnector):
     """The ``none`` connector: no external KV. The scheduler treats it as no connector at all."""

@@ -153,6 +153,7 @@ def build_components(
 ) -> Components | None:
     """Build (or, with ``dry_run``, only check) everything a run needs."""
     from sim.kv.manager import KVCacheManager
+    from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker
     from sim.scheduler import Scheduler, SchedulerConfig
 
     config = build_kv_cache_config(scenario)
@@ -205,6 +206,7 @@ def build_components(
         connector=connector,
         prefix_policy=policy,
         recorder=recorder,
+        admission_checker=make_truth_checker(kv_manager, connector),  # divergence helper: admission truth checker
         on_crash=scenario.on_crash,
     )
     return Components(

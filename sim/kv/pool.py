@@ -27,7 +27,7 @@ Deliberate differences from vLLM:
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from sim.kv.hashing import BlockHash, group_key
 
@@ -52,6 +52,11 @@ class KVEvent(NamedTuple):
     block_hash: int
     request_id: str
     cause: str
+
+
+def _event(fields: tuple) -> KVEvent:
+    """Build a :class:`KVEvent` without NamedTuple's Python-level ``__new__`` (hot path)."""
+    return tuple.__new__(KVEvent, fields)  # type: ignore[return-value]
 
 
 class KVCacheBlock:
@@ -215,6 +220,9 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self._events: list[KVEvent] = []
+        #: Called as ``listener(block, request_id)`` whenever a block gets a new
+        #: cache entry (the divergence checker taints blocks through it), or None.
+        self.cache_listener: Callable[[KVCacheBlock, str], None] | None = None
 
     # ----------------------------------------------------------------- lookup
     def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -303,7 +311,9 @@ class BlockPool:
         blk.block_hash_num_tokens = num_tokens
         self._num_cached[gid] = self._num_cached.get(gid, 0) + 1
         if self.enable_kv_cache_events:
-            self._events.append(KVEvent("stored", gid, blk.block_id, h, request_id, cause))
+            self._events.append(_event(("stored", gid, blk.block_id, h, request_id, cause)))
+        if self.cache_listener is not None:
+            self.cache_listener(blk, request_id)
 
     def evict_cached_block(self, blk: KVCacheBlock, request_id: str, cause: str) -> bool:
         """Remove ``blk``'s cache entry (if any), emit ``removed``, clear its taint."""
@@ -322,7 +332,7 @@ class BlockPool:
         blk.taint = None
         self._num_cached[gid] -= 1
         if self.enable_kv_cache_events:
-            self._events.append(KVEvent("removed", gid, blk.block_id, h, request_id, cause))
+            self._events.append(_event(("removed", gid, blk.block_id, h, request_id, cause)))
         return True
 
     # ------------------------------------------------------------- allocation

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
+from sim.kv.coordinator import HybridKVCacheCoordinator
 from sim.request import Request
 
 ENTRY_POINT_GROUP = "hybridsim.prefix_policies"
@@ -92,6 +93,88 @@ class PR48425Policy(PrefixPolicy):
         return reconciled_lookup(kv_manager, request)
 
 
+def _per_group_applies(kv_manager: Any, connector: Any | None) -> bool:
+    """The gate #44243 and #45804 put on their per-group branch: a connector
+    attached, Mamba layers, and the hybrid coordinator with a full-attention
+    group. No capability flag is consulted (that gate came with #48425)."""
+    if connector is None or not kv_manager.kv_cache_config.has_mamba_layers:
+        return False
+    coordinator = kv_manager.coordinator
+    return isinstance(coordinator, HybridKVCacheCoordinator) and coordinator.full_attention_group_id is not None
+
+
+def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any], ...], tuple[int, ...]] | None:
+    """Each group's own hit (``find_longest_cache_hit_per_group``), capped at
+    ``num_tokens - 1``; ``None`` when prefix-cache reads are off for the request."""
+    if not kv_manager.prefix_cache_lookup_enabled(request):
+        return None
+    blocks, hits = kv_manager.coordinator.find_longest_cache_hit_per_group(
+        request.block_hashes, request.num_tokens - 1
+    )
+    return tuple(list(b) for b in blocks), tuple(hits)
+
+
+class MaxPerGroupPolicy(PrefixPolicy):
+    """vLLM after PR #44243 ("Fix Mamba prefix cache hit rate in PD disaggregation").
+
+    With a connector attached, Mamba layers and the hybrid coordinator, the
+    scheduler took ``find_longest_cache_hit_per_group`` as is: every group's
+    claimed blocks are its *own* per-group lookup's blocks (full attention: its
+    left-to-right run; Mamba: ``[null]*i + [state]``), and the local hit is
+    ``max(per_group_hits)``. No shared-prefix boundary is pinned and
+    ``hit_diverged`` is never set. Otherwise plain ``get_computed_blocks``.
+
+    When the Mamba state outlives the full-attention tail (vLLM issue #46453,
+    part 1) the hit claims full-attention positions the FA block list does not
+    cover: ``allocate_slots`` hands those slots fresh, never-computed blocks
+    (dirty KV, which then gets cached), or the local hit plus the connector's
+    tokens reaches the end of the prompt (``assert num_new_tokens > 0``).
+    """
+
+    name = "max_per_group"
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        if not _per_group_applies(kv_manager, connector):
+            return reconciled_lookup(kv_manager, request)
+        found = _per_group_lookup(kv_manager, request)
+        if found is None:
+            return PrefixLookup(kv_manager.empty_kv_cache_blocks, 0, 0, False)
+        blocks, hits = found
+        return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), max(hits), 0, False)
+
+
+class TrimToMinPolicy(PrefixPolicy):
+    """vLLM PR #45804 ("partial prefix caching for hybrid model in PD disaggregation").
+
+    Same gate as :class:`MaxPerGroupPolicy`. The local hit is the minimum over
+    the *dense* (full-attention) groups' per-group hits, and every group's
+    per-group block list is then cut to ``local // block_size`` blocks. The
+    Mamba list is sparse (``[null]*i + [state]``), so when Mamba hits deeper
+    than full attention the cut drops its only real block: ``[null, null, null,
+    s3]`` becomes ``[null, null]`` (vLLM issue #46453, part 2) and the request
+    resumes at the FA hit with no Mamba state there; a fresh fixed-point lookup
+    would have found the boundary every group agrees on. When full attention
+    is the deeper one, the Mamba list is left as is and the resume boundary
+    (the FA hit) again has no Mamba state. No junction, no ``hit_diverged``.
+    """
+
+    name = "trim_to_min"
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        if not _per_group_applies(kv_manager, connector):
+            return reconciled_lookup(kv_manager, request)
+        found = _per_group_lookup(kv_manager, request)
+        if found is None:
+            return PrefixLookup(kv_manager.empty_kv_cache_blocks, 0, 0, False)
+        blocks, hits = found
+        groups = kv_manager.kv_cache_config.groups
+        dense = [hits[g] for g, group in enumerate(groups) if group.spec.kind == "full_attention"]
+        local = min(dense)
+        for lst, group in zip(blocks, groups):
+            del lst[local // group.spec.block_size:]
+        return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
+
+
 _REGISTRY: dict[str, type[PrefixPolicy]] = {}
 
 
@@ -136,3 +219,5 @@ def get_prefix_policy(name: str, **options: Any) -> PrefixPolicy:
 
 register_prefix_policy(ReconciledPolicy)
 register_prefix_policy(PR48425Policy)
+register_prefix_policy(MaxPerGroupPolicy)
+register_prefix_policy(TrimToMinPolicy)

@@ -107,8 +107,10 @@ def execute_run(task: RunTask) -> RunOutcome:
 
 
 def _lost(task: RunTask, exc: BaseException) -> RunOutcome:
-    """Outcome of a task whose worker died before it could report (killed process, lost Ray node)."""
-    return RunOutcome(task.run_id, "failed", f"worker lost: {describe_error(exc)}", None)
+    """Outcome of a task whose worker died or could not start it (killed process, lost Ray node, unimportable
+    function). Ray's errors carry a whole remote traceback; the last line names the cause."""
+    lines = [line.strip() for line in describe_error(exc).splitlines() if line.strip()]
+    return RunOutcome(task.run_id, "failed", f"worker lost: {lines[-1]}", None)
 
 
 class Executor(Protocol):

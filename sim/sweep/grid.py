@@ -17,7 +17,7 @@ Invariants:
 
 The grid-file format (documented for users in ``docs/sweeps.md``) is a YAML
 mapping whose keys are scenario key paths (each mapped to a list of values)
-plus the reserved keys ``scenario``, ``seeds``, ``zip`` and ``plots``.
+plus the reserved keys ``scenario``, ``seeds``, ``zip``, ``set`` and ``plots``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-RESERVED_FILE_KEYS = ("scenario", "seeds", "zip", "plots")
+RESERVED_FILE_KEYS = ("scenario", "seeds", "zip", "set", "plots")
 
 _KEY_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -74,16 +74,23 @@ class PlotSpec:
     x: str
     metrics: tuple[str, ...]
     hue: str | None = None
+    missing: float | None = None
+    title: str | None = None
 
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """Everything that defines a sweep; :func:`plan_runs` expands it into runs."""
+    """Everything that defines a sweep; :func:`plan_runs` expands it into runs.
+
+    ``fixed`` are overrides applied to every run (grid-file ``set:``); they are not grid columns and not part
+    of run ids, but they are part of each run's identity for resuming.
+    """
 
     scenario: Path
     axes: tuple[Axis, ...] = ()
     seeds: SeedSpec = SeedSpec()
     plots: tuple[PlotSpec, ...] = ()
+    fixed: tuple[tuple[str, Any], ...] = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -93,7 +100,7 @@ class SweepSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run: a grid point and a seed. ``overrides`` end with ``seed=<seed>``."""
+    """One run: a grid point and a seed. ``overrides`` are the fixed ones, then the grid's, then ``seed=<seed>``."""
 
     run_id: str
     values: tuple[tuple[str, Any], ...]
@@ -195,6 +202,20 @@ def parse_grid_arg(text: str) -> Axis:
     return Axis(keys=(key,), points=points)
 
 
+def parse_set_arg(text: str) -> tuple[str, Any]:
+    """Parse one ``--set key.path=value`` item: one YAML value (commas included), applied to every run."""
+    where = f"--set {text!r}"
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise SweepError(f"{where}: expected key.path=value")
+    key = _check_key(key.strip(), where)
+    try:
+        return key, yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SweepError(f"{where}: value {raw.strip()!r} is not valid YAML ({problem})") from None
+
+
 def parse_seeds(spec: str | int | Sequence[int] | None) -> SeedSpec:
     """``3`` (int or "3") means three seeds from the scenario's seed; ``"1,2,3"`` / ``[1, 2, 3]`` are explicit.
 
@@ -238,6 +259,7 @@ class GridFile:
     axes: tuple[Axis, ...]
     seeds: SeedSpec | None
     plots: tuple[PlotSpec, ...]
+    fixed: tuple[tuple[str, Any], ...] = ()
 
 
 def _value_list(value: Any, where: str) -> list[Any]:
@@ -265,6 +287,12 @@ def _parse_zip(groups: Any, where: str) -> list[Axis]:
     return axes
 
 
+def _parse_set(items: Any, where: str) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(items, dict) or not items:
+        raise SweepError(f"{where}: 'set' must be a mapping key.path -> value, applied to every run")
+    return tuple((_check_key(k, f"{where}: set"), v) for k, v in items.items())
+
+
 def _parse_plots(items: Any, where: str) -> tuple[PlotSpec, ...]:
     if not isinstance(items, list):
         raise SweepError(f"{where}: 'plots' must be a list of {{name, x, metrics, hue}} mappings")
@@ -273,19 +301,25 @@ def _parse_plots(items: Any, where: str) -> tuple[PlotSpec, ...]:
         pwhere = f"{where}: plots[{i}]"
         if not isinstance(item, dict):
             raise SweepError(f"{pwhere}: expected a mapping with name, x, metrics and optional hue")
-        unknown = sorted(set(item) - {"name", "x", "metrics", "hue"})
+        unknown = sorted(set(item) - {"name", "x", "metrics", "hue", "missing", "title"})
         if unknown:
-            raise SweepError(f"{pwhere}: unknown key {unknown[0]!r} (valid: name, x, metrics, hue)")
+            raise SweepError(f"{pwhere}: unknown key {unknown[0]!r} (valid: name, x, metrics, hue, missing, title)")
+        title = item.get("title")
+        if title is not None and not isinstance(title, str):
+            raise SweepError(f"{pwhere}: 'title' must be a string, got {title!r}")
         name, x, metrics, hue = item.get("name"), item.get("x"), item.get("metrics"), item.get("hue")
+        missing = item.get("missing")
+        if missing is not None and (isinstance(missing, bool) or not isinstance(missing, (int, float))):
+            raise SweepError(f"{pwhere}: 'missing' must be a number (the value of a metric a run's summary lacks)")
         if not isinstance(name, str) or not _PLOT_NAME.match(name):
-            raise SweepError(f"{pwhere}: 'name' must be a file-name-safe string, got {name!r}")
+            raise SweepError(f"{pwhere}: 'name' must be a file-name-safe string (letters, digits, . _ -), got {name!r}")
         if not isinstance(x, str):
             raise SweepError(f"{pwhere}: 'x' must be a grid key path, got {x!r}")
         if hue is not None and not isinstance(hue, str):
             raise SweepError(f"{pwhere}: 'hue' must be a grid key path, got {hue!r}")
         if not isinstance(metrics, list) or not metrics or not all(isinstance(m, str) for m in metrics):
             raise SweepError(f"{pwhere}: 'metrics' must be a non-empty list of summary metric names")
-        plots.append(PlotSpec(name=name, x=x, metrics=tuple(metrics), hue=hue))
+        plots.append(PlotSpec(name=name, x=x, metrics=tuple(metrics), hue=hue, missing=missing, title=title))
     names = [p.name for p in plots]
     if len(set(names)) != len(names):
         raise SweepError(f"{where}: plot names must be distinct, got {names}")
@@ -318,6 +352,7 @@ def load_grid_file(path: Path | str) -> GridFile:
         raise SweepError(f"{where}: a grid file is a mapping of key.path -> list of values (plus scenario, seeds, zip, plots)")
     scenario = seeds = None
     plots: tuple[PlotSpec, ...] = ()
+    fixed: tuple[tuple[str, Any], ...] = ()
     axes: list[Axis] = []
     for key, value in data.items():
         if key == "scenario":
@@ -333,21 +368,26 @@ def load_grid_file(path: Path | str) -> GridFile:
             axes.extend(_parse_zip(value, where))
         elif key == "plots":
             plots = _parse_plots(value, where)
+        elif key == "set":
+            fixed = _parse_set(value, where)
         else:
             _check_key(key, where)
             points = tuple((v,) for v in _value_list(value, f"{where}: {key}"))
             _distinct(points, f"{where}: {key}")
             axes.append(Axis(keys=(key,), points=points))
-    return GridFile(path=path, scenario=scenario, axes=tuple(axes), seeds=seeds, plots=plots)
+    return GridFile(path=path, scenario=scenario, axes=tuple(axes), seeds=seeds, plots=plots, fixed=fixed)
 
 
-def _check_unique_keys(axes: Iterable[Axis]) -> None:
+def _check_unique_keys(axes: Iterable[Axis], fixed: Iterable[tuple[str, Any]]) -> None:
     seen: set[str] = set()
     for axis in axes:
         for key in axis.keys:
             if key in seen:
                 raise SweepError(f"grid key {key!r} is given more than once (each key path may vary in one place)")
             seen.add(key)
+    for key, _ in fixed:
+        if key in seen:
+            raise SweepError(f"key {key!r} is both set for every run and a grid key; keep one")
 
 
 def _check_plots(plots: Sequence[PlotSpec], keys: Sequence[str]) -> None:
@@ -364,12 +404,14 @@ def build_sweep(
     grids: Sequence[str] = (),
     grid_file: Path | str | None = None,
     seeds: str | int | Sequence[int] | None = None,
+    overrides: Sequence[str] = (),
 ) -> SweepSpec:
-    """The CLI's entry point: ``hybridsim sweep SCENARIO --grid ... [--grid-file F] [--seeds S]``.
+    """The CLI's entry point: ``hybridsim sweep SCENARIO --grid ... [--grid-file F] [--seeds S] [--set k=v]``.
 
     ``scenario`` is a scenario file, or a grid file naming its base with ``scenario:`` (then ``grid_file``
     must not be given too). A grid file's ``scenario:`` is replaced by an explicit scenario argument.
     Axes: the grid file's first, then ``--grid`` items in order. ``seeds`` replaces the file's ``seeds:``.
+    ``overrides`` (``--set key.path=value``) apply to every run, after the file's ``set:`` (same key: replaced).
     """
     scenario = Path(scenario)
     file: GridFile | None = None
@@ -386,11 +428,14 @@ def build_sweep(
     if not base.is_file():
         raise SweepError(f"scenario file {base} does not exist")
     axes = list(file.axes if file else ()) + [parse_grid_arg(g) for g in grids]
-    _check_unique_keys(axes)
+    fixed_map = dict(file.fixed if file else ())
+    fixed_map.update(parse_set_arg(item) for item in overrides)
+    fixed = tuple(fixed_map.items())
+    _check_unique_keys(axes, fixed)
     seed_spec = parse_seeds(seeds) if seeds is not None else (file.seeds if file and file.seeds else SeedSpec())
     plots = file.plots if file else ()
     _check_plots(plots, [k for a in axes for k in a.keys])
-    return SweepSpec(scenario=base, axes=tuple(axes), seeds=seed_spec, plots=plots)
+    return SweepSpec(scenario=base, axes=tuple(axes), seeds=seed_spec, plots=plots, fixed=fixed)
 
 
 def _id_value(value: Any) -> str:
@@ -413,10 +458,11 @@ def run_id_for(values: Sequence[tuple[str, Any]], seed: int) -> str:
 def plan_runs(spec: SweepSpec, base_seed: int) -> list[RunSpec]:
     """Expand the sweep into runs: product of axes (first outermost) x seeds (innermost)."""
     seeds = spec.seeds.resolve(base_seed)
+    fixed = tuple(f"{k}={yaml_text(v)}" for k, v in spec.fixed)
     runs = []
     for combo in itertools.product(*(axis.points for axis in spec.axes)):
         values = tuple((k, v) for axis, point in zip(spec.axes, combo) for k, v in zip(axis.keys, point))
-        grid_overrides = tuple(f"{k}={yaml_text(v)}" for k, v in values)
+        grid_overrides = fixed + tuple(f"{k}={yaml_text(v)}" for k, v in values)
         for seed in seeds:
             runs.append(RunSpec(run_id_for(values, seed), values, seed, grid_overrides + (f"seed={seed}",)))
     folded: dict[str, str] = {}

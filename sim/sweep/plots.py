@@ -93,12 +93,16 @@ def plot_sweep(
     *,
     title: str | None = None,
     logx: bool = False,
+    missing: float | None = None,
 ) -> Figure:
     """One panel per metric against ``x``; one line per ``hue`` value (mean over seeds, min-max band).
 
     A numeric ``x`` without nulls is placed on a numeric axis (``logx`` makes it log2); anything else is
     categorical, in numeric order when the values are numbers (``null`` first), else in order of appearance.
-    Writes a PNG to ``out`` when given; returns the figure.
+    ``missing`` replaces a metric that a successful run's summary lacks (null cell); summaries leave zero
+    counts out of count mappings (``admissions.by_outcome.crash``), so ``missing=0`` is right for those.
+    Without it such runs are left out of that metric's mean. Writes a PNG to ``out`` when given; returns the
+    figure.
     """
     _check_columns(sweep_df, x, hue, metrics)
     frame = sweep_df[sweep_df["status"] == "ok"] if "status" in sweep_df.columns else sweep_df
@@ -121,6 +125,8 @@ def plot_sweep(
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, metric in zip(axes, metrics):
         values = frame[metric].astype(float)
+        if missing is not None:
+            values = values.fillna(missing)
         for i, label in enumerate(hue_labels):
             mask = data["_hue"] == label
             stats = values[mask].groupby(data["_x"][mask]).agg(["mean", "min", "max", "count"])
@@ -161,8 +167,9 @@ def plot_sweep(
                     labels.append(l)
         fig.legend(handles, labels, title=hue, loc="outside right upper")
     seeds = frame["seed"].nunique() if "seed" in frame.columns else 1
-    heading = title or f"{', '.join(metrics)} vs {x}"
-    fig.suptitle(f"{heading}\nmean over {seeds} seed{'s' if seeds != 1 else ''}; band: min-max over seeds", fontsize="medium")
+    heading = title or (f"{' and '.join(metrics)} vs {x}" if len(metrics) <= 2 else f"{len(metrics)} metrics vs {x}")
+    spread = f"mean over {seeds} seeds; band: min-max over seeds" if seeds > 1 else "one seed per point"
+    fig.suptitle(f"{heading}\n{spread}", fontsize="medium")
     if out is not None:
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)

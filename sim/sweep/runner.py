@@ -39,7 +39,7 @@ from sim.sweep.executors import (
     complete_summary,
     make_executor,
 )
-from sim.sweep.grid import RunSpec, SweepError, SweepSpec, plan_runs, yaml_text
+from sim.sweep.grid import RunSpec, SweepError, SweepSpec, build_sweep, plan_runs, yaml_text
 from sim.sweep.table import build_table, write_table
 
 MANIFEST_FILE = "sweep.json"
@@ -84,6 +84,21 @@ class SweepResult:
     def table(self) -> Any:
         """``sweep.parquet`` as a pandas DataFrame."""
         return read_sweep(self.out_dir)
+
+    def describe(self, max_failures: int = 5) -> str:
+        """A few lines for a terminal: counts, where the table is, failures (first few), figures."""
+        failed = self.failed
+        lines = [
+            f"{len(self.runs)} runs: {len(self.executed)} ran, {len(self.reused)} reused, {len(failed)} failed",
+            f"table: {self.table_path}",
+        ]
+        for record in failed[:max_failures]:
+            lines.append(f"  failed {record.run_id}: {record.error}")
+        if len(failed) > max_failures:
+            lines.append(f"  ... {len(failed) - max_failures} more failed runs in {self.out_dir / MANIFEST_FILE}")
+        lines += [f"plot: {path}" for path in self.plots]
+        lines += [f"plot not drawn: {problem}" for problem in self.plot_errors]
+        return "\n".join(lines)
 
 
 def read_sweep(out_dir: Path | str) -> Any:
@@ -150,10 +165,12 @@ def _manifest(spec: SweepSpec, scenario_sha: str, seeds: Sequence[int], records:
         "format": MANIFEST_FORMAT,
         "scenario": spec.scenario.as_posix(),
         "scenario_sha256": scenario_sha,
+        "set": dict(spec.fixed),
         "axes": [{"keys": list(a.keys), "points": [list(p) for p in a.points]} for a in spec.axes],
         "seeds": list(seeds),
         "plots": [
-            {"name": p.name, "x": p.x, "metrics": list(p.metrics), "hue": p.hue} for p in spec.plots
+            {"name": p.name, "x": p.x, "metrics": list(p.metrics), "hue": p.hue, "missing": p.missing, "title": p.title}
+            for p in spec.plots
         ],
         "runs": [
             {
@@ -180,7 +197,9 @@ def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
             continue
         out = out_dir / PLOTS_DIR / f"{plot.name}.png"
         try:
-            plot_sweep(frame, x=plot.x, metrics=list(plot.metrics), hue=plot.hue, out=out)
+            plot_sweep(
+                frame, x=plot.x, metrics=list(plot.metrics), hue=plot.hue, out=out, missing=plot.missing, title=plot.title
+            )
         except ValueError as exc:
             result.plot_errors.append(f"plot {plot.name!r}: {exc}")
         else:
@@ -188,9 +207,13 @@ def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
 
 
 def run_sweep(
-    spec: SweepSpec,
+    spec: SweepSpec | Path | str,
     out_dir: Path | str,
     *,
+    grid: Sequence[str] = (),
+    grid_file: Path | str | None = None,
+    seeds: str | int | Sequence[int] | None = None,
+    overrides: Sequence[str] = (),
     executor: str | Executor = "local",
     jobs: int | None = None,
     progress: bool | None = None,
@@ -199,12 +222,21 @@ def run_sweep(
 ) -> SweepResult:
     """Run every planned run not already complete in ``out_dir``; write ``sweep.json``, ``sweep.parquet`` and plots.
 
+    ``spec`` is a :class:`SweepSpec`, or a scenario / sweep-file path that is combined with ``grid``,
+    ``grid_file``, ``seeds`` and ``overrides`` by :func:`~sim.sweep.grid.build_sweep` (those four are only
+    for the path form).
+
     ``executor``: ``"local"`` (process pool of ``jobs``, default all CPUs), ``"serial"``, ``"ray"``, or an
     :class:`~sim.sweep.executors.Executor`. ``progress``: a rich progress bar (default: only on a TTY and when the
     ``CI`` environment variable is unset). ``load_fn`` / ``run_fn`` replace :func:`sim.config.load_scenario` /
     :func:`sim.engine.run.run_scenario`; they must be module-level (picklable) functions.
     Failed runs are recorded, never raised; bad input raises :class:`~sim.sweep.grid.SweepError`.
     """
+    if isinstance(spec, SweepSpec):
+        if grid or grid_file is not None or seeds is not None or overrides:
+            raise SweepError("grid, grid_file, seeds and overrides go with a scenario path, not with a SweepSpec")
+    else:
+        spec = build_sweep(spec, grid, grid_file, seeds, overrides)
     out_dir = Path(out_dir)
     runner = make_executor(executor, jobs) if isinstance(executor, str) else executor
     base_seed = _base_seed(spec, load_fn or default_load)

@@ -5,7 +5,8 @@ Columns, in this order:
 * ``run_id``; one column per grid key path (named by the path, axis order); ``seed``;
   ``status`` (``ok`` | ``failed``); ``error`` (null when ok);
 * the run's ``summary.json`` flattened: nested mappings join their keys with ``.``
-  (``outcomes.crash``, ``crash.reason``), lists become their JSON text; metric
+  (``outcomes.crash``, ``crash.reason``; an empty mapping adds nothing), lists
+  become their JSON text; metric
   columns are sorted by name, and a metric whose name equals one of the columns
   above is prefixed with ``summary.``.
 
@@ -32,13 +33,16 @@ FIXED_TAIL = ("seed", "status", "error")
 
 
 def flatten_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"outcomes": {"ok": 3}, "crash": None}`` -> ``{"outcomes.ok": 3, "crash": None}``."""
+    """``{"outcomes": {"ok": 3}, "crash": None, "x": {}}`` -> ``{"outcomes.ok": 3, "crash": None}``.
+
+    An empty mapping adds no column (count mappings omit zero counts, so ``{}`` means "none of any key").
+    """
     flat: dict[str, Any] = {}
     for key, value in summary.items():
         name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
+        if isinstance(value, Mapping):
             flat.update(flatten_summary(value, f"{name}."))
-        elif isinstance(value, (list, tuple, Mapping)):
+        elif isinstance(value, (list, tuple)):
             flat[name] = json.dumps(value, sort_keys=True)
         else:
             flat[name] = value

@@ -66,11 +66,11 @@ class TableDiff:
     context_b: pd.DataFrame | None = None
 
     @property
-    def same(self) -> bool:
+    def identical(self) -> bool:
         return self.first_row is None and not self.only_in_a and not self.only_in_b
 
     def format(self) -> str:
-        if self.same:
+        if self.identical:
             return f"{self.table}: identical ({self.rows_a} rows)"
         lines = [f"{self.table}: DIFFERENT (A has {self.rows_a} rows, B has {self.rows_b})"]
         if self.only_in_a:
@@ -95,12 +95,12 @@ class DiffReport:
     tables: list[TableDiff]
 
     @property
-    def same(self) -> bool:
-        return all(t.same for t in self.tables)
+    def identical(self) -> bool:
+        return all(t.identical for t in self.tables)
 
     def format(self) -> str:
         head = f"A: {self.a}\nB: {self.b}"
-        verdict = "traces are identical" if self.same else "traces differ"
+        verdict = "traces are identical" if self.identical else "traces differ"
         return "\n".join([head] + [t.format() for t in self.tables] + [verdict]) + "\n"
 
 
@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.write(report.format())
-    return 0 if report.same else 1
+    return 0 if report.identical else 1
 
 
 if __name__ == "__main__":

@@ -50,13 +50,13 @@ def _onoff_times(
     spec: OnOffArrivals, rng: np.random.Generator, count: int | None, duration: float | None
 ) -> np.ndarray:
     """Poisson in 'on time', then mapped onto the wall clock by inserting the off periods."""
-    period = spec.on + spec.off
+    period = spec.on_time + spec.off_time
     on_horizon = None
     if duration is not None:
         full, rest = divmod(duration, period)
-        on_horizon = full * spec.on + min(rest, spec.on)
+        on_horizon = full * spec.on_time + min(rest, spec.on_time)
     on_times = _cumulative(lambda n: rng.exponential(1.0 / spec.rate, n), count, on_horizon)
-    cycles, within = np.divmod(on_times, spec.on)
+    cycles, within = np.divmod(on_times, spec.on_time)
     return cycles * period + within
 
 

@@ -264,12 +264,13 @@ class ConstantArrivals(_Model):
 
 
 class OnOffArrivals(_Model):
-    """Poisson at ``rate`` during ``on`` seconds, then silence for ``off`` seconds, repeated."""
+    """Poisson at ``rate`` during ``on_time`` seconds, then silence for ``off_time``
+    seconds, repeated. (Not ``on``/``off``: YAML 1.1 reads those keys as booleans.)"""
 
     process: Literal["onoff"]
     rate: PositiveFloat
-    on: PositiveFloat
-    off: NonNegativeFloat
+    on_time: PositiveFloat
+    off_time: NonNegativeFloat
 
 
 class RatePiece(_Model):
@@ -413,10 +414,27 @@ TraceFormat = Literal["mooncake", "qwen", "azure", "requests"]
 
 
 class TraceSpec(_Model):
-    """A trace file; ``path`` is relative to the scenario file."""
+    """A trace file; ``path`` is relative to the scenario file.
+
+    ``allow_merged_blocks`` (hash-block formats only): by default a hash block
+    size that does not divide the trace's block size (512 for Mooncake, 16 for
+    Qwen) is refused, as the traces README asks. Token content is expanded
+    exactly, so a larger block (e.g. the 1040-token attention blocks of a hybrid
+    model) is still well defined: it just spans several trace blocks. Set this
+    to ``true`` to accept such sizes.
+    """
 
     format: TraceFormat
     path: str = Field(min_length=1)
+    allow_merged_blocks: bool = False
+
+    @model_validator(mode="after")
+    def _merge_flag_applies(self) -> "TraceSpec":
+        if self.allow_merged_blocks and self.format not in ("mooncake", "qwen"):
+            raise ValueError(
+                f"trace: allow_merged_blocks applies to the mooncake and qwen formats, not {self.format!r}"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------- workload

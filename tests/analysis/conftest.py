@@ -10,7 +10,6 @@ import pytest
 from sim.trace.tables import normalize_table
 
 NAN = math.nan
-KINDS = ["full_attention", "mamba"]
 
 
 def build_tables() -> dict[str, pd.DataFrame]:

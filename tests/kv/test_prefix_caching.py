@@ -7,7 +7,7 @@ import pytest
 from sim.kv.manager import check_invariants
 from sim.kv.pool import KVEvent
 
-from .helpers import ids, make_manager, make_request
+from kv_helpers import ids, make_manager, make_request
 
 
 def test_prefill_full_attention_ids_free_order_and_eviction():
@@ -168,12 +168,14 @@ def test_mamba_retention_zero_keeps_only_replay_state():
     fa, mamba = _seed_hybrid_mamba(m, tokens=64)
     stored = [(e.group, e.block_id) for e in m.take_events() if e.kind == "stored"]
     # FA caches every block; Mamba only the state at floor((64-1)/16)*16 = 48 (block 2).
-    assert stored == [(0, 1), (0, 3), (0, 5), (1, 6), (0, 7)]
+    # Uncached Mamba states freed while running go to the queue front and are reused first.
+    assert mamba == [2, 4, 5, 6] and fa == [1, 3, 2, 4]
+    assert stored == [(0, 1), (0, 3), (0, 2), (1, 5), (0, 4)]
     req = make_request("r1", ("doc", 80))
     assert m.find_per_group_hits(req) == (64, 48)
     blocks, hit, spb = m.get_computed_blocks(req)
     assert (hit, spb) == (48, 64)
-    assert ids(blocks) == ([1, 3, 5], [0, 0, 6])
+    assert ids(blocks) == ([1, 3, 2], [0, 0, 5])
 
 
 def test_external_tokens_undercount_raises_like_vllm_and_corrected_refuses():
@@ -237,4 +239,23 @@ def test_no_prefix_cache_never_hits_and_mamba_none_takes_one_block():
     assert m.take_events() == []
     assert m.get_computed_blocks(req)[1] == 0
     m.free(req)
-    assert m.block_pool.free_block_queue.block_ids()[:4] == [3, 2, 1, 4]
+    assert m.block_pool.free_block_queue.block_ids()[:5] == [4, 3, 2, 1, 5]
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_mamba_prefill_checkpoint_block_holds_replay_state(checkpoints):
+    m = make_manager(["full_attention", {"type": "mamba", "prefill_checkpoints": checkpoints}], num_blocks=40, retention_interval=0)
+    req = make_request("r0", ("doc", 100))
+    m.allocate_slots(req, 100, full_sequence_must_fit=True)
+    stored = [(e.group, e.block_id) for e in m.take_events() if e.kind == "stored"]
+    sibling = make_request("r1", ("doc", 100))
+    if checkpoints:
+        # State at floor(99/16)*16 = 96 exported into reserved block index 5.
+        assert m.get_block_ids("r0") == ([1, 2, 3, 4, 5, 6, 7], [0, 0, 0, 0, 0, 8, 9])
+        assert stored == [(0, i) for i in range(1, 7)] + [(1, 8)]
+        assert m.find_per_group_hits(sibling) == (96, 96)
+    else:
+        assert m.get_block_ids("r0") == ([1, 2, 3, 4, 5, 6, 7], [0, 0, 0, 0, 0, 0, 8])
+        assert stored == [(0, i) for i in range(1, 7)]
+        assert m.find_per_group_hits(sibling) == (96, 0)
+    check_invariants(m)

@@ -6,17 +6,21 @@ ray = pytest.importorskip(
     "ray", reason="Ray is an optional extra (pip install 'hybridsim[ray]'); the ray executor test needs it"
 )
 
+import sweep_fakes  # noqa: E402
 from sweep_fakes import fake_load, fake_run  # noqa: E402
 from sim.sweep import build_sweep, run_sweep  # noqa: E402
 
 
 @pytest.fixture
 def local_ray():
+    # Ray workers do not see pytest's sys.path entry for this directory: ship the fakes by value.
+    ray.cloudpickle.register_pickle_by_value(sweep_fakes)
     ray.init(num_cpus=1, include_dashboard=False, configure_logging=False, log_to_driver=False)
     try:
         yield
     finally:
         ray.shutdown()
+        ray.cloudpickle.unregister_pickle_by_value(sweep_fakes)
 
 
 def test_ray_sweep_matches_the_serial_sweep_byte_for_byte(tmp_path, base_scenario, local_ray):

@@ -16,7 +16,7 @@ def test_identical_across_formats(tmp_path, recorder):
     a = _bundle(tmp_path / "a", t, "parquet")
     b = _bundle(tmp_path / "b", t, "csv")
     report = diff_traces(a, b, tables=("kv_events", "admissions", "requests", "schedule", "steps"))
-    assert report.same
+    assert report.identical
     assert all(d.first_row is None for d in report.tables)
     assert "traces are identical" in report.format()
     assert main([str(a), str(b)]) == 0
@@ -33,7 +33,7 @@ def test_changed_kv_event_reports_first_difference_with_context(tmp_path, record
     b = _bundle(tmp_path / "b", changed)
     report = diff_traces(a, b, context=2)
     kvd, admd = report.tables
-    assert admd.same and not report.same
+    assert admd.identical and not report.identical
     assert kvd.first_row == 5 and kvd.key == {"seq": 5, "step": 2} and kvd.columns == ["block_id"]
     assert kvd.context_a["seq"].tolist() == [3, 4, 5, 6, 7]
     assert kvd.context_b["block_id"].tolist() == [21, 12, 99, 13, 23]
@@ -56,7 +56,7 @@ def test_extra_rows_and_extra_columns(tmp_path, recorder):
     kvd, admd = diff_traces(a, b).tables
     assert (kvd.rows_a, kvd.rows_b, kvd.first_row, kvd.columns) == (10, 8, 8, [])
     assert kvd.key == {"seq": 8, "step": 4}
-    assert admd.only_in_b == ["score"] and admd.first_row is None and not admd.same
+    assert admd.only_in_b == ["score"] and admd.first_row is None and not admd.identical
 
 
 def test_golden_dir_with_some_csvs(tmp_path, recorder):
@@ -65,7 +65,7 @@ def test_golden_dir_with_some_csvs(tmp_path, recorder):
     golden = tmp_path / "golden"
     golden.mkdir()
     t["kv_events"].to_csv(golden / "kv_events.csv", index=False, lineterminator="\n")
-    assert diff_traces(run, golden, tables=("kv_events",)).same
+    assert diff_traces(run, golden, tables=("kv_events",)).identical
     assert main([str(run), str(golden), "--tables", "kv_events"]) == 0
     with pytest.raises(TraceDiffError, match="table 'admissions' not found"):
         diff_traces(run, golden)

@@ -50,7 +50,7 @@ def test_count_and_duration_whichever_ends_first():
 
 
 def test_onoff_is_silent_when_off_and_poisson_when_on():
-    t = times({"process": "onoff", "rate": 20.0, "on": 2.0, "off": 3.0}, duration=500.0)
+    t = times({"process": "onoff", "rate": 20.0, "on_time": 2.0, "off_time": 3.0}, duration=500.0)
     phase = np.mod(t, 5.0)
     assert np.all(phase < 2.0)
     # 100 cycles x 2 s on x 20/s

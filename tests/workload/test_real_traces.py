@@ -41,10 +41,10 @@ def test_trace_loads_fast_and_hits_in_range(name, count, hit_range):
 
 
 def test_finer_blocks_hit_at_least_as_much_on_a_window():
-    reqs = load("mooncake_conversation_trace.jsonl", time_window=[0, 60])
+    reqs = load("mooncake_conversation_trace.jsonl", time_window=[0, 60], limit=80)
     coarse = workload_stats(reqs, 512)["ideal_prefix_hit_rate"]
     fine = workload_stats(reqs, 16)["ideal_prefix_hit_rate"]
     print(f"conversation, first minute ({len(reqs)} requests): ideal hit rate 16: {fine:.3f}, 512: {coarse:.3f}")
     # Shared content is whole 512-token blocks, so 16-token blocks see every 512 hit and more
     # (the partial tail of a shared block, and generated tokens).
-    assert coarse <= fine < 1.0 and fine > 0.1
+    assert 0.01 < coarse <= fine < 1.0

@@ -182,3 +182,24 @@ def test_own_parquet_format(build, tmp_path):
     pq.write_table(seg, tmp_path / "seg.parquet")
     with pytest.raises(WorkloadError, match=r"seg.parquet:2: prompt.0.content.tokens"):
         build({"trace": {"format": "requests", "path": "seg.parquet"}})
+
+
+def test_merged_blocks_are_exact_when_allowed(build, tmp_path):
+    """A hybrid model's 1040-token blocks span trace blocks; opting in gives exact content."""
+    name = write_jsonl(tmp_path / "mc.jsonl", [
+        {"timestamp": 0, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]},
+        {"timestamp": 1, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 6]},
+        {"timestamp": 2, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 7, 4, 5]},
+        {"timestamp": 3, "input_length": 2090, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]},
+    ])
+    a, b, c, d = build({"trace": {"format": "mooncake", "path": name, "allow_merged_blocks": True}}, hash_block_size=1040)
+    for r in (a, b, c, d):
+        r.set_hash_block_size(1040)
+    # Block 0 = tokens [0, 1040) = mc:1, mc:2, mc:3[0:16]; block 1 = mc:3[16:512], mc:4, mc:5[0:32].
+    first = hash_block(None, block_content([StreamSegment("mc:1", 0, 512), StreamSegment("mc:2", 0, 512), StreamSegment("mc:3", 0, 16)], 0, 1040))
+    assert a.block_hashes[0] == b.block_hashes[0] == first
+    assert a.block_hashes[1] != b.block_hashes[1]  # tokens [2048, 2080) come from mc:5 vs mc:6
+    assert d.block_hashes == a.block_hashes  # a shorter partial tail of the same ids: same 2 blocks
+    assert c.block_hashes[0] != first
+    with pytest.raises(Exception, match="allow_merged_blocks applies to the mooncake and qwen formats"):
+        build({"trace": {"format": "azure", "path": "x.csv", "allow_merged_blocks": True}})

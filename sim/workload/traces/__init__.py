@@ -15,9 +15,12 @@ from sim.workload.traces.records import read_records
 def read_trace(spec: TraceSpec, base_dir: Path, hash_block_size: int | None) -> list[RequestDraft]:
     """Drafts of the trace ``spec.path`` (relative to ``base_dir``), in file order.
 
-    ``hash_block_size`` only validates formats that expand hash blocks.
+    ``hash_block_size`` only validates formats that expand hash blocks (and is
+    ignored with ``allow_merged_blocks``).
     """
     path = base_dir / spec.path
+    if spec.allow_merged_blocks:
+        hash_block_size = None
     if spec.format == "mooncake":
         return read_mooncake(path, hash_block_size)
     if spec.format == "qwen":

@@ -6,8 +6,10 @@ per-token work. Block ``k`` with id ``h`` becomes ``StreamSegment(prefix + h,
 0, trace_block)``; the last block may be partial and then covers only the
 first ``input_length - k * trace_block`` positions of its stream. Equal ids give
 equal streams, so blocks shared in the trace stay shared at every hash block
-size that divides ``trace_block``; larger sizes are refused (the README: merging
-trace blocks is not sound).
+size. A size that does not divide ``trace_block`` is refused unless the trace
+spec sets ``allow_merged_blocks`` (the README asks to refuse merging trace
+blocks; our content is exact per token, so a block spanning several trace
+blocks is still well defined and shared exactly when its tokens are).
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def check_hash_block_size(path: Path, fmt: str, trace_block: int, hash_block_siz
             f"{path}: a {fmt} trace identifies content in {trace_block}-token blocks; the hash block "
             f"size {hash_block_size} does not divide {trace_block}, so its blocks would merge trace "
             f"blocks, which is not sound. Use a hash block size that divides {trace_block} "
-            f"(e.g. {', '.join(map(str, divisors))})."
+            f"(e.g. {', '.join(map(str, divisors))}), or set 'allow_merged_blocks: true' on the trace "
+            "to accept blocks that span several trace blocks."
         )
 
 

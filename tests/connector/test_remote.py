@@ -1,0 +1,97 @@
+import pytest
+
+from tests.connector._helpers import *  # noqa: F403
+from sim.connector.remote import RemoteConnector
+
+
+def remote(ctx, **kw):
+    conn = RemoteConnector(**kw)
+    conn.bind(ctx)
+    return conn
+
+
+def test_defaults_and_nixl_flags():
+    conn = RemoteConnector()
+    assert conn.supports_hma and conn.supports_divergent_local_hybrid_hits
+
+
+def test_not_ready_until_prefill_then_prompt_minus_mamba_backoff():
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx, prefill_steps=2)
+    r = request("r", ("doc", 100))
+    conn.on_new_request(r)
+    assert conn.get_num_new_matched_tokens(r, 0) == (None, False)
+    svc.advance(2)
+    # Mamba model: the prefill computes 99 tokens, the decoder recomputes the last one
+    assert conn.get_num_new_matched_tokens(r, 0) == (99, True)
+    assert conn.get_num_new_matched_tokens(r, 48) == (51, True)  # no block alignment, as NIXL
+    conn.update_state_after_alloc(r, table(list(range(1, 8)), [0] * 6 + [9], hashed=3), 51)
+    svc.advance(3)
+    assert conn.get_finished() == ({"r"}, set())
+    # FA: 7 blocks - 3 hashed = 4 unhashed; Mamba: 1 state block
+    assert conn.metrics()["bytes_loaded"] == 5_000_000
+    # one transfer per request: a re-admission after preemption recomputes
+    assert conn.get_num_new_matched_tokens(r, 0) == (0, False)
+    assert conn.request_finished_all_groups(r, ([1], [9])) == (False, None)
+
+
+def test_fa_only_model_pulls_the_whole_prompt():
+    ctx, svc = step_ctx(FA)
+    conn = remote(ctx)
+    r = request("r", ("doc", 64))
+    conn.on_new_request(r)
+    svc.advance(1)
+    assert conn.get_num_new_matched_tokens(r, 0) == (64, True)
+    assert conn.get_num_new_matched_tokens(r, 64) == (0, False)
+
+
+def test_unlisted_requests_are_local():
+    ctx, svc = step_ctx(FA)
+    conn = remote(ctx, requests=["a"])
+    b = request("b", ("doc", 64))
+    conn.on_new_request(b)
+    assert conn.get_num_new_matched_tokens(b, 0) == (0, False)
+
+
+def test_prefill_and_pull_times_on_the_time_clock():
+    ctx, env = time_ctx(FA, MAMBA)
+    conn = remote(ctx)  # defaults: 20k tok/s + 5 ms prefill, 25 GB/s + 20 us network
+    r = request("r", ("doc", 100))
+    conn.on_new_request(r)
+    env.run()
+    assert env.now == pytest.approx(5e-3 + 99 / 20_000)
+    assert conn.get_num_new_matched_tokens(r, 0) == (99, True)
+    t0 = env.now
+    conn.update_state_after_alloc(r, table(list(range(1, 8)), [0] * 6 + [9]), 99)
+    env.run()
+    assert env.now - t0 == pytest.approx(20e-6 + 8_000_000 / 25e9)
+    assert conn.get_finished() == ({"r"}, set())
+
+
+def test_assert_external_tokens_without_remote_blocks():
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx, prefill_steps=5)
+    r = request("r", ("doc", 100))
+    conn.on_new_request(r)
+    with pytest.raises(AssertionError, match=r"num_external_tokens == 0"):
+        conn.update_state_after_alloc(r, table([1], [2]), 16)
+
+
+def test_assert_fa_pairing_when_decode_claims_more_blocks_than_prefill_sent():
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx)
+    r = request("r", ("doc", 40))  # prefill sends cdiv(39, 16) = 3 FA blocks
+    conn.on_new_request(r)
+    svc.advance(1)
+    with pytest.raises(AssertionError, match=r"Group 0: \|6 - 3\| > 2"):
+        conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5, 6], [0, 0, 7]), 39)
+
+
+def test_assert_group_count_mismatch():
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx)
+    r = request("r", ("doc", 40))
+    conn.on_new_request(r)
+    svc.advance(1)
+    with pytest.raises(AssertionError, match="Number of KV cache groups must match"):
+        conn.update_state_after_alloc(r, table([1, 2, 3]), 39)

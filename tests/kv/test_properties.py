@@ -1,0 +1,87 @@
+"""Property tests: random operation sequences keep the pool and tables consistent."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.kv.manager import check_invariants
+from sim.request import RequestStatus
+
+from kv_helpers import make_manager, make_request
+
+LAYOUTS = [
+    ["full_attention", "mamba"],
+    ["full_attention", {"type": "mamba", "prefill_checkpoints": True}],
+    ["full_attention", {"type": "sliding_window", "window": 40}],
+    ["full_attention", "mamba", "mamba"],
+]
+
+op = st.one_of(
+    st.tuples(st.just("add"), st.sampled_from(["a", "b", "c"]), st.integers(1, 90), st.integers(1, 6)),
+    st.tuples(st.just("step"), st.integers(0, 7), st.sampled_from([5, 16, 32, 48])),
+    st.tuples(st.just("free"), st.integers(0, 7)),
+    st.tuples(st.just("evict"), st.lists(st.integers(1, 39), max_size=4)),
+    st.tuples(st.just("new_step")),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    retention=st.sampled_from([None, 0, 32]),
+    ops=st.lists(op, max_size=40),
+)
+def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, ops):
+    m = make_manager(layout, num_blocks=40, retention_interval=retention)
+    waiting, running = [], []
+    counter = 0
+    for o in ops:
+        kind = o[0]
+        if kind == "add":
+            _, stream, n, out = o
+            waiting.append(make_request(f"r{counter}", (stream, n), max_tokens=out))
+            counter += 1
+        elif kind == "step":
+            _, idx, chunk = o
+            if waiting and (idx % 2 == 0 or not running):
+                req = waiting[idx % len(waiting)]
+                blocks, hit, spb = m.get_computed_blocks(req)
+                assert hit % 16 == 0 and hit <= req.num_tokens - 1
+                assert len(blocks.blocks[0]) * 16 == hit  # group 0 is full attention
+                req.shared_prefix_boundary = spb
+                n = min(chunk, req.num_tokens - hit)
+                if m.allocate_slots(req, n, hit, blocks, full_sequence_must_fit=True) is not None:
+                    waiting.remove(req)
+                    running.append(req)
+                    req.status = RequestStatus.RUNNING
+                    req.num_computed_tokens = hit + n
+            elif running:
+                req = running[idx % len(running)]
+                if req.num_computed_tokens == req.num_tokens:
+                    if req.num_output_tokens >= req.max_tokens:
+                        continue
+                    req.append_output_tokens(1)
+                n = min(chunk, req.num_tokens - req.num_computed_tokens)
+                if m.allocate_slots(req, n) is not None:
+                    req.num_computed_tokens += n
+        elif kind == "free" and running:
+            req = running.pop(o[1] % len(running))
+            m.free(req)
+        elif kind == "evict":
+            m.evict_blocks(o[1])
+        elif kind == "new_step":
+            m.new_step_starts()
+        check_invariants(m)
+        for table in m.coordinator.single_type_managers:
+            for blocks in table.req_to_blocks.values():
+                assert all(b is m.block_pool.null_block or not b.is_null for b in blocks)
+    for req in running:
+        m.free(req)
+    check_invariants(m)
+    assert m.block_pool.get_num_free_blocks() == 39
+    assert all(not t.req_to_blocks for t in m.coordinator.single_type_managers)
+    events = m.take_events()
+    stored = sum(e.kind == "stored" for e in events)
+    removed = sum(e.kind == "removed" for e in events)
+    assert stored - removed == sum(m.num_cached_per_group())

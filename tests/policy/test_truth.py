@@ -1,0 +1,120 @@
+"""The admission truth checker: verdicts, taint propagation, taint cleared on eviction."""
+
+from __future__ import annotations
+
+from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim.request import cycle)
+from sim.kv.specs import kv_cache_config_from_groups  # isort: skip
+from sim.connector import ScriptedConnector
+from sim.policy.prefix import PrefixLookup
+from sim.policy.truth import make_truth_checker
+from sim.request import Request
+from sim.scheduler import Admission
+from sim.tokens import StreamSegment
+
+B = 16
+
+
+def _req(rid: str, tokens: int = 80) -> Request:
+    r = Request(rid, [StreamSegment("doc", 0, tokens)], max_tokens=1)
+    r.set_hash_block_size(B)
+    return r
+
+
+def _seeded(fa_blocks, mamba_states):
+    """FA + Mamba pool; the document's FA blocks / Mamba states are cached (each in its own block)."""
+    kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", "mamba"], block_size=B, num_blocks=40,
+                                                    mamba_cache_mode="align", retention_interval=None))
+    hashes = _req("probe").block_hashes
+    pool = kv.block_pool
+    out = {}
+    for gid, idxs in ((0, fa_blocks), (1, mamba_states)):
+        for i in idxs:
+            blk = pool.get_new_blocks(1)[0]
+            pool.cache_full_blocks("seed", [pool.null_block] * i + [blk], hashes, i, i + 1, B, gid)
+            pool.free_blocks([blk])
+            out[gid, i] = blk
+    return kv, out
+
+
+def _admit(kv, request, blocks, local, ext=0, hits=(0, 0), kind="first", load_async=False):
+    lookup = PrefixLookup(kv.create_kv_cache_blocks(blocks), local, 0, False)
+    return Admission(request, kind, lookup, lookup.blocks, local, ext, False, load_async, hits)
+
+
+def test_consistent_claim_is_ok_and_a_shallower_one_is_recompute():
+    kv, b = _seeded((0, 1, 2), (0, 2))
+    check = make_truth_checker(kv)
+    null = kv.block_pool.null_block
+    assert check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1], b[0, 2]], [null, null, b[1, 2]]), 48, hits=(48, 48))) \
+        == ("ok", 0, "")
+    # Resuming at 16 although FA runs to 48 and a Mamba state sits at 48: 32 tokens recomputed.
+    assert check(_admit(kv, _req("b"), ([b[0, 0]], [b[1, 0]]), 16, hits=(48, 48))) == ("recompute", 32, "")
+
+
+def test_unbacked_fa_and_missing_mamba_state_are_corrupt():
+    kv, b = _seeded((0, 1), (0, 3))
+    check = make_truth_checker(kv)
+    null = kv.block_pool.null_block
+    # #44243: local 64 with only FA blocks 0-1.
+    assert check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1]], [null, null, null, b[1, 3]]), 64, hits=(32, 64)))[0] \
+        == "corrupt"
+    assert check.bad["a"] == ("a", 32)
+    # #45804: local 32 with the Mamba list cut to nulls.
+    assert check(_admit(kv, _req("c"), ([b[0, 0], b[0, 1]], [null, null]), 32, hits=(32, 64)))[0] == "corrupt"
+    assert check.bad["c"] == ("c", 32)
+
+
+def test_a_connector_answer_supplies_the_mamba_state_unless_it_opts_out():
+    kv, b = _seeded((0, 1), (0,))
+    null = kv.block_pool.null_block
+    blocks = ([b[0, 0], b[0, 1]], [null, null])
+    assert make_truth_checker(kv, ScriptedConnector())(_admit(kv, _req("a"), blocks, 32, ext=16, hits=(32, 16)))[0] \
+        == "ok"
+    conn = ScriptedConnector()
+    conn.supplies_mamba_state = False
+    assert make_truth_checker(kv, conn)(_admit(kv, _req("a"), blocks, 32, ext=16, hits=(32, 16)))[0] == "corrupt"
+
+
+def test_connector_candidate_counts_as_the_best_valid_boundary():
+    kv, b = _seeded((0, 1, 2, 3), (0,))
+    conn = ScriptedConnector(matched_tokens={"a": 16})
+    got = make_truth_checker(kv, conn)(_admit(kv, _req("a", 96), ([b[0, 0]], [b[1, 0]]), 16, ext=16, hits=(64, 16)))
+    assert got == ("recompute", 48, "")  # shown the FA hit (64) it would answer 16: resume at 80, not 32
+
+
+def test_taint_is_set_beyond_the_bad_point_propagates_and_ends_with_eviction():
+    kv, b = _seeded((0, 1), (0, 3))
+    pool = kv.block_pool
+    check = make_truth_checker(kv)
+    null = pool.null_block
+    hashes = _req("probe").block_hashes
+    check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1]], [null, null, null, b[1, 3]]), 64, hits=(32, 64)))
+    fresh = pool.get_new_blocks(3, "a")
+    for i, blk in zip((1, 2, 3), fresh):  # what "a" caches later: FA blocks 1 (clean: ends at 32), 2, 3
+        pool.cache_full_blocks("a", [null] * i + [blk], hashes, i, i + 1, B, 0)
+    assert [blk.taint for blk in fresh] == [None, "a", "a"]
+    other = pool.get_new_blocks(1, "x")[0]
+    pool.cache_full_blocks("x", [null] * 4 + [other], hashes, 4, 5, B, 0)
+    assert other.taint is None  # only the corrupt request's blocks
+    # A later admission reusing a tainted block is corrupt with the origin; it becomes a carrier of "a".
+    got = check(_admit(kv, _req("z"), ([b[0, 0], b[0, 1], fresh[1]], [null, null, b[1, 3]]), 48, hits=(48, 48)))
+    assert got == ("corrupt", 0, "a")
+    assert check.bad["z"] == ("a", 32)
+    # Eviction of the cache entry ends the taint.
+    pool.free_blocks(fresh)
+    pool.evict_blocks([fresh[1].block_id])
+    assert fresh[1].taint is None and fresh[2].taint == "a"
+
+
+def test_readmission_forgets_the_old_bad_point_and_async_resume_repeats_the_verdict():
+    kv, b = _seeded((0, 1), (0,))
+    check = make_truth_checker(kv, ScriptedConnector())
+    null = kv.block_pool.null_block
+    r = _req("a")
+    assert check(_admit(kv, r, ([b[0, 0], b[0, 1]], [null, null]), 32, hits=(32, 16), load_async=False))[0] \
+        == "corrupt"
+    assert "a" in check.bad
+    got = check(_admit(kv, r, ([b[0, 0]], [b[1, 0]]), 16, ext=16, hits=(32, 16), load_async=True))
+    assert got == ("ok", 0, "") and "a" not in check.bad
+    resume = Admission(r, "after_async_load", None, kv.empty_kv_cache_blocks, 0, 0, False, False, (0, 0))
+    assert check(resume) == ("ok", 0, "")
