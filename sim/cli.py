@@ -317,7 +317,9 @@ def replay(
 @handles_errors
 def workload_stats(
     source: Path = typer.Argument(..., help="A scenario YAML, or a trace file (Mooncake JSONL, ...)."),
-    block_size: int = typer.Option(16, "--block-size", help="Block size for the ideal hit rate."),
+    block_size: Optional[int] = typer.Option(
+        None, "--block-size", help="Block size for the ideal hit rate (default: 512 for Mooncake traces, else 16)."
+    ),
     trace_format: str = typer.Option("mooncake", "--format", help="Trace format when SOURCE is a trace."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Read at most this many requests."),
 ) -> None:
@@ -333,15 +335,15 @@ def workload_stats(
 
         scenario = load_scenario(source)
         spec = scenario.workload
-        base = scenario.base_dir
-        seed = scenario.seed
-        clock = scenario.clock
+        base, seed, clock = Path.cwd(), scenario.seed, scenario.clock  # scenario paths are already absolute
     else:
         raw: dict[str, Any] = {"trace": {"format": trace_format, "path": str(source.resolve())}}
         if limit is not None:
             raw["limit"] = limit
         spec = WorkloadSpec.model_validate(raw)
         base, seed, clock = Path.cwd(), 0, "time"
+    if block_size is None:
+        block_size = 512 if spec.trace is not None and spec.trace.format == "mooncake" else 16
     requests = build_requests(spec, base_dir=base, rng=np.random.default_rng(seed), clock=clock)
     stats = compute(requests, block_size)
     typer.echo(json.dumps(stats, indent=2, sort_keys=True))
@@ -361,19 +363,10 @@ def sweep(
     set_: List[str] = typer.Option([], "--set", help="Override a key in every run."),
 ) -> None:
     """Run a parameter grid (one bundle per point and seed) and write sweep.parquet + plots."""
-    from sim.sweep.runner import run_sweep
+    from sim.sweep import build_sweep, run_sweep
 
-    result = run_sweep(
-        scenario,
-        out,
-        grid=list(grid),
-        grid_file=grid_file,
-        seeds=seeds,
-        executor=executor,
-        jobs=jobs,
-        overrides=list(set_),
-        progress=_show_progress(),
-    )
+    spec = build_sweep(scenario, grids=list(grid), grid_file=grid_file, seeds=seeds, overrides=list(set_))
+    result = run_sweep(spec, out, executor=executor, jobs=jobs, progress=_show_progress())
     typer.echo(result.describe())
 
 

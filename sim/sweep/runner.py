@@ -249,10 +249,14 @@ def run_sweep(
     for run in runs:
         run_dir = out_dir / run.run_id
         identity = _read_identity(run_dir)
-        if identity is not None and identity != _identity(scenario_sha, run):
+        wanted = _identity(scenario_sha, run)
+        if identity is not None and identity != wanted:
+            if identity.get("scenario_sha256") != scenario_sha:
+                what = f"the base scenario {spec.scenario} changed since"
+            else:
+                what = f"its overrides were {identity.get('overrides')}, now {wanted['overrides']}"
             raise SweepError(
-                f"{run_dir} holds a run of a different sweep definition (base scenario content or overrides differ); "
-                "use a new output directory or remove that one"
+                f"{run_dir} holds a run of a different sweep ({what}); use a new output directory or remove that one"
             )
         summary = complete_summary(run_dir) if identity is not None else None
         if summary is not None:

@@ -201,3 +201,40 @@ def test_case_only_run_id_collision_is_an_error(base_scenario):
     spec = SweepSpec(scenario=base_scenario, axes=(Axis(("a.b",), (("X",), ("x",))),))
     with pytest.raises(SweepError, match="differ only in case"):
         plan_runs(spec, 0)
+
+
+def test_set_entries_apply_to_every_run_before_the_grid_and_cli_set_replaces_file_set(tmp_path, base_scenario):
+    grid = _write(
+        tmp_path / "g.yaml",
+        "set: {outputs.plots: false, scheduler.max_num_seqs: 2}\ncache.num_blocks: [400]\n",
+    )
+    spec = build_sweep(base_scenario, [], grid, overrides=["scheduler.max_num_seqs=4", "connector.holds={a: 1, b: 2}"])
+    assert spec.fixed == (
+        ("outputs.plots", False),
+        ("scheduler.max_num_seqs", 4),
+        ("connector.holds", {"a": 1, "b": 2}),
+    )
+    (run,) = plan_runs(spec, 7)
+    assert run.run_id == "cache.num_blocks=400__seed=7"  # fixed overrides are not part of the id
+    assert run.overrides == (
+        "outputs.plots=false",
+        "scheduler.max_num_seqs=4",
+        "connector.holds={a: 1, b: 2}",
+        "cache.num_blocks=400",
+        "seed=7",
+    )
+    with pytest.raises(SweepError, match="'cache.num_blocks' is both set for every run and a grid key"):
+        build_sweep(base_scenario, [], grid, overrides=["cache.num_blocks=1"])
+    with pytest.raises(SweepError, match="--set 'nokey': expected key.path=value"):
+        build_sweep(base_scenario, overrides=["nokey"])
+    with pytest.raises(SweepError, match="'set' must be a mapping"):
+        load_grid_file(_write(tmp_path / "bad.yaml", "set: [a]\n"))
+
+
+def test_plot_spec_missing_and_title_are_validated(tmp_path):
+    ok = load_grid_file(
+        _write(tmp_path / "g.yaml", "a.b: [1]\nplots: [{name: p, x: a.b, metrics: [m], missing: 0, title: T}]\n")
+    )
+    assert (ok.plots[0].missing, ok.plots[0].title) == (0, "T")
+    with pytest.raises(SweepError, match="'missing' must be a number"):
+        load_grid_file(_write(tmp_path / "b.yaml", "plots: [{name: p, x: a.b, metrics: [m], missing: none}]\n"))

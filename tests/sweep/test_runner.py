@@ -169,7 +169,7 @@ def test_output_dir_of_another_definition_is_refused_before_anything_is_deleted(
     out = tmp_path / "out"
     first = _sweep(_spec(base_scenario), out)
     base_scenario.write_text(base_scenario.read_text().replace("clock: steps", "clock: time"))
-    with pytest.raises(SweepError, match="holds a run of a different sweep definition"):
+    with pytest.raises(SweepError, match="holds a run of a different sweep .the base scenario .* changed since"):
         _sweep(_spec(base_scenario), out)
     assert all((out / r.run_id / "summary.json").is_file() for r in first.runs)
 
@@ -207,3 +207,26 @@ def test_sweep_file_plots_are_drawn_and_plot_problems_reported(tmp_path, base_sc
     assert len(result.plot_errors) == 1
     assert result.plot_errors[0].startswith("plot 'nope': metric 'no_such_metric' is not a column (metrics: crash, ")
 
+
+
+def test_path_form_describe_and_changed_overrides_are_refused(tmp_path, base_scenario):
+    out = tmp_path / "out"
+    result = run_sweep(
+        base_scenario, out, grid=["scheduler.prefix_policy=pr48425,explode"], overrides=["cache.num_blocks=400"],
+        executor="serial", load_fn=fake_load, run_fn=fake_run, progress=False,
+    )
+    assert result.describe().splitlines() == [
+        "2 runs: 2 ran, 0 reused, 1 failed",
+        f"table: {out / 'sweep.parquet'}",
+        "  failed scheduler.prefix_policy=explode__seed=7: RuntimeError: boom: policy explode",
+    ]
+    df = pd.read_parquet(out / "sweep.parquet")
+    assert list(df.columns[:5]) == ["run_id", "scheduler.prefix_policy", "seed", "status", "error"]
+    assert json.loads((out / "sweep.json").read_text())["set"] == {"cache.num_blocks": 400}
+    with pytest.raises(SweepError, match=r"its overrides were \['cache.num_blocks=400', .*now \['cache.num_blocks=800'"):
+        run_sweep(
+            base_scenario, out, grid=["scheduler.prefix_policy=pr48425,explode"], overrides=["cache.num_blocks=800"],
+            executor="serial", load_fn=fake_load, run_fn=fake_run, progress=False,
+        )
+    with pytest.raises(SweepError, match="go with a scenario path"):
+        run_sweep(build_sweep(base_scenario), out, grid=["a.b=1"], load_fn=fake_load, run_fn=fake_run)
