@@ -27,13 +27,16 @@ boundary at which every FA chunk from ``local`` to ``E`` AND the Mamba state at
 ``E`` are in the tier. Loads are always asynchronous (vLLM: ``load_async`` is
 true for a non-zero hit unless a sync-load budget is configured; we model none).
 
-Stores: ``store: on_finish`` (default) offers, when the request finishes, every
+Stores: ``store: on_compute`` (default, as vLLM 0.33's OffloadingConnector, whose
+scheduler builds store jobs every step in ``build_connector_meta``) offers the
+chunks each step completed (sampled once per step, in :meth:`get_finished`) and
+a Mamba state only at a chunk boundary where a step ended. ``store: on_finish``
+offers, when the request finishes, every
 full chunk of its computed tokens for attention groups and, for Mamba groups,
 the chunk-aligned states its block table still holds; the request's blocks stay
 allocated (``delay_free``) until the store transfer completes and it is
-reported in ``finished_sending``. ``store: on_compute`` offers the chunks each
-step completed (sampled once per step, in :meth:`get_finished`) and a Mamba
-state only at a chunk boundary where a step ended. Keys already in the tier are
+reported in ``finished_sending``; for a hybrid model it stores few Mamba states
+(only those the table still holds at finish). Keys already in the tier are
 touched, not stored again (vLLM ``prepare_store``).
 
 Tier eviction: every group has its own LRU list. ``group_capacity: shared``
@@ -180,7 +183,7 @@ class OffloadConnector(KVConnector):
     def __init__(
         self,
         capacity_gb: float | None = None,
-        store: Literal["on_finish", "on_compute"] = "on_finish",
+        store: Literal["on_finish", "on_compute"] = "on_compute",
         chunk_tokens: int | None = None,
         bandwidth_gbps: float = DEFAULT_PCIE_GBPS,
         latency_us: float = DEFAULT_PCIE_LATENCY_US,

@@ -115,6 +115,8 @@ class EngineLoop:
         self._pending_step_actions = sorted(self._actions_by_step)
         self.requests = sorted(self.requests, key=lambda r: r.arrival_time)
         self._by_id = {r.request_id: r for r in self.requests}
+        if self.transfers is not None and hasattr(self.transfers, "on_complete"):
+            self.transfers.on_complete = self.wake
         self.process = self.env.process(self._run())
 
     # ------------------------------------------------------------ wake-ups
@@ -134,9 +136,9 @@ class EngineLoop:
                 candidates.append(float(pending[0]))
         if self._timed_actions:
             candidates.append(float(self._timed_actions[0].at_s or 0.0))
-        due = getattr(self.transfers, "_due", None)
-        if due:
-            candidates.append(float(min(d.step for d in due)))
+        due = self.transfers.next_due_step() if self.transfers is not None else None
+        if due is not None:
+            candidates.append(float(due))
         return min(candidates) if candidates else None
 
     # ---------------------------------------------------------------- loop
@@ -189,12 +191,7 @@ class EngineLoop:
 
     def _transfers_pending(self) -> bool:
         """A transfer is in flight: its completion can make a waiting request runnable."""
-        t = self.transfers
-        if t is None:
-            return False
-        if getattr(t, "_due", None):
-            return True
-        return any(link.in_flight() for link in getattr(t, "links", {}).values() if hasattr(link, "in_flight"))
+        return self.transfers is not None and self.transfers.pending()
 
     def _one_step(self):
         env = self.env

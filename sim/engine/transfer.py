@@ -46,10 +46,14 @@ class _Transfer:
 class TransferLink:
     """A SimPy link with a base latency and a shared bandwidth."""
 
-    def __init__(self, env: simpy.Environment, spec: LinkSpec, name: str = "") -> None:
+    def __init__(
+        self, env: simpy.Environment, spec: LinkSpec, name: str = "", on_complete: Callable[[], None] | None = None
+    ) -> None:
         self.env = env
         self.spec = spec
         self.name = name
+        #: Called after every completion (the engine's wake-up when it sleeps on a transfer).
+        self.on_complete = on_complete
         self.stats = LinkStats()
         self._seq = 0
         self._active: list[_Transfer] = []
@@ -75,6 +79,8 @@ class TransferLink:
             self.stats.bytes_moved += nbytes
             self.stats.busy_time += self.env.now - start
             on_done()
+            if self.on_complete is not None:
+                self.on_complete()
 
         transfer = _Transfer(self._seq, float(nbytes) * slowdown, done)
         self.env.process(self._after_latency(transfer))
@@ -130,13 +136,27 @@ class SimPyTransferService:
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self.links: dict[str, TransferLink] = {}
+        #: Called after any transfer completes (set by the engine to wake an idle engine loop).
+        self.on_complete: Callable[[], None] | None = None
 
     def make_link(self, name: str, spec: LinkSpec) -> TransferLink:
         if name in self.links:
             raise ValueError(f"transfer link {name!r} already exists")
-        link = TransferLink(self.env, spec, name)
+        link = TransferLink(self.env, spec, name, on_complete=self._completed)
         self.links[name] = link
         return link
+
+    def _completed(self) -> None:
+        if self.on_complete is not None:
+            self.on_complete()
+
+    def pending(self) -> bool:
+        """Some transfer has been submitted and has not completed (latency phase included)."""
+        return any(link.stats.submitted > link.stats.completed for link in self.links.values())
+
+    def next_due_step(self) -> int | None:
+        """Time-clock transfers have no due step: the engine waits for ``on_complete``."""
+        return None
 
 
 @dataclass(order=True)
@@ -188,6 +208,13 @@ class StepTransferService:
         link = StepLink(self, spec, name)
         self.links[name] = link
         return link
+
+    def pending(self) -> bool:
+        return bool(self._due)
+
+    def next_due_step(self) -> int | None:
+        """The step at which the earliest pending transfer completes."""
+        return min(d.step for d in self._due) if self._due else None
 
     def _schedule(self, step: int, on_done: Callable[[], None]) -> None:
         self._seq += 1

@@ -31,7 +31,6 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-RESERVED_FILE_KEYS = ("scenario", "seeds", "zip", "set", "plots")
 
 _KEY_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

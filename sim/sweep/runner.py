@@ -125,9 +125,9 @@ def _read_identity(run_dir: Path) -> dict[str, Any] | None:
 
 
 def _base_seed(spec: SweepSpec, load: LoadFn) -> int:
-    """Load the base scenario once (fail fast on a bad file) and return its ``seed``."""
+    """Load the base scenario with the fixed overrides once (fail fast on a bad file); return its ``seed``."""
     try:
-        scenario = load(str(spec.scenario.resolve()), [])
+        scenario = load(str(spec.scenario.resolve()), [f"{k}={yaml_text(v)}" for k, v in spec.fixed])
     except Exception as exc:
         raise SweepError(f"cannot load base scenario {spec.scenario}: {exc}") from exc
     seed = getattr(scenario, "seed", None)
@@ -291,8 +291,7 @@ def run_sweep(
         for r in records
     ]
     write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)
-    seeds = spec.seeds.resolve(base_seed)
-    manifest = _manifest(spec, scenario_sha, seeds, records)
+    manifest = _manifest(spec, scenario_sha, spec.seeds.resolve(base_seed), records)
     (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
 
     result = SweepResult(

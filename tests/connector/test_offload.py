@@ -9,6 +9,7 @@ GBYTE = 1e9
 def offload(ctx, **kw):
     kw.setdefault("capacity_gb", 1.0)
     kw.setdefault("chunk_tokens", 32)
+    kw.setdefault("store", "on_finish")  # these tests drive stores through request_finished
     conn = OffloadConnector(**kw)
     conn.bind(ctx)
     return conn
