@@ -8,58 +8,21 @@ of the same name.
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-from typing import Any
 
 from sim.connector.base import KVConnector, NoConnector
 from sim.connector.faulty import FaultyConnector
 from sim.connector.offload import OffloadConnector
 from sim.connector.remote import RemoteConnector
 from sim.connector.scripted import ScriptedConnector
+from sim.registry import Registry
 
 ENTRY_POINT_GROUP = "hybridsim.connectors"
 
-_REGISTRY: dict[str, type[KVConnector]] = {}
-
-
-def register_connector(cls: type[KVConnector], name: str | None = None) -> type[KVConnector]:
-    """Register a connector class under ``name`` (default ``cls.name``); usable as a decorator."""
-    key = name or cls.name
-    existing = _REGISTRY.get(key)
-    if existing is not None and existing is not cls:
-        raise ValueError(f"connector type {key!r} is already registered to {existing.__qualname__}")
-    _REGISTRY[key] = cls
-    return cls
-
-
-def _plugin_classes() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def connector_names() -> list[str]:
-    """Every connector type name: built-ins and installed plugins, sorted."""
-    return sorted(set(_REGISTRY) | set(_plugin_classes()))
-
-
-def get_connector_class(name: str) -> type[KVConnector]:
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    plugin = _plugin_classes().get(name)
-    if plugin is None:
-        raise ValueError(f"connector.type: unknown connector {name!r}; valid: {', '.join(connector_names())}")
-    cls = plugin.load()
-    if not (isinstance(cls, type) and issubclass(cls, KVConnector)):
-        raise ValueError(f"connector.type: entry point {name!r} does not load a KVConnector subclass")
-    return cls
-
-
-def create_connector(name: str, **options: Any) -> KVConnector:
-    """Build a connector by type name; bad options raise a ValueError naming them."""
-    cls = get_connector_class(name)
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise ValueError(f"connector {name!r}: {exc}") from None
+_REGISTRY: Registry[KVConnector] = Registry(KVConnector, ENTRY_POINT_GROUP, "connector.type", "connector")
+register_connector = _REGISTRY.register
+connector_names = _REGISTRY.names
+get_connector_class = _REGISTRY.get_class
+create_connector = _REGISTRY.create
 
 
 register_connector(NoConnector)

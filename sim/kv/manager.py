@@ -262,12 +262,8 @@ class KVCacheManager:
         return self.block_pool.take_events()
 
     def num_blocks_per_group(self) -> tuple[int, ...]:
-        """Distinct real blocks held by each group's tables (steps table ``blocks_gN``)."""
-        out = []
-        for m in self.coordinator.single_type_managers:
-            held = {b.block_id for blocks in m.req_to_blocks.values() for b in blocks if not b.is_null}
-            out.append(len(held))
-        return tuple(out)
+        """Distinct real blocks held by each group's tables (steps table ``blocks_gN``); O(groups)."""
+        return tuple([m.num_held_blocks for m in self.coordinator.single_type_managers])
 
     def num_cached_per_group(self) -> tuple[int, ...]:
         """Cache entries of each group (steps table ``cached_gN``)."""
@@ -321,6 +317,12 @@ def check_invariants(manager: KVCacheManager) -> None:
         if (b.block_id in free_ids) != (b.ref_cnt == 0):
             raise AssertionError(
                 f"free xor owned: block {b.block_id} ref_cnt={b.ref_cnt}, in free queue={b.block_id in free_ids}"
+            )
+    for gid, m in enumerate(manager.coordinator.single_type_managers):
+        held = {b.block_id for blocks in m.req_to_blocks.values() for b in blocks if not b.is_null}
+        if len(held) != m.num_held_blocks:
+            raise AssertionError(
+                f"held blocks: group {gid} tables hold {len(held)} distinct blocks but counter says {m.num_held_blocks}"
             )
     owned = len(holders)
     if owned + len(free_ids) + 1 != pool.num_gpu_blocks:

@@ -353,21 +353,27 @@ class BlockPool:
             block.ref_cnt = 1
         return ret
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Take a reference on each (non-null) block; a free one leaves the queue."""
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> int:
+        """Take a reference on each (non-null) block; a free one leaves the queue.
+
+        Returns how many blocks left the free queue (went from 0 to 1 reference).
+        """
         queue = self.free_block_queue
+        taken = 0
         for block in blocks:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
                 queue.remove(block)
+                taken += 1
             block.ref_cnt += 1
+        return taken
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> int:
         """Drop one reference on each block, given in eviction-priority order.
 
         Blocks reaching 0 go to the front if uncached (in the given order) and
-        to the back if cached (in the given order).
+        to the back if cached (in the given order). Returns how many reached 0.
         """
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
@@ -385,6 +391,7 @@ class BlockPool:
                 raise AssertionError(f"negative ref count on block {block.block_id}")
         self.free_block_queue.prepend_n(first)
         self.free_block_queue.append_n(last)
+        return len(first) + len(last)
 
     def evict_blocks(self, block_ids: Iterable[int], request_id: str = "", cause: str = "evict_forced") -> None:
         """Drop the cache entries of the given blocks (vLLM ``evict_blocks``).

@@ -17,10 +17,10 @@ in-process.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from sim.kv.coordinator import HybridKVCacheCoordinator
+from sim.registry import Registry
 from sim.request import Request
 
 ENTRY_POINT_GROUP = "hybridsim.prefix_policies"
@@ -175,46 +175,14 @@ class TrimToMinPolicy(PrefixPolicy):
         return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
 
 
-_REGISTRY: dict[str, type[PrefixPolicy]] = {}
-
-
-def register_prefix_policy(cls: type[PrefixPolicy], name: str | None = None) -> type[PrefixPolicy]:
-    """Register a policy class under ``name`` (default ``cls.name``); usable as a decorator."""
-    key = name or cls.name
-    if not key:
-        raise ValueError(f"prefix policy {cls.__qualname__} has no name")
-    existing = _REGISTRY.get(key)
-    if existing is not None and existing is not cls:
-        raise ValueError(f"prefix policy {key!r} is already registered to {existing.__qualname__}")
-    _REGISTRY[key] = cls
-    return cls
-
-
-def _plugins() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def prefix_policy_names() -> list[str]:
-    """Every policy name: built-ins and installed plugins, sorted."""
-    return sorted(set(_REGISTRY) | set(_plugins()))
+_REGISTRY: Registry[PrefixPolicy] = Registry(PrefixPolicy, ENTRY_POINT_GROUP, "scheduler.prefix_policy", "policy")
+register_prefix_policy = _REGISTRY.register
+prefix_policy_names = _REGISTRY.names
 
 
 def get_prefix_policy(name: str, **options: Any) -> PrefixPolicy:
     """Instantiate the policy called ``name``; unknown names raise a ValueError listing valid ones."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        plugin = _plugins().get(name)
-        if plugin is None:
-            raise ValueError(
-                f"scheduler.prefix_policy: unknown policy {name!r}; valid: {', '.join(prefix_policy_names())}"
-            )
-        cls = plugin.load()
-        if not (isinstance(cls, type) and issubclass(cls, PrefixPolicy)):
-            raise ValueError(f"scheduler.prefix_policy: entry point {name!r} does not load a PrefixPolicy subclass")
-    try:
-        return cls(**options)
-    except TypeError as exc:
-        raise ValueError(f"scheduler.prefix_policy {name!r}: {exc}") from None
+    return _REGISTRY.create(name, **options)
 
 
 register_prefix_policy(ReconciledPolicy)
