@@ -12,18 +12,20 @@ Exit codes (documented in docs/cli.md):
 * 4 — ``--check-invariants`` found a broken invariant (the run stopped; the
   bundle is written and marked partial);
 * 5 — the run stalled (requests left that can never be scheduled);
+* 6 — ``sweep``: some runs failed (each is recorded with its error in the sweep's table);
 * 130 — interrupted (Ctrl-C); the bundle is written and marked partial.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 
@@ -32,6 +34,7 @@ EXIT_BAD_INPUT = 2
 EXIT_CRASH = 3
 EXIT_INVARIANT = 4
 EXIT_STALLED = 5
+EXIT_SWEEP_FAILURES = 6
 EXIT_INTERRUPTED = 130
 
 app = typer.Typer(
@@ -63,7 +66,35 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
     from sim.trace.diff import TraceDiffError
     from sim.workload.errors import WorkloadError
 
-    return (ScenarioError, WorkloadError, TraceDiffError, SweepError, FileNotFoundError, PermissionError)
+    return (ScenarioError, WorkloadError, TraceDiffError, SweepError, FileNotFoundError, PermissionError,
+            NotADirectoryError, IsADirectoryError, FileExistsError)
+
+
+@contextlib.contextmanager
+def _naming_file(path: Path) -> Iterator[None]:
+    """Prefix a build-time bad-input error (which names only the key) with the scenario file."""
+    from sim.config import ScenarioError
+    from sim.workload.errors import WorkloadError
+
+    try:
+        yield
+    except (ScenarioError, WorkloadError) as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise ScenarioError(f"{path}: {exc}") from exc
+
+
+def _prepare_out_dir(target: Path) -> None:
+    """Create the output directory before running, so an unusable ``-o`` fails in a second, not after the run."""
+    from sim.config import ScenarioError
+
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(f"-o/--out {target}: cannot create the output directory ({exc.strerror}); "
+                            "give a writable directory path") from exc
+    if not os.access(target, os.W_OK):
+        raise ScenarioError(f"-o/--out {target}: the output directory is not writable; give a writable directory path")
 
 
 def handles_errors(fn: Callable) -> Callable:
@@ -136,7 +167,9 @@ def run(
             check_invariants=check_invariants or scenario.check_invariants,
             plot_format="svg" if svg else "png",
         )
-        result = run_scenario(scenario, target, options=options)
+        _prepare_out_dir(target)
+        with _naming_file(path):
+            result = run_scenario(scenario, target, options=options)
         if not quiet:
             print_summary(result.summary, title=f"{scenario.name}  →  {target}")
         worst = max(worst, result.exit_code)
@@ -170,7 +203,8 @@ def validate(
 
     for path in scenarios:
         scenario = load_scenario(path, list(set_))
-        build_components(scenario, dry_run=True)
+        with _naming_file(path):
+            build_components(scenario, dry_run=True)
         typer.echo(f"{path}: ok ({scenario.name})")
 
 
@@ -357,7 +391,7 @@ def sweep(
     grid: List[str] = typer.Option([], "--grid", help="key.path=v1,v2,... (repeatable; Cartesian product)."),
     grid_file: Optional[Path] = typer.Option(None, "--grid-file", help="A grid file (YAML)."),
     seeds: Optional[str] = typer.Option(None, "--seeds", help="Number of seeds (N) or a list (1,2,3)."),
-    executor: str = typer.Option("local", "--executor", help="local or ray."),
+    executor: str = typer.Option("local", "--executor", help="local (process pool), serial or ray."),
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="Parallel runs (local executor)."),
     out: Path = typer.Option(..., "-o", "--out", help="Sweep output directory."),
     set_: List[str] = typer.Option([], "--set", help="Override a key in every run."),
@@ -368,6 +402,8 @@ def sweep(
     spec = build_sweep(scenario, grids=list(grid), grid_file=grid_file, seeds=seeds, overrides=list(set_))
     result = run_sweep(spec, out, executor=executor, jobs=jobs, progress=_show_progress())
     typer.echo(result.describe())
+    if result.failed:
+        raise typer.Exit(EXIT_SWEEP_FAILURES)
 
 
 def main() -> None:
