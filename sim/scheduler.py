@@ -330,13 +330,25 @@ class Scheduler:
         self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request], kinds: dict[str, str]
     ) -> int:
         req_index = 0
-        while req_index < len(self.running) and budget > 0:
-            request = self.running[req_index]
-            n = request.num_tokens - request.num_computed_tokens
+        running = self.running
+        max_model_len = self.max_model_len
+        need_split = self.need_mamba_split
+        allocate_slots = self.kv.allocate_slots
+        scheduled_running = out.scheduled_running_reqs
+        num_scheduled = out.num_scheduled_tokens
+        while req_index < len(running) and budget > 0:
+            request = running[req_index]
+            num_tokens = request.num_prompt_tokens + request.num_output_tokens
+            computed = request.num_computed_tokens
+            n = num_tokens - computed
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, self.max_model_len - request.num_computed_tokens - 1)
-            if self.need_mamba_split:
+            if n > budget:
+                n = budget
+            if n > max_model_len - computed - 1:
+                n = max_model_len - computed - 1
+            # The split only clips prefill chunks (it returns ``n`` once prefill is done).
+            if need_split and computed < max(request.num_prompt_tokens, num_tokens - 1):
                 n = self._mamba_block_aligned_split(request, n)
             if n <= 0:
                 # vLLM `continue`s here (not FCFS-strict): later requests may still run.
@@ -345,7 +357,10 @@ class Scheduler:
             new_blocks = None
             while True:
                 try:
-                    new_blocks = self._guarded(lambda: self.kv.allocate_slots(request, n), request=request)
+                    try:
+                        new_blocks = allocate_slots(request, n)
+                    except (AssertionError, ValueError) as exc:
+                        self._crash(_crash_reason(exc), request=request)
                 except EngineCrash:
                     if self.on_crash == "stop":
                         raise
@@ -378,8 +393,8 @@ class Scheduler:
                     # It preempted itself; the higher-priority ones after it may still fit.
                     continue
                 break
-            out.scheduled_running_reqs.append(request)
-            out.num_scheduled_tokens[request.request_id] = n
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = n
             kinds[request.request_id] = "running"
             budget -= n
             req_index += 1
@@ -624,20 +639,28 @@ class Scheduler:
 
     def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
         rec = self.recorder
+        record = rec.record_schedule if rec is not None and getattr(rec, "schedule_enabled", True) else None
+        requests = self.requests
+        before_by_id = out.num_computed_tokens_before
+        inflight_prefills = self._inflight_prefills
+        decode = prefill = 0
         for rid, n in out.num_scheduled_tokens.items():
-            request = self.requests[rid]
+            request = requests[rid]
             before = request.num_computed_tokens
-            out.num_computed_tokens_before[rid] = before
-            if n == 1 and before == request.num_tokens - 1:
-                out.decode_tokens += 1
+            before_by_id[rid] = before
+            num_tokens = request.num_prompt_tokens + request.num_output_tokens
+            if n == 1 and before == num_tokens - 1:
+                decode += 1
             else:
-                out.prefill_tokens += n
-            if rec is not None:
-                rec.record_schedule(rid, kinds[rid], n, before, False)
-            request.num_computed_tokens += n
+                prefill += n
+            if record is not None:
+                record(rid, kinds[rid], n, before, False)
+            request.num_computed_tokens = before + n
             request.num_in_flight_tokens += n
-            if request.num_computed_tokens >= request.num_tokens:
-                self._inflight_prefills.pop(rid, None)
+            if before + n >= num_tokens:
+                inflight_prefills.pop(rid, None)
+        out.decode_tokens += decode
+        out.prefill_tokens += prefill
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.
@@ -764,14 +787,16 @@ class Scheduler:
         on ``output_len`` (the workload's EOS), ``max_tokens`` or ``max_model_len``.
         """
         finished: list[Request] = []
+        get_request = self.requests.get
+        running_status = RequestStatus.RUNNING
         for rid, n in out.num_scheduled_tokens.items():
-            request = self.requests.get(rid)
+            request = get_request(rid)
             if request is None:
                 continue
             request.num_in_flight_tokens -= n
-            if request.is_finished() or request.status != RequestStatus.RUNNING:
-                continue
-            if request.num_computed_tokens < request.num_tokens:
+            if request.status != running_status:
+                continue  # finished, preempted or failed meanwhile
+            if request.num_computed_tokens < request.num_prompt_tokens + request.num_output_tokens:
                 continue  # a prefill chunk: no token sampled
             request.append_output_tokens(1)
             status = self._stop_status(request)

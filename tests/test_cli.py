@@ -184,3 +184,17 @@ def test_interrupted_run_writes_a_partial_bundle(tmp_path: Path, monkeypatch) ->
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["partial"] is True and summary["status"] == "interrupted"
     assert len(load_result(tmp_path).steps) == 4
+
+
+def test_sweep_runs_one_bundle_per_grid_point(tmp_path: Path) -> None:
+    scenario = REPRO / "pr48425-mamba-deeper-ext16.yaml"
+    res = invoke("sweep", scenario, "--grid", "scheduler.prefix_policy=reconciled,trim_to_min", "-j", "1",
+                 "-o", tmp_path, "--set", "outputs.plots=false")
+    assert res.exit_code == 0, res.output
+    assert "2 runs: 2 ran" in res.stdout
+    assert (tmp_path / "sweep.parquet").is_file()
+    resume = {}
+    for policy in ("reconciled", "trim_to_min"):
+        adm = load_result(tmp_path / f"scheduler.prefix_policy={policy}__seed=0").admissions.set_index("request_id")
+        resume[policy] = (adm.loc["r", "num_computed_tokens"], adm.loc["r", "outcome"])
+    assert resume == {"reconciled": (32, "recompute"), "trim_to_min": (48, "ok")}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from sim.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
-from sim.kv.managers import MambaManager
+from sim.kv.managers import FullAttentionManager, MambaManager
 from sim.kv.pool import KVCacheBlock, KVEvent
 from sim.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.request import Request, RequestStatus
@@ -78,6 +78,7 @@ class KVCacheManager:
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        self._init_quiet_path()
 
     # ----------------------------------------------------------------- lookup
     @property
@@ -139,6 +140,69 @@ class KVCacheManager:
         _, hits = self.coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)
         return hits
 
+    # -------------------------------------------------------- quiet fast path
+    def _init_quiet_path(self) -> None:
+        """Set up the no-op shortcut of :meth:`allocate_slots` (a simulator speed-up, not a vLLM feature).
+
+        Most calls give a running request a few more tokens inside blocks it
+        already holds; then vLLM's per-group work (skip, count, allocate,
+        cache) changes nothing. After each full call we record, per request, a
+        *quiet horizon*: bounds on ``computed + new`` and on the processed
+        tokens under which a plain call (no hit, no external or lookahead
+        tokens) provably changes nothing in any group and returns no blocks.
+        Supported group types: full attention and align-mode Mamba with one
+        common block size; otherwise every call takes the full path.
+        """
+        managers = self.coordinator.single_type_managers
+        self._quiet: dict[str, tuple[list[KVCacheBlock], int, int]] = {}
+        self._quiet_enabled = bool(managers) and len({m.block_size for m in managers}) == 1 and all(
+            type(m) is FullAttentionManager or (type(m) is MambaManager and m.mamba_cache_mode == "align")
+            for m in managers
+        )
+        self._quiet_first_tables = managers[0].req_to_blocks if managers else {}
+        # A chunk longer than the alignment may export a Mamba prefill checkpoint.
+        self._quiet_max_tokens = min(
+            (m.cache_hit_alignment_tokens for m in managers if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks),
+            default=self.max_model_len,
+        )
+
+    def _note_quiet_horizon(self, request_id: str) -> None:
+        """Record the bounds under which the next plain call for ``request_id`` is a no-op.
+
+        Per group, with block size ``B``, table length ``L`` and ``N`` cached
+        slots: no new block while ``computed + new <= B * L``; nothing to cache
+        while ``computed + new < (N + 1) * B``. Mamba: nothing retired while
+        ``processed <= (R + 1) * B`` (``R`` = retired slots, if ``R < L``) and
+        the previous state block is kept while ``processed <= (idx + 1) * B``.
+        A pending Mamba checkpoint disables the shortcut until the next full call.
+        """
+        first = self._quiet_first_tables.get(request_id)
+        if first is None:
+            return
+        h_main = h_proc = 1 << 62
+        for m in self.coordinator.single_type_managers:
+            table = m.req_to_blocks.get(request_id)
+            if table is None:
+                return
+            bs = m.block_size
+            n = len(table) * bs
+            if n < h_main:
+                h_main = n
+            if m.enable_caching:
+                n = (m.num_cached_block.get(request_id, 0) + 1) * bs - 1
+                if n < h_main:
+                    h_main = n
+            if type(m) is MambaManager:
+                if request_id in m._checkpoints:
+                    return
+                retired = m._num_retired_blocks.get(request_id, 0)
+                if retired < len(table) and (retired + 1) * bs < h_proc:
+                    h_proc = (retired + 1) * bs
+                idx = m.last_state_block_idx.get(request_id)
+                if idx is not None and not table[idx].is_null and (idx + 1) * bs < h_proc:
+                    h_proc = (idx + 1) * bs
+        self._quiet[request_id] = (first, h_main, h_proc)
+
     # ------------------------------------------------------------- allocation
     def allocate_slots(
         self,
@@ -162,6 +226,27 @@ class KVCacheManager:
         touches hits in every group before allocating external blocks, and
         caches up to ``min(computed + new, num_tokens)`` unless ``delay_cache_blocks``.
         """
+        rid = request.request_id
+        quiet = self._quiet.get(rid)
+        if (
+            quiet is not None
+            and new_computed_blocks is None
+            and 0 < num_new_tokens <= self._quiet_max_tokens
+            and not (num_new_computed_tokens or num_external_computed_tokens or num_lookahead_tokens or reserved_blocks)
+            and not (delay_cache_blocks or full_sequence_must_fit)
+        ):
+            computed = request.num_computed_tokens
+            if computed > self.max_model_len:
+                computed = self.max_model_len
+            if (
+                computed + num_new_tokens <= quiet[1]
+                and computed - request.num_in_flight_tokens <= quiet[2]
+                and self._quiet_first_tables.get(rid) is quiet[0]
+                and not (self.watermark_blocks and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
+            ):
+                return self.empty_kv_cache_blocks
+        if quiet is not None:
+            del self._quiet[rid]
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
         coordinator = self.coordinator
@@ -173,7 +258,6 @@ class KVCacheManager:
         if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             watermark = self.watermark_blocks
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
-        rid = request.request_id
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             need = coordinator.get_num_blocks_to_allocate(
@@ -195,19 +279,24 @@ class KVCacheManager:
         if delay_cache_blocks:
             return self.create_kv_cache_blocks(new_blocks)
         coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        if self._quiet_enabled:
+            self._note_quiet_horizon(rid)
         return self.create_kv_cache_blocks(new_blocks)
 
     def free(self, request: Request) -> None:
         """Free every group's table (group order, each tail first)."""
+        self._quiet.pop(request.request_id, None)
         self.coordinator.free(request.request_id)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Free out-of-window blocks (``num_prompt_tokens`` is only read by vLLM's R-SWA, not modelled)."""
+        self._quiet.pop(request_id, None)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self._quiet.pop(request.request_id, None)
         if self.enable_caching:
             self.coordinator.cache_blocks(request, num_computed_tokens)
 

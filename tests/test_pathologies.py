@@ -1,0 +1,166 @@
+"""Hybrid prefix-caching pathologies users hit (scenarios/pathologies/, docs/pathologies.md), run end to end.
+
+Each scenario is run as written and with the ``--set`` overrides its header names as the fix or the
+contrast; every hit length, hit rate and eviction count below is what docs/pathologies.md quotes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.config import load_scenario
+from sim.engine.run import run_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHOLOGIES = ROOT / "scenarios" / "pathologies"
+
+
+def _run(name: str, *overrides: str):
+    return run_scenario(load_scenario(PATHOLOGIES / name, list(overrides)))
+
+
+def _hits(result) -> dict[str, tuple[int, ...]]:
+    """Per request (first admission): the per-group hits, then the local tokens the admission used."""
+    adm = result.admissions
+    first = adm[adm["outcome"] != "not_admitted"].drop_duplicates("request_id")
+    cols = [c for c in adm.columns if c.startswith("hit_g")] + ["local_tokens"]
+    return {row[0]: tuple(int(v) for v in row[1:]) for row in first[["request_id", *cols]].itertuples(index=False)}
+
+
+def _all_ok(result) -> None:
+    assert result.summary["crash"] is None
+    assert set(result.requests["outcome"]) == {"ok"}
+
+
+# ------------------------------------------------------------------ #40696
+NEMOTRON_GROUPS = 7  # 6 Mamba groups + 1 full-attention group, all at block 1040
+
+
+@pytest.mark.parametrize("overrides, block_sizes, expected", [
+    # Nemotron-H 8B as written: the attention block is padded to 1040 tokens; 800 shared tokens never hit.
+    ((), [1040] * NEMOTRON_GROUPS,
+     {"u0": 0, "u1": 0, "u2": 0, "u3": 0, "v0": 0, "v1": 1040}),
+    # A plain transformer, block 16: every sibling reuses the whole shared prefix.
+    (("model.preset=llama-3.1-8b",), [16],
+     {"u0": 0, "u1": 800, "u2": 800, "u3": 800, "v0": 0, "v1": 1200}),
+])
+def test_40696_short_prompts_never_hit_a_padded_block(overrides, block_sizes, expected):
+    result = _run("short-prompts-padded-block.yaml", *overrides)
+    _all_ok(result)
+    assert result.summary["block_sizes"] == block_sizes
+    hits = _hits(result)
+    # Every group agrees with the admitted hit: the misses are block granularity, not divergence.
+    assert hits == {rid: (n,) * (len(block_sizes) + 1) for rid, n in expected.items()}
+    assert result.summary["requests"]["local_hit_tokens"] == sum(expected.values())
+
+
+def test_40696_hybrid_at_block_16_hits_once_the_junction_is_written():
+    result = _run("short-prompts-padded-block.yaml", "cache.groups=[full_attention, mamba]")
+    _all_ok(result)
+    assert result.summary["block_sizes"] == [16, 16]
+    # (FA hit, Mamba hit, local): u1 and v1 see the full-attention prefix, but no Mamba state at it yet.
+    assert _hits(result) == {
+        "u0": (0, 0, 0), "u1": (800, 0, 0), "u2": (800, 800, 800), "u3": (800, 800, 800),
+        "v0": (0, 0, 0), "v1": (1200, 0, 0),
+    }
+
+
+# ------------------------------------------------------------------ #42317
+#: (overrides, hit of s0..s4) on qwen3-next-80b-a3b (block 544): shared prefix 4000 -> 3808, prompt 5000 -> 4896.
+ALIGN_CASES = [
+    ((), [0, 0, 3808, 3808, 4896]),
+    (("scheduler.max_num_batched_tokens=544", "cache.retention_interval=null"), [0, 3808, 3808, 3808, 4896]),
+    (("scheduler.max_num_batched_tokens=544",), [0, 0, 3808, 3808, 4896]),
+    (("scheduler.max_num_batched_tokens=544", "cache.retention_interval=2176"), [0, 2176, 3808, 3808, 4896]),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", ALIGN_CASES)
+def test_42317_align_mode_first_sibling_misses(overrides, expected):
+    result = _run("align-mode-sibling-miss.yaml", *overrides)
+    _all_ok(result)
+    assert result.summary["block_sizes"] == [544] * 4
+    assert result.summary["group_kinds"] == ["mamba", "mamba", "mamba", "full_attention"]
+    hits = _hits(result)
+    assert [hits[f"s{i}"][-1] for i in range(5)] == expected
+    # Full attention (g3) always sees the shared prefix; only the GDN state decides the hit.
+    assert [hits[f"s{i}"][3] for i in range(5)] == [0, 3808, 3808, 3808, 4896]
+    for i in range(5):
+        assert hits[f"s{i}"][:3] == (expected[i],) * 3
+
+
+def test_42317_first_sibling_hit_is_reported_as_fa_deeper_divergence():
+    result = _run("align-mode-sibling-miss.yaml")
+    assert result.summary["admissions"]["divergences"] == {"mamba_deeper": 0, "fa_deeper": 1}
+
+
+# ------------------------------------------------------------------ vllm-ascend #16270
+@pytest.mark.parametrize("overrides, block, expected", [
+    ((), 4096, {"d0": 0, "d1": 0, "d2": 0, "e0": 0, "e1": 4096}),
+    (("cache.block_size=128",), 128, {"d0": 0, "d1": 2048, "d2": 2048, "e0": 0, "e1": 4992}),
+])
+def test_16270_hits_are_aligned_down_to_the_scheduler_block(overrides, block, expected):
+    result = _run("lcm-block-alignment.yaml", *overrides)
+    _all_ok(result)
+    assert result.summary["block_sizes"] == [block, block]
+    assert _hits(result) == {rid: (n, n, n) for rid, n in expected.items()}
+
+
+def test_16270_groups_with_different_block_sizes_are_rejected_with_prefix_caching(tmp_path):
+    """The real LCM case (FA block 16, sliding-window page 4x smaller -> block 64, LCM 64) is not modelled."""
+    scenario = tmp_path / "lcm.yaml"
+    scenario.write_text(
+        "name: lcm\nclock: steps\n"
+        "model:\n  layers:\n"
+        "    - {type: full_attention, num_kv_heads: 8, head_size: 128, count: 2}\n"
+        "    - {type: sliding_window, num_kv_heads: 2, head_size: 128, window: 128, count: 2}\n"
+        "cache: {num_blocks: 100}\n"
+        "scheduler: {max_num_seqs: 4, max_num_batched_tokens: 8192, max_model_len: 8192}\n"
+        "workload: {requests: [{id: a, at: 0, prompt: [{content: s, tokens: 100}], max_tokens: 2}]}\n"
+        "outputs: {plots: false}\n"
+    )
+    with pytest.raises(ValueError, match=r"group block sizes \(16, 64\) .* not modelled"):
+        run_scenario(load_scenario(scenario))
+    result = run_scenario(load_scenario(scenario, ["cache.enable_prefix_caching=false"]))
+    assert result.summary["block_sizes"] == [16, 64]
+
+
+# ------------------------------------------------------------------ #45845
+#: retention -> (FA hit rate, Mamba hit rate, local hit tokens, FA evictions, per-Mamba-group evictions, total)
+RETENTION = {
+    "null": (0.5063, 0.3930, 299520, 318, [355, 355, 355, 355, 354, 354], 2446),
+    "4160": (0.5677, 0.4189, 319280, 297, [202] * 6, 1509),
+    "0": (0.6277, 0.4722, 359840, 262, [144, 144, 143, 143, 143, 143], 1122),
+}
+
+
+@pytest.fixture(scope="module")
+def retention_runs():
+    return {r: _run("dense-mamba-snapshots.yaml", f"cache.retention_interval={r}") for r in RETENTION}
+
+
+def test_45845_dense_snapshots_crowd_out_attention(retention_runs):
+    for retention, (fa_rate, mamba_rate, local, fa_ev, mamba_ev, total_ev) in RETENTION.items():
+        s = retention_runs[retention].summary
+        assert s["crash"] is None and s["requests"]["by_outcome"] == {"ok": 144}, retention
+        assert s["requests"]["prompt_tokens"] == 762118
+        rates = s["cache"]["hit_rate"]
+        assert round(rates["g6"], 4) == fa_rate, retention
+        assert [round(rates[f"g{g}"], 4) for g in range(6)] == [mamba_rate] * 6, retention
+        assert s["requests"]["local_hit_tokens"] == local, retention
+        ev = s["evictions"]["by_group"]
+        assert ev["g6"]["total"] == fa_ev, retention
+        assert [ev[f"g{g}"]["total"] for g in range(6)] == mamba_ev, retention
+        assert s["evictions"]["total"] == total_ev, retention
+
+
+def test_45845_ordering_null_worst_then_interval_then_zero(retention_runs):
+    s = {r: retention_runs[r].summary for r in ("null", "4160", "0")}
+    fa = [s[r]["cache"]["hit_rate"]["g6"] for r in s]
+    fa_evictions = [s[r]["evictions"]["by_group"]["g6"]["total"] for r in s]
+    mamba_evictions = [s[r]["evictions"]["by_group"]["g0"]["total"] for r in s]
+    assert fa == sorted(fa) and len(set(fa)) == 3
+    assert fa_evictions == sorted(fa_evictions, reverse=True) and len(set(fa_evictions)) == 3
+    assert mamba_evictions == sorted(mamba_evictions, reverse=True) and len(set(mamba_evictions)) == 3
