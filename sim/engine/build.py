@@ -168,7 +168,8 @@ def build_components(
             clock=scenario.clock,
         )
     except WorkloadError as exc:
-        raise ScenarioError(f"workload: {exc}") from None
+        text = str(exc)
+        raise ScenarioError(text if text.startswith("workload") else f"workload: {text}") from None
     if not requests:
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
     max_model_len = scenario.scheduler.max_model_len
