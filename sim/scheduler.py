@@ -333,7 +333,7 @@ class Scheduler:
         running = self.running
         max_model_len = self.max_model_len
         need_split = self.need_mamba_split
-        allocate_slots = self.kv.allocate_slots
+        allocate_slots = getattr(self.kv, "allocate_running_slots", self.kv.allocate_slots)
         scheduled_running = out.scheduled_running_reqs
         num_scheduled = out.num_scheduled_tokens
         while req_index < len(running) and budget > 0:
@@ -799,6 +799,10 @@ class Scheduler:
             if request.num_computed_tokens < request.num_prompt_tokens + request.num_output_tokens:
                 continue  # a prefill chunk: no token sampled
             request.append_output_tokens(1)
+            if request.num_output_tokens < request.output_len and (
+                request.num_prompt_tokens + request.num_output_tokens < self.max_model_len
+            ):
+                continue  # `_stop_status` is None exactly here (output_len <= max_tokens)
             status = self._stop_status(request)
             if status is not None:
                 request.status = status

@@ -115,6 +115,8 @@ class EngineLoop:
         self._pending_step_actions = sorted(self._actions_by_step)
         self.requests = sorted(self.requests, key=lambda r: r.arrival_time)
         self._by_id = {r.request_id: r for r in self.requests}
+        #: Requests scheduled at least once whose first token has not come yet.
+        self._awaiting_first_token: dict[str, RequestTimes] = {}
         if self.transfers is not None and hasattr(self.transfers, "on_complete"):
             self.transfers.on_complete = self.wake
         self.process = self.env.process(self._run())
@@ -220,17 +222,31 @@ class EngineLoop:
         self._note_recorded_crashes()
         duration = 1.0 if self.clock == "steps" else self.step_duration(output, sched)
         start = float(env.now)
-        for rid in output.num_scheduled_tokens:
-            t = self.times.get(rid)
-            if t is not None and t.first_scheduled is None:
-                t.first_scheduled = start
+        times = self.times
+        awaiting = self._awaiting_first_token
+        scheduled = output.num_scheduled_tokens
+        # Only a new or resumed request can be scheduled for the first time;
+        # a running one was scheduled when it was admitted.
+        for reqs in (output.scheduled_new_reqs, output.scheduled_resumed_reqs):
+            for request in reqs:
+                rid = request.request_id
+                t = times.get(rid)
+                if t is not None and t.first_scheduled is None and rid in scheduled:
+                    t.first_scheduled = start
+                    awaiting[rid] = t
         yield env.timeout(duration)
         end = float(env.now)
         finished = sched.update_from_output(output)
-        for rid in output.num_scheduled_tokens:
-            t = self.times.get(rid)
-            if t is not None and t.first_token is None and self._by_id[rid].num_output_tokens > 0:
-                t.first_token = end
+        if awaiting:
+            # A first token can only come in a step that scheduled the request.
+            by_id = self._by_id
+            if len(awaiting) <= len(scheduled):
+                candidates = [rid for rid in awaiting if rid in scheduled]
+            else:
+                candidates = [rid for rid in scheduled if rid in awaiting]
+            for rid in candidates:
+                if by_id[rid].num_output_tokens > 0:
+                    awaiting.pop(rid).first_token = end
         for request in finished:
             self.times[request.request_id].finished = end
         # Nothing ran and nothing moved: sleep until something new can happen.

@@ -92,7 +92,11 @@ def _step_duration_fn(components: Components):
             return 0.0
         new = np.fromiter(output.num_scheduled_tokens.values(), dtype=np.float64, count=n)
         before = output.num_computed_tokens_before
-        ctx = np.fromiter((before[rid] for rid in output.num_scheduled_tokens), dtype=np.float64, count=n)
+        if len(before) == n and next(iter(before)) == next(iter(output.num_scheduled_tokens)):
+            # Filled in scheduling order by the scheduler: same keys, same order.
+            ctx = np.fromiter(before.values(), dtype=np.float64, count=n)
+        else:
+            ctx = np.fromiter((before[rid] for rid in output.num_scheduled_tokens), dtype=np.float64, count=n)
         return model.step_time_arrays(new, ctx)
 
     return duration

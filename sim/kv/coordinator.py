@@ -115,7 +115,7 @@ class KVCacheCoordinator:
                 )
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> BlockLists:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers)
+        return tuple([m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers])
 
     # ---------------------------------------------------------------- caching
     def get_num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:

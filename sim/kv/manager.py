@@ -203,6 +203,23 @@ class KVCacheManager:
                     h_proc = (idx + 1) * bs
         self._quiet[request_id] = (first, h_main, h_proc)
 
+    def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None:
+        """``allocate_slots(request, num_new_tokens)`` (no hit, no external or
+        lookahead tokens: the running loop's call), with the quiet check first."""
+        quiet = self._quiet.get(request.request_id)
+        if quiet is not None and 0 < num_new_tokens <= self._quiet_max_tokens:
+            computed = request.num_computed_tokens
+            if computed > self.max_model_len:
+                computed = self.max_model_len
+            if (
+                computed + num_new_tokens <= quiet[1]
+                and computed - request.num_in_flight_tokens <= quiet[2]
+                and self._quiet_first_tables.get(request.request_id) is quiet[0]
+                and not (self.watermark_blocks and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
+            ):
+                return self.empty_kv_cache_blocks
+        return self._allocate_slots_full(request, num_new_tokens)
+
     # ------------------------------------------------------------- allocation
     def allocate_slots(
         self,
@@ -226,27 +243,35 @@ class KVCacheManager:
         touches hits in every group before allocating external blocks, and
         caches up to ``min(computed + new, num_tokens)`` unless ``delay_cache_blocks``.
         """
-        rid = request.request_id
-        quiet = self._quiet.get(rid)
         if (
-            quiet is not None
-            and new_computed_blocks is None
-            and 0 < num_new_tokens <= self._quiet_max_tokens
+            new_computed_blocks is None
+            and has_scheduled_reqs
             and not (num_new_computed_tokens or num_external_computed_tokens or num_lookahead_tokens or reserved_blocks)
             and not (delay_cache_blocks or full_sequence_must_fit)
         ):
-            computed = request.num_computed_tokens
-            if computed > self.max_model_len:
-                computed = self.max_model_len
-            if (
-                computed + num_new_tokens <= quiet[1]
-                and computed - request.num_in_flight_tokens <= quiet[2]
-                and self._quiet_first_tables.get(rid) is quiet[0]
-                and not (self.watermark_blocks and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
-            ):
-                return self.empty_kv_cache_blocks
-        if quiet is not None:
-            del self._quiet[rid]
+            return self.allocate_running_slots(request, num_new_tokens)
+        return self._allocate_slots_full(
+            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
+            num_external_computed_tokens, delay_cache_blocks, full_sequence_must_fit, reserved_blocks,
+            has_scheduled_reqs,
+        )
+
+    def _allocate_slots_full(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None:
+        """:meth:`allocate_slots` without the quiet shortcut (vLLM's per-group steps)."""
+        rid = request.request_id
+        self._quiet.pop(rid, None)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
         coordinator = self.coordinator
