@@ -63,7 +63,7 @@ class Request:
         "num_cached_tokens",
         "num_external_computed_tokens",
         "metadata",
-        "_hash_block_size",
+        "hash_block_size",
     )
 
     def __init__(
@@ -105,7 +105,8 @@ class Request:
         self.num_cached_tokens = -1
         self.num_external_computed_tokens = 0
         self.metadata: dict = metadata or {}
-        self._hash_block_size = 0
+        #: Granularity of ``block_hashes`` (0 until the engine binds it); read-only outside this class.
+        self.hash_block_size = 0
 
     @property
     def num_tokens(self) -> int:
@@ -123,21 +124,17 @@ class Request:
 
     def set_hash_block_size(self, hash_block_size: int) -> None:
         """Bind the hash granularity (once, by the engine) and hash the prompt."""
-        self._hash_block_size = hash_block_size
+        self.hash_block_size = hash_block_size
         self.block_hashes = []
         self.update_block_hashes()
 
     def update_block_hashes(self) -> None:
         """Hash any newly completed full blocks (vLLM's request block hasher)."""
-        hbs = self._hash_block_size
-        if hbs and self.num_tokens // hbs > len(self.block_hashes):
+        hbs = self.hash_block_size
+        num_tokens = self.num_prompt_tokens + self.num_output_tokens
+        if hbs and num_tokens // hbs > len(self.block_hashes):
             extend_block_hashes(
-                self.block_hashes,
-                self.segments(),
-                self.num_tokens,
-                self._hash_block_size,
-                self.lora_name,
-                self.cache_salt,
+                self.block_hashes, self.segments(), num_tokens, hbs, self.lora_name, self.cache_salt
             )
 
     def append_output_tokens(self, n: int) -> None:

@@ -129,7 +129,14 @@ class SchedulerOutput:
     #: Requests finished between the previous step and this one.
     finished_req_ids: set[str] = field(default_factory=set)
     prefill_tokens: int = 0
+    #: Decode requests (one new token each, all known tokens computed after it).
     decode_tokens: int = 0
+    #: Sum over the decode requests of ``num_computed_tokens`` before this step.
+    decode_context_tokens: int = 0
+    #: ``(num_new_tokens, num_computed_tokens before)`` of every other scheduled
+    #: request, in scheduling order. With the two decode totals it describes
+    #: the batch without a per-request pass (the step-time model's input).
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -336,9 +343,11 @@ class Scheduler:
         allocate_slots = getattr(self.kv, "allocate_running_slots", self.kv.allocate_slots)
         scheduled_running = out.scheduled_running_reqs
         num_scheduled = out.num_scheduled_tokens
+        finished_error = RequestStatus.FINISHED_ERROR
         while req_index < len(running) and budget > 0:
             request = running[req_index]
-            num_tokens = request.num_prompt_tokens + request.num_output_tokens
+            num_prompt = request.num_prompt_tokens
+            num_tokens = num_prompt + request.num_output_tokens
             computed = request.num_computed_tokens
             n = num_tokens - computed
             if 0 < threshold < n:
@@ -348,57 +357,79 @@ class Scheduler:
             if n > max_model_len - computed - 1:
                 n = max_model_len - computed - 1
             # The split only clips prefill chunks (it returns ``n`` once prefill is done).
-            if need_split and computed < max(request.num_prompt_tokens, num_tokens - 1):
+            if need_split and (computed < num_tokens - 1 or computed < num_prompt):
                 n = self._mamba_block_aligned_split(request, n)
             if n <= 0:
                 # vLLM `continue`s here (not FCFS-strict): later requests may still run.
                 req_index += 1
                 continue
-            new_blocks = None
-            while True:
-                try:
-                    try:
-                        new_blocks = allocate_slots(request, n)
-                    except (AssertionError, ValueError) as exc:
-                        self._crash(_crash_reason(exc), request=request)
-                except EngineCrash:
-                    if self.on_crash == "stop":
-                        raise
-                    self._fail_request(request)
-                    break
-                if new_blocks is not None:
-                    break
-                if self.connector is not None and self.connector.has_pending_block_frees():
-                    break
-                if self.priority:
-                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-                    victim_index = self.running.index(victim)
-                    del self.running[victim_index]
-                    if victim_index < req_index:
-                        req_index -= 1
-                    if victim.request_id in out.num_scheduled_tokens:
-                        out.scheduled_running_reqs.remove(victim)
-                        budget += out.num_scheduled_tokens.pop(victim.request_id)
-                        kinds.pop(victim.request_id)
-                else:
-                    victim = self.running.pop()
-                self._preempt_request(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status == RequestStatus.FINISHED_ERROR:
+            try:
+                new_blocks = allocate_slots(request, n)
+            except (AssertionError, ValueError) as exc:
+                new_blocks = self._allocation_crash(request, exc)
+            if new_blocks is None:
+                new_blocks, req_index, budget = self._preempt_for(
+                    request, n, req_index, budget, out, preempted, kinds, allocate_slots
+                )
+            if request.status is finished_error:
                 continue  # on_crash="record": it left `running`, the next one is at req_index
             if new_blocks is None:
-                if self.priority and request.status == RequestStatus.PREEMPTED:
+                if self.priority and request.status is RequestStatus.PREEMPTED:
                     # It preempted itself; the higher-priority ones after it may still fit.
                     continue
                 break
             scheduled_running.append(request)
             num_scheduled[request.request_id] = n
-            kinds[request.request_id] = "running"
             budget -= n
             req_index += 1
         return budget
+
+    def _allocation_crash(self, request: Request, exc: BaseException) -> None:
+        """``allocate_slots`` raised: an engine crash; with ``on_crash="record"`` the request fails."""
+        try:
+            self._crash(_crash_reason(exc), request=request)
+        except EngineCrash:
+            if self.on_crash == "stop":
+                raise
+            self._fail_request(request)
+        return None
+
+    def _preempt_for(
+        self, request: Request, n: int, req_index: int, budget: int, out: SchedulerOutput,
+        preempted: list[Request], kinds: dict[str, str], allocate_slots: Callable[[Request, int], Any],
+    ) -> tuple[Any, int, int]:
+        """``allocate_slots`` failed for ``request``: preempt until it fits or it preempted itself.
+
+        Returns ``(new_blocks, req_index, budget)``; ``new_blocks`` is None when
+        it still does not fit (or failed). Not called after a crash.
+        """
+        new_blocks = None
+        while new_blocks is None:
+            if request.status is RequestStatus.FINISHED_ERROR:
+                break
+            if self.connector is not None and self.connector.has_pending_block_frees():
+                break
+            if self.priority:
+                victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                victim_index = self.running.index(victim)
+                del self.running[victim_index]
+                if victim_index < req_index:
+                    req_index -= 1
+                if victim.request_id in out.num_scheduled_tokens:
+                    out.scheduled_running_reqs.remove(victim)
+                    budget += out.num_scheduled_tokens.pop(victim.request_id)
+                    kinds.pop(victim.request_id, None)
+            else:
+                victim = self.running.pop()
+            self._preempt_request(victim)
+            preempted.append(victim)
+            if victim is request:
+                break
+            try:
+                new_blocks = allocate_slots(request, n)
+            except (AssertionError, ValueError) as exc:
+                new_blocks = self._allocation_crash(request, exc)
+        return new_blocks, req_index, budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, kinds: dict[str, str]) -> None:
         skipped: dict[int, list[Request]] = {0: [], 1: []}
@@ -638,28 +669,38 @@ class Scheduler:
         )
 
     def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        """Advance ``num_computed_tokens`` of every scheduled request (vLLM ``_update_after_schedule``).
+
+        ``kinds`` holds the schedule-row kind of new and resumed requests; the
+        others were scheduled from ``running``.
+        """
         rec = self.recorder
         record = rec.record_schedule if rec is not None and getattr(rec, "schedule_enabled", True) else None
         requests = self.requests
         before_by_id = out.num_computed_tokens_before
         inflight_prefills = self._inflight_prefills
-        decode = prefill = 0
+        prefill_chunks = out.prefill_chunks
+        decode = decode_context = prefill = 0
         for rid, n in out.num_scheduled_tokens.items():
             request = requests[rid]
             before = request.num_computed_tokens
             before_by_id[rid] = before
+            after = before + n
             num_tokens = request.num_prompt_tokens + request.num_output_tokens
-            if n == 1 and before == num_tokens - 1:
+            if n == 1 and after == num_tokens:
                 decode += 1
+                decode_context += before
             else:
                 prefill += n
+                prefill_chunks.append((n, before))
             if record is not None:
-                record(rid, kinds[rid], n, before, False)
-            request.num_computed_tokens = before + n
+                record(rid, kinds.get(rid, "running"), n, before, False)
+            request.num_computed_tokens = after
             request.num_in_flight_tokens += n
-            if before + n >= num_tokens:
+            if after >= num_tokens and inflight_prefills:
                 inflight_prefills.pop(rid, None)
         out.decode_tokens += decode
+        out.decode_context_tokens += decode_context
         out.prefill_tokens += prefill
 
     def _preempt_request(self, request: Request) -> None:
@@ -789,19 +830,24 @@ class Scheduler:
         finished: list[Request] = []
         get_request = self.requests.get
         running_status = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
         for rid, n in out.num_scheduled_tokens.items():
             request = get_request(rid)
             if request is None:
                 continue
             request.num_in_flight_tokens -= n
-            if request.status != running_status:
+            if request.status is not running_status:
                 continue  # finished, preempted or failed meanwhile
-            if request.num_computed_tokens < request.num_prompt_tokens + request.num_output_tokens:
+            num_tokens = request.num_prompt_tokens + request.num_output_tokens
+            if request.num_computed_tokens < num_tokens:
                 continue  # a prefill chunk: no token sampled
-            request.append_output_tokens(1)
-            if request.num_output_tokens < request.output_len and (
-                request.num_prompt_tokens + request.num_output_tokens < self.max_model_len
-            ):
+            request.num_output_tokens = num_output = request.num_output_tokens + 1
+            num_tokens += 1
+            # Request.append_output_tokens(1), with its block-hash check inlined.
+            hbs = request.hash_block_size
+            if hbs and num_tokens // hbs > len(request.block_hashes):
+                request.update_block_hashes()
+            if num_output < request.output_len and num_tokens < max_model_len:
                 continue  # `_stop_status` is None exactly here (output_len <= max_tokens)
             status = self._stop_status(request)
             if status is not None:

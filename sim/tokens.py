@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Iterator, Sequence, Union
 
 import numpy as np
 
@@ -76,13 +76,18 @@ def is_reserved_stream(name: str) -> bool:
 _POS = struct.Struct("<qq")
 
 
-def _encode_runs(runs: list[Segment]) -> bytes:
+#: A canonical run without the dataclass: ``(stream, start, length)`` or an int64 id array.
+_Run = Union[tuple, np.ndarray]
+
+
+def _encode_runs(runs: list[_Run]) -> bytes:
     parts: list[bytes] = []
     for run in runs:
-        if isinstance(run, StreamSegment):
-            parts.append(b"S" + run.stream.encode() + b"\x00" + _POS.pack(run.start, run.length))
+        if type(run) is tuple:
+            stream, start, length = run
+            parts.append(b"S" + stream.encode() + b"\x00" + _POS.pack(start, length))
         else:
-            parts.append(b"T" + run.ids.astype("<i8", copy=False).tobytes())
+            parts.append(b"T" + run.astype("<i8", copy=False).tobytes())
     return b"".join(parts)
 
 
@@ -91,46 +96,72 @@ def slice_runs(segments: Sequence[Segment], start: int, end: int) -> list[Segmen
 
     ``segments`` must cover at least ``end`` tokens.
     """
-    runs: list[Segment] = []
-    offset = 0
-    for seg in segments:
+    return [
+        StreamSegment(*run) if type(run) is tuple else IdsSegment(run)
+        for run in _runs_from(segments, 0, 0, start, end)[0]
+    ]
+
+
+def _runs_from(
+    segments: Sequence[Segment], index: int, offset: int, start: int, end: int
+) -> tuple[list[_Run], int, int]:
+    """The canonical runs of tokens ``[start, end)``, scanning from ``segments[index]`` (which begins at ``offset``).
+
+    Returns ``(runs, index, offset)`` where the returned cursor is the first
+    segment that may hold tokens at or after ``end`` (so consecutive ranges
+    are sliced in one pass over the segments). Adjacent pieces of one stream
+    at consecutive positions merge; adjacent id arrays concatenate.
+    """
+    runs: list[_Run] = []
+    num_segments = len(segments)
+    while index < num_segments:
+        seg = segments[index]
         seg_len = seg.length
         seg_end = offset + seg_len
         if seg_end <= start:
             offset = seg_end
+            index += 1
             continue
         if offset >= end:
             break
-        lo = max(start, offset) - offset
-        hi = min(end, seg_end) - offset
-        if isinstance(seg, StreamSegment):
-            piece: Segment = StreamSegment(seg.stream, seg.start + lo, hi - lo)
-            prev = runs[-1] if runs else None
-            if (
-                isinstance(prev, StreamSegment)
-                and prev.stream == seg.stream
-                and prev.start + prev.length == piece.start
-            ):
-                runs[-1] = StreamSegment(prev.stream, prev.start, prev.length + piece.length)
+        lo = (start if start > offset else offset) - offset
+        hi = (end if end < seg_end else seg_end) - offset
+        prev = runs[-1] if runs else None
+        if type(seg) is StreamSegment:
+            stream = seg.stream
+            piece_start = seg.start + lo
+            if type(prev) is tuple and prev[0] == stream and prev[1] + prev[2] == piece_start:
+                runs[-1] = (stream, prev[1], prev[2] + hi - lo)
             else:
-                runs.append(piece)
+                runs.append((stream, piece_start, hi - lo))
         else:
             ids = seg.ids[lo:hi]
-            prev = runs[-1] if runs else None
-            if isinstance(prev, IdsSegment):
-                runs[-1] = IdsSegment(np.concatenate([prev.ids, ids]))
+            if prev is not None and type(prev) is not tuple:
+                runs[-1] = np.concatenate([prev, ids])
             else:
-                runs.append(IdsSegment(ids))
+                runs.append(ids)
+        if seg_end > end:
+            break  # this segment continues past ``end``: the next range starts in it
         offset = seg_end
-    covered = sum(r.length for r in runs)
+        index += 1
+    covered = sum(r[2] if type(r) is tuple else r.shape[0] for r in runs)
     if covered != end - start:
         raise ValueError(f"token range [{start}, {end}) is beyond the content ({offset} tokens)")
-    return runs
+    return runs, index, offset
+
+
+def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> Iterator[bytes]:
+    """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
+    index = offset = 0
+    for i in range(start_block, end_block):
+        lo = i * block_size
+        runs, index, offset = _runs_from(segments, index, offset, lo, lo + block_size)
+        yield _encode_runs(runs)
 
 
 def block_content(segments: Sequence[Segment], start: int, end: int) -> bytes:
     """Canonical bytes of tokens ``[start, end)``: equal tokens give equal bytes."""
-    return _encode_runs(slice_runs(segments, start, end))
+    return _encode_runs(_runs_from(segments, 0, 0, start, end)[0])
 
 
 def total_length(segments: Sequence[Segment]) -> int:

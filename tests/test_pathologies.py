@@ -97,19 +97,27 @@ def test_42317_first_sibling_hit_is_reported_as_fa_deeper_divergence():
 
 
 # ------------------------------------------------------------------ vllm-ascend #16270
-@pytest.mark.parametrize("overrides, block, expected", [
-    ((), 4096, {"d0": 0, "d1": 0, "d2": 0, "e0": 0, "e1": 4096}),
-    (("cache.block_size=128",), 128, {"d0": 0, "d1": 2048, "d2": 2048, "e0": 0, "e1": 4992}),
+@pytest.mark.parametrize("overrides, sizes, expected, stored", [
+    # LCM 4096: nothing under 4096 tokens is even cached, so the 2112-token d0 leaves no entry.
+    ((), [128, 4096], {"d0": 0, "d1": 0, "d2": 0, "e0": 0, "e1": 4096}, {("e0", 0): 32, ("e0", 1): 1}),
+    # LCM 512: d0 caches its 2048-token document (16 FA blocks + the one SWA block its window needs).
+    (("cache.groups.1.block_size=512",), [128, 512], {"d0": 0, "d1": 2048, "d2": 2048, "e0": 0, "e1": 4608},
+     {("d0", 0): 16, ("d0", 1): 1, ("e0", 0): 36, ("e0", 1): 1}),
 ])
-def test_16270_hits_are_aligned_down_to_the_scheduler_block(overrides, block, expected):
+def test_16270_hits_are_aligned_down_to_the_scheduler_block(overrides, sizes, expected, stored):
     result = _run("lcm-block-alignment.yaml", *overrides)
     _all_ok(result)
-    assert result.summary["block_sizes"] == [block, block]
+    assert result.summary["block_sizes"] == sizes
     assert _hits(result) == {rid: (n, n, n) for rid, n in expected.items()}
+    ev = result.kv_events
+    assert set(ev["kind"]) == {"stored"}
+    assert ev.groupby(["request_id", "group"]).size().to_dict() == stored
 
 
-def test_16270_groups_with_different_block_sizes_are_rejected_with_prefix_caching(tmp_path):
-    """The real LCM case (FA block 16, sliding-window page 4x smaller -> block 64, LCM 64) is not modelled."""
+def test_16270_model_with_unified_block_sizes_caches_at_the_lcm(tmp_path):
+    """Full attention at block 16 and a sliding window whose page is 4x smaller (block 64 after
+    page unification): hash block 16, LCM 64. ``b`` shares 100 tokens; full attention matches
+    96, aligned down to 64, where the window's single cached block (block 0) serves the hit."""
     scenario = tmp_path / "lcm.yaml"
     scenario.write_text(
         "name: lcm\nclock: steps\n"
@@ -118,13 +126,17 @@ def test_16270_groups_with_different_block_sizes_are_rejected_with_prefix_cachin
         "    - {type: sliding_window, num_kv_heads: 2, head_size: 128, window: 128, count: 2}\n"
         "cache: {num_blocks: 100}\n"
         "scheduler: {max_num_seqs: 4, max_num_batched_tokens: 8192, max_model_len: 8192}\n"
-        "workload: {requests: [{id: a, at: 0, prompt: [{content: s, tokens: 100}], max_tokens: 2}]}\n"
+        "workload: {requests: [\n"
+        "  {id: a, at: 0, prompt: [{content: s, tokens: 100}, {content: qa, tokens: 10}], max_tokens: 2},\n"
+        "  {id: b, at: 5, prompt: [{content: s, tokens: 100}, {content: qb, tokens: 10}], max_tokens: 2}]}\n"
         "outputs: {plots: false}\n"
     )
-    with pytest.raises(ValueError, match=r"group block sizes \(16, 64\) .* not modelled"):
-        run_scenario(load_scenario(scenario))
-    result = run_scenario(load_scenario(scenario, ["cache.enable_prefix_caching=false"]))
+    result = run_scenario(load_scenario(scenario))
+    _all_ok(result)
     assert result.summary["block_sizes"] == [16, 64]
+    assert _hits(result) == {"a": (0, 0, 0), "b": (64, 64, 64)}
+    ev = result.kv_events
+    assert ev.groupby(["request_id", "group"]).size().to_dict() == {("a", 0): 4, ("a", 1): 1}
 
 
 # ------------------------------------------------------------------ #45845

@@ -14,6 +14,8 @@ error's key path.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import replace
 from typing import Annotated, Any, Literal, Union
 
@@ -188,16 +190,20 @@ class HardwareSection(_Strict):
 
 class FullAttentionGroup(_Strict):
     type: Literal["full_attention"]
+    #: This group's block size; ``None`` = ``cache.block_size``.
+    block_size: PositiveInt | None = None
 
 
 class SlidingWindowGroup(_Strict):
     type: Literal["sliding_window"]
     window: PositiveInt
+    block_size: PositiveInt | None = None
 
 
 class MambaGroup(_Strict):
     type: Literal["mamba"]
     prefill_checkpoints: bool = False
+    block_size: PositiveInt | None = None
 
 
 GROUP_TYPES = ("full_attention", "sliding_window", "mamba")
@@ -263,10 +269,12 @@ class CacheSection(_Strict):
                     raise ValueError(
                         "@retention_interval: a positive retention interval needs a mamba or sliding_window group"
                     )
-                if self.retention_interval % self.block_size:
+                sizes = {g.block_size or self.block_size for g in self.groups}
+                lcm = math.lcm(*sizes)
+                if self.retention_interval % lcm:
+                    why = " (the scheduler block size, the LCM of the group block sizes)" if len(sizes) > 1 else ""
                     raise ValueError(
-                        f"@retention_interval: {self.retention_interval} is not a multiple of the block size "
-                        f"{self.block_size}"
+                        f"@retention_interval: {self.retention_interval} is not a multiple of the block size {lcm}{why}"
                     )
         return self
 

@@ -37,6 +37,27 @@ slots" and the FA ``|decode - prefill| > max_padding`` check). A failing check
 raises ``AssertionError`` with vLLM's message; the scheduler records it as the
 engine crash. ``supports_divergent_local_hybrid_hits`` is True, as NIXL
 declares it (it always ships the last Mamba state).
+
+**What the pull writes (vLLM issue #46453).** NIXL does not load the token
+range ``[local, local + external)`` the scheduler accounts for: it pulls
+*every* unhashed, non-null block of the decode request
+(``get_unhashed_block_ids_all_groups``) and the worker pairs them with the
+prefill's blocks from the tail (``_apply_prefix_caching``). The decode's
+unhashed full-attention blocks are positions ``[h, cdiv(R, B))`` behind its
+``h`` hashed hit blocks, and the prefill's tail of the same length holds the
+same positions, so the pull writes tokens ``[h * B, R)`` whatever the
+scheduler's scalar ``local`` says. When a lookup over-claims the local hit
+(``max_per_group``, vLLM after #44243, with the Mamba state outliving the FA
+tail) the FA positions between the resident prefix and ``local`` are fresh
+blocks that the pull refills: no NIXL check fires (their block counts pair
+exactly, ``d <= p`` and one SSM slot each side) and the KV ends up right.
+``counters["refilled_local_tokens"]`` sums those positions
+(``local - h * B`` where positive, ``local = R - external``). Only when the
+over-claimed hit already reaches ``R`` does NIXL answer 0, pull nothing, and
+leave the gap dirty (no crash either: the scheduler then has one token to
+compute). The crashes reported in #46453 came from a MockKVConnector
+(``assert num_new_tokens > 0``) and an offloading connector, not from NIXL:
+see docs/connectors.md, "#46453 with the remote connector".
 """
 
 from __future__ import annotations
@@ -72,6 +93,8 @@ class RemoteConnector(KVConnector):
     name = "remote"
     supports_hma = True
     supports_divergent_local_hybrid_hits = True
+    #: NIXL pulls every block of the request without a cache entry (the truth checker relies on it).
+    pulls_unhashed_blocks = True
 
     def __init__(
         self,
@@ -98,6 +121,7 @@ class RemoteConnector(KVConnector):
             "loads": 0,
             "bytes_loaded": 0,
             "prefills": 0,
+            "refilled_local_tokens": 0,
         }
 
     def bind(self, ctx: ConnectorContext) -> None:
@@ -110,6 +134,8 @@ class RemoteConnector(KVConnector):
             -(-g.window // g.block_size) + 1 if g.kind == "sliding_window" and g.window else 0 for g in ctx.groups
         ]
         self._loads_in_flight = 0
+        #: Blocks pulled per group (after clipping), over all transfers.
+        self.blocks_pulled = [0] * len(ctx.groups)
 
     def is_remote(self, request: Request) -> bool:
         return self.remote_requests is None or request.request_id in self.remote_requests
@@ -198,14 +224,24 @@ class RemoteConnector(KVConnector):
         if num_external_tokens <= 0:
             return
         table = block_table(blocks)
-        unhashed = []
-        for group in table:
-            ids = list(group)
-            while ids and ids[0].is_null:
-                ids.pop(0)
-            unhashed.append([b.block_id for b in ids if b.block_hash is None and not b.is_null])
+        unhashed: list[list[int]] = []
+        #: First token position the pull writes in a full-attention group.
+        pull_start = remote.remote_tokens
+        for g, group in zip(self.ctx.groups, table):
+            ids = []
+            for pos, b in enumerate(group):
+                if b.is_null or b.block_hash is not None:
+                    continue
+                ids.append(b.block_id)
+                if g.kind == "full_attention" and pos * g.block_size < pull_start:
+                    pull_start = pos * g.block_size
+            unhashed.append(ids)
         decode = self._clip(unhashed)
         self._check_pairing(decode, self.prefill_block_counts(remote.remote_tokens))
+        local = remote.remote_tokens - num_external_tokens  # NIXL answered count = R - local
+        self.counters["refilled_local_tokens"] += max(0, local - pull_start)
+        for i, d in enumerate(decode):
+            self.blocks_pulled[i] += len(d)
         nbytes = sum(len(d) * g.bytes_per_block for d, g in zip(decode, self.ctx.groups))
         self.counters["loads"] += 1
         self._loads_in_flight += 1
@@ -230,6 +266,7 @@ class RemoteConnector(KVConnector):
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
+        out["blocks_pulled"] = list(self.blocks_pulled)
         out["transfer_time"] = self.network.stats.busy_time
         out["prefill_time"] = self.prefill.stats.busy_time
         return out

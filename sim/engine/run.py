@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import simpy
 
@@ -87,17 +86,19 @@ def _step_duration_fn(components: Components):
         return lambda output, sched: 1.0
 
     def duration(output, sched) -> float:
-        n = len(output.num_scheduled_tokens)
-        if n == 0:
-            return 0.0
-        new = np.fromiter(output.num_scheduled_tokens.values(), dtype=np.float64, count=n)
-        before = output.num_computed_tokens_before
-        if len(before) == n and next(iter(before)) == next(iter(output.num_scheduled_tokens)):
-            # Filled in scheduling order by the scheduler: same keys, same order.
-            ctx = np.fromiter(before.values(), dtype=np.float64, count=n)
-        else:
-            ctx = np.fromiter((before[rid] for rid in output.num_scheduled_tokens), dtype=np.float64, count=n)
-        return model.step_time_arrays(new, ctx)
+        # A decode request brings n = 1 token on c context tokens: n*c = c, n*(n+1) = 2.
+        decode = output.decode_tokens
+        total_new = decode
+        total_ctx = new_ctx = output.decode_context_tokens
+        new_new1 = 2 * decode
+        for n, c in output.prefill_chunks:
+            total_new += n
+            total_ctx += c
+            new_ctx += n * c
+            new_new1 += n * (n + 1)
+        return model.step_time_totals(
+            decode + len(output.prefill_chunks), total_new, total_ctx, new_ctx, new_new1
+        )
 
     return duration
 

@@ -26,7 +26,9 @@ new tokens on top of ``c_i`` tokens of context (``T = sum n_i``):
 
 Activation traffic and kernel launch details are folded into the efficiency
 factors and the fixed overhead. The model never reads a clock; it is a pure
-function of the batch. Cost per call: a handful of NumPy reductions.
+function of the batch, and only of its totals (``sum n_i``, ``sum c_i``,
+``sum n_i * c_i``, ``sum n_i * (n_i + 1)``), so the engine feeds it integer
+totals gathered in one pass (:meth:`StepTimeModel.step_time_totals`).
 """
 
 from __future__ import annotations
@@ -176,14 +178,37 @@ class StepTimeModel:
         flops, mem, _ = self._work(arr[:, 0], arr[:, 1])
         return flops, mem
 
+    def step_time_totals(self, num_requests: int, new_tokens: int, context_tokens: int,
+                         new_times_context: int, new_times_new_plus_one: int) -> float:
+        """As :meth:`step_time`, from the batch's integer totals (no arrays).
+
+        ``new_tokens = sum n_i``, ``context_tokens = sum c_i``,
+        ``new_times_context = sum n_i * c_i`` and ``new_times_new_plus_one =
+        sum n_i * (n_i + 1)``. Equal to :meth:`step_time` bit for bit while the
+        totals stay below 2**53 (float64 sums of integers are exact there).
+        """
+        if num_requests == 0:
+            return 0.0
+        flops, mem = self._work_totals(
+            num_requests, float(new_tokens), float(context_tokens), float(new_times_context),
+            float(new_times_new_plus_one),
+        )
+        p = self.params
+        return (p.step_overhead_s + p.per_request_overhead_s * num_requests
+                + max(flops / self._compute_rate, mem / self._memory_rate))
+
     def _work(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> tuple[float, float, int]:
         n = np.asarray(new_tokens, dtype=np.float64)
         c = np.asarray(context_tokens, dtype=np.float64)
         r = len(n)
-        t = float(n.sum())
-        pairs = float(n @ c) + float(n @ (n + 1.0)) * 0.5
+        flops, mem = self._work_totals(r, float(n.sum()), float(c.sum()), float(n @ c), float(n @ (n + 1.0)))
+        return flops, mem, r
+
+    def _work_totals(self, r: int, t: float, ctx: float, nc: float, nn1: float) -> tuple[float, float]:
+        """``(FLOPs, bytes)`` from the batch totals (see :meth:`step_time_totals`)."""
+        pairs = nc + nn1 * 0.5
         flops = self._flops_per_token * t + self._flops_per_request * r + self._flops_per_pair * pairs
         expert_bytes = self._expert_bytes * (1.0 - self._expert_pick**t) if self._num_experts else 0.0
-        kv_tokens = float(c.sum()) + 2.0 * t  # read context and new tokens, write new tokens
+        kv_tokens = ctx + 2.0 * t  # read context and new tokens, write new tokens
         mem = self._bytes_fixed + expert_bytes + self._bytes_per_kv_token * kv_tokens + self._bytes_per_request * r
-        return flops, mem, r
+        return flops, mem

@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 from sim.kv.hashing import BlockHash
 from sim.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
 from sim.kv.pool import BlockPool, KVCacheBlock
-from sim.kv.specs import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec, cdiv
+from sim.kv.specs import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec, cdiv, check_modelled_layout
 from sim.request import Request
 
 
@@ -43,12 +43,11 @@ class KVCacheCoordinator:
         self.kv_cache_config = kv_cache_config
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
-        if enable_caching and any(bs != self.hash_block_size for bs in kv_cache_config.block_sizes):
-            raise ValueError(
-                f"prefix caching with group block sizes {kv_cache_config.block_sizes} differing from the hash "
-                f"block size {self.hash_block_size} is not modelled (vLLM would register partial-block entries)"
-            )
-        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, enable_kv_cache_events)
+        if enable_caching:
+            check_modelled_layout(kv_cache_config)
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=self.hash_block_size
+        )
         max_len = kv_cache_config.max_model_len
         in_flight = max_len if max_in_flight_tokens is None else max_in_flight_tokens
         managers: list[SingleTypeKVCacheManager] = []

@@ -26,7 +26,7 @@ import hashlib
 import struct
 from typing import Sequence
 
-from sim.tokens import Segment, block_content
+from sim.tokens import Segment, block_contents
 
 BlockHash = int
 
@@ -74,9 +74,8 @@ def extend_block_hashes(
     start_block = len(hashes)
     end_block = num_tokens // hash_block_size
     parent = hashes[-1] if hashes else None
-    for i in range(start_block, end_block):
-        lo = i * hash_block_size
-        content = block_content(segments, lo, lo + hash_block_size)
+    contents = block_contents(segments, start_block, end_block, hash_block_size)
+    for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
         hashes.append(parent)
     return end_block - start_block

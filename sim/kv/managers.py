@@ -9,18 +9,26 @@ cached or deliberately skipped). All of them draw from the one shared
 Hit lookup (``find_longest_cache_hit``) is a classmethod, as in vLLM, because
 the hybrid coordinator runs it once for several groups that share a spec.
 
+Groups may have different block sizes. ``Request.block_hashes`` is at the hash
+block size (the GCD of the group block sizes); every lookup and every caching
+call views it at the group's own block size
+(:func:`sim.kv.hash_view.block_hashes_at`, vLLM ``resolve_block_hashes``), and
+hits are aligned to the coordinator's ``cache_hit_alignment_tokens`` (the LCM,
+the scheduler block size).
+
 Not modelled (vLLM features outside our scope; see docs/kv-core.md): EAGLE /
 MTP block drops and speculative Mamba blocks, DCP/PCP, fine-grained partial
-hits with copy-on-write, chunked-local attention, cross attention, R-SWA,
-boundary-state offload hand-offs, worker zeroing lists. With these off, every
-prefix-cached group has ``block_size == hash_block_size``, so block hashes are
-used as they are.
+hits with copy-on-write (layouts that would enable them are rejected by
+:func:`sim.kv.specs.check_modelled_layout`), the full-attention partial-tail
+entry (see :mod:`sim.kv.pool`), chunked-local attention, cross attention,
+R-SWA, boundary-state offload hand-offs, worker zeroing lists.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from sim.kv.hash_view import block_hashes_at
 from sim.kv.hashing import BlockHash
 from sim.kv.pool import BlockPool, CacheKey, KVCacheBlock
 from sim.kv.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec, cdiv
@@ -194,14 +202,17 @@ class SingleTypeKVCacheManager:
         """Cache the request's full blocks up to ``num_tokens``, thinned by the retention mask.
 
         Reachable boundaries: the replay boundary ``P - 1`` and the request's
-        shared-prefix junction (vLLM: Marconi-style APC).
+        shared-prefix junction (vLLM: Marconi-style APC). Block ``i`` is keyed
+        by the hash at the last hash-block boundary inside it.
         """
         rid = request.request_id
         num_cached = self.num_cached_block.get(rid, 0)
-        hashes = request.block_hashes
-        num_full = min(num_tokens // self.block_size, len(hashes))
+        fine = request.block_hashes
+        hbs = self.block_pool.hash_block_size
+        num_full = min(num_tokens, len(fine) * hbs) // self.block_size
         if num_cached >= num_full:
             return
+        hashes = block_hashes_at(fine, hbs, self.block_size)
         boundaries = list(replay_boundaries)
         if request.shared_prefix_boundary:
             boundaries.append(request.shared_prefix_boundary)
@@ -269,6 +280,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         """Left to right; the first miss ends the hit (hashes are chained).
         The hit is rounded down to ``alignment_tokens``."""
         bs = kv_cache_spec.block_size
+        block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
         computed: BlockLists = tuple([] for _ in kv_cache_group_ids)
         get = block_pool.get_cached_block
         for i in range(min(max_length // bs, len(block_hashes))):
@@ -308,6 +320,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         (``[null]*i + run``); a shorter run starting at block 0 also counts."""
         assert isinstance(kv_cache_spec, SlidingWindowSpec)
         bs = kv_cache_spec.block_size
+        block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
         need = cls._contiguous_blocks_for_hit(kv_cache_spec.window, bs)
         max_blocks = min(max_length // bs, len(block_hashes))
         null = block_pool.null_block
@@ -425,6 +438,7 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> tuple[BlockLists, int]:
         """Right to left: the first cached, aligned state ``i`` gives ``[null]*i + [state]``."""
         bs = kv_cache_spec.block_size
+        block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
         computed: BlockLists = tuple([] for _ in kv_cache_group_ids)
         get = block_pool.get_cached_block
         for i in range(min(max_length // bs, len(block_hashes)) - 1, -1, -1):
@@ -647,9 +661,12 @@ class MambaManager(SingleTypeKVCacheManager):
     def _cache_checkpoint_block(self, request: Request, retention_interval: int | None) -> CacheKey | None:
         """vLLM ``MambaManager._cache_partial_tail_block``, checkpoint branch.
 
-        The non-checkpoint branch re-keys the block at the prompt's last hash
-        boundary, which with ``hash_block_size == block_size`` the full-block
-        caching above has always keyed already, so it is a no-op here.
+        The non-checkpoint branch keys the block at the prompt's last hash
+        boundary. Without fine-grained hits the coordinator only caches up to
+        scheduler-block boundaries, so that boundary is reached exactly when it
+        is a scheduler-block boundary, where the full-block caching above (whose
+        retention mask keeps the replay and junction states) has keyed the same
+        block at the same position already: a no-op here.
         """
         checkpoint = self._checkpoints.get(request.request_id)
         if checkpoint is None:
@@ -671,8 +688,10 @@ class MambaManager(SingleTypeKVCacheManager):
             return None
         if block.block_hash_num_tokens == position:
             return None
+        # The checkpoint sits on a scheduler-block boundary, hence on a hash-block one.
+        fine_index = position // self.block_pool.hash_block_size - 1
         return self.block_pool.cache_block_at(
-            request.request_id, block, request.block_hashes[position // self.block_size - 1], position, self.kv_cache_group_id
+            request.request_id, block, request.block_hashes[fine_index], position, self.kv_cache_group_id
         )
 
     def new_step_starts(self) -> None:

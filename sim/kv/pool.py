@@ -17,8 +17,14 @@ Mirrors vLLM 0.33 ``vllm/v1/core/block_pool.py`` and the ``KVCacheBlock`` /
 Deliberate differences from vLLM:
 
 * A block holds at most one cache key. vLLM keeps extra keys only for
-  fine-grained partial-block entries (``cache_partial_block`` without
-  replacement), which this simulator does not model (hash block = block size).
+  partial-block entries (``cache_partial_block`` without replacement). Without
+  fine-grained partial hits (never modelled; see
+  :func:`sim.kv.specs.check_modelled_layout`) the only such entry is the one a
+  full-attention group whose block is larger than the hash block registers at
+  the prompt's last hash boundary (``FullAttentionManager._cache_partial_tail_block``),
+  always on a block that already holds its full key. Lookups at that group's
+  block size never ask for it, so leaving it out changes no decision, only the
+  ``stored``/``removed`` events and the per-group entry counts.
 * Events are our own small :class:`KVEvent` records and carry the request and a
   cause; they are always buffered (vLLM's are optional and carry token ids).
 * The cached map is one dict per group keyed by the plain hash (vLLM: one dict
@@ -205,10 +211,14 @@ class BlockPool:
     docstring for the free-queue and eviction rules.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool, enable_kv_cache_events: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool, enable_kv_cache_events: bool = True, *, hash_block_size: int
+    ) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         self.num_gpu_blocks = num_blocks
+        #: Granularity of ``Request.block_hashes``; groups view them at their own block size.
+        self.hash_block_size = hash_block_size
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
@@ -259,7 +269,10 @@ class BlockPool:
     ) -> None:
         """Give ``blocks[num_cached_blocks:num_full_blocks]`` their cache keys.
 
-        ``block_hashes`` are the request's hashes at ``block_size``. Null blocks
+        ``block_hashes`` are the request's hashes viewed at ``block_size``
+        (:func:`sim.kv.hash_view.block_hashes_at`), so a group with blocks
+        coarser than the hash block stores the fine hash at each block's last
+        hash boundary (vLLM ``resolve_block_hashes`` here). Null blocks
         and masked-out blocks are skipped (vLLM: sparse SWA/Mamba retention).
         A block that already holds this exact key (a prefix hit) emits nothing.
         """

@@ -14,8 +14,9 @@ Two builders:
   attention page holds a Mamba page; Mamba pages padded), ``num_blocks`` from a
   memory budget.
 * :func:`kv_cache_config_from_groups`: an explicit group layout from a scenario
-  (DESIGN.md §6): no page-size unification, every group uses ``block_size``,
-  no byte sizes (``page_size_bytes`` is ``None``).
+  (DESIGN.md §6): no page-size unification, every group uses ``block_size``
+  unless its item gives its own ``block_size``, no byte sizes
+  (``page_size_bytes`` is ``None``).
 
 Assumptions we make for the backend (vLLM asks the attention backend): the
 FlashAttention kernel block alignment ``MultipleOf(16)``, the layer-outer
@@ -140,6 +141,23 @@ class KVCacheConfig:
         )
 
     @property
+    def partial_hash_hits_enabled(self) -> bool:
+        """vLLM ``partial_hash_hits_enabled`` (no DCP): an align-mode Mamba group
+        whose block is larger than the hash block switches on fine-grained
+        (hash-block) prefix hits, unless some other group's manager cannot look
+        up below its own block (sliding window) and that block differs from the
+        hash block. Needs prefix caching and several groups."""
+        if not self.enable_prefix_caching or len(self.groups) <= 1:
+            return False
+        hbs = self.hash_block_size
+        if not any(
+            isinstance(g.spec, MambaSpec) and g.spec.mamba_cache_mode == "align" and g.spec.block_size > hbs
+            for g in self.groups
+        ):
+            return False
+        return not any(isinstance(g.spec, SlidingWindowSpec) and g.spec.block_size != hbs for g in self.groups)
+
+    @property
     def mamba_prefill_checkpoints(self) -> bool:
         """Every Mamba group can export prefill checkpoints (vLLM needs all of them)."""
         mamba = [g.spec for g in self.groups if isinstance(g.spec, MambaSpec)]
@@ -210,7 +228,7 @@ def _finish(
         raise ValueError(f"num_blocks must be an integer >= 2 (block 0 is the null block), got {num_blocks!r}")
     scheduler_bs, hash_bs = _block_sizes(groups, enable_prefix_caching)
     _validate_retention(retention_interval, scheduler_bs, groups)
-    return KVCacheConfig(
+    config = KVCacheConfig(
         num_blocks=num_blocks,
         groups=tuple(groups),
         scheduler_block_size=scheduler_bs,
@@ -220,6 +238,24 @@ def _finish(
         max_model_len=max_model_len,
         bytes_per_block=bytes_per_block,
     )
+    check_modelled_layout(config)
+    return config
+
+
+def check_modelled_layout(config: KVCacheConfig) -> None:
+    """Reject layouts for which vLLM would turn on fine-grained partial prefix
+    hits (hits on hash-block boundaries inside a Mamba block, with copy-on-write
+    of the partial tail): the simulator does not model them, so it would decide
+    differently. Every other mix of block sizes is modelled."""
+    if config.partial_hash_hits_enabled:
+        sizes = ", ".join(f"{g.spec.kind}={g.spec.block_size}" for g in config.groups)
+        raise ValueError(
+            f"cache.groups: block sizes ({sizes}) give hash block size {config.hash_block_size} below the Mamba "
+            "block size, for which vLLM 0.33 enables fine-grained partial prefix hits; these are not modelled. "
+            f"Give every Mamba group block_size {config.hash_block_size} (the GCD of the group block sizes), or "
+            "add a sliding_window group whose block size differs from the GCD (vLLM then keeps hits on "
+            "scheduler-block boundaries)"
+        )
 
 
 # ----------------------------------------------------------- explicit groups
@@ -233,12 +269,26 @@ def _parse_group(item: GroupItem, index: int, block_size: int, mamba_mode: Mamba
     if not isinstance(item, Mapping):
         raise ValueError(f"{where}: expected a type name or a mapping, got {item!r}")
     kind = item.get("type")
-    allowed = {"full_attention": {"type"}, "sliding_window": {"type", "window"}, "mamba": {"type", "prefill_checkpoints"}}
+    allowed = {
+        "full_attention": {"type", "block_size"},
+        "sliding_window": {"type", "window", "block_size"},
+        "mamba": {"type", "prefill_checkpoints", "block_size"},
+    }
     if kind not in allowed:
         raise ValueError(f"{where}: type must be one of full_attention, sliding_window, mamba; got {kind!r}")
     extra = set(item) - allowed[kind]  # type: ignore[index]
     if extra:
         raise ValueError(f"{where}: unknown key(s) {sorted(extra)} for type {kind}; valid: {sorted(allowed[kind])}")  # type: ignore[index]
+    own = item.get("block_size")
+    if own is not None:
+        if not isinstance(own, int) or isinstance(own, bool) or own < 1:
+            raise ValueError(f"{where}.block_size: must be a positive integer, got {own!r}")
+        if kind == "mamba" and mamba_mode != "align":
+            raise ValueError(
+                f"{where}.block_size: a Mamba group without prefix caching ('none' mode) always uses "
+                f"max_model_len ({max_model_len}) as its block size; leave block_size out"
+            )
+        block_size = own
     if kind == "full_attention":
         return FullAttentionSpec(block_size)
     if kind == "sliding_window":
@@ -265,10 +315,15 @@ def kv_cache_config_from_groups(
 ) -> KVCacheConfig:
     """A layout given group by group (as vLLM's unit tests build ``KVCacheConfig``).
 
-    Every group uses ``block_size`` (no page-size unification); a Mamba group
-    in ``none`` mode uses ``max_model_len`` as vLLM does. Each item is
-    ``"full_attention"``, ``"mamba"``, ``{"type": "sliding_window", "window": W}``
-    or ``{"type": "mamba", "prefill_checkpoints": bool}``.
+    Every group uses ``block_size`` (no page-size unification) unless its item
+    sets its own ``block_size``; a Mamba group in ``none`` mode uses
+    ``max_model_len`` as vLLM does. Each item is ``"full_attention"``,
+    ``"mamba"``, ``{"type": "sliding_window", "window": W}`` or
+    ``{"type": "mamba", "prefill_checkpoints": bool}``; any mapping may add
+    ``"block_size": B`` (e.g. ``{"type": "mamba", "block_size": 32}``). With
+    differing sizes the scheduler block size is their LCM and the hash block
+    size their GCD (:func:`_block_sizes`); layouts for which vLLM would enable
+    fine-grained partial hits are rejected (:func:`check_modelled_layout`).
     """
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")

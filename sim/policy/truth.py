@@ -28,7 +28,12 @@ unconditionally; the ``scripted`` connector is truthful by construction).
 A connector may opt out with a ``supplies_mamba_state = False`` attribute
 (then its Mamba state at ``R`` must be local, like a non-HMA-aware store).
 A connector answering 0 supplies nothing. Connector data is assumed clean
-(the checker does not track taint through a connector's own store).
+(the checker does not track taint through a connector's own store). A
+connector with a true ``pulls_unhashed_blocks`` attribute (the NIXL-like
+``remote``: NIXL pulls every block of the request that holds no cache entry,
+paired from the tail) also refills attention positions below ``local`` that
+the policy claimed but that no claimed block backs, when it answers
+``external > 0``: those positions are then correct.
 
 **Taint.** A request admitted ``corrupt`` has a *bad point* ``p`` (the first
 token position whose KV or state is wrong). Every block it caches whose
@@ -57,6 +62,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.kv.hash_view import block_hashes_at
 from sim.kv.specs import cdiv
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
@@ -86,6 +92,8 @@ class TruthChecker:
             connector = None
         self.connector = connector
         self.align = kv_manager.kv_cache_config.scheduler_block_size
+        #: ``Request.block_hashes`` granularity; each group is checked against its own view.
+        self.hash_block_size = kv_manager.kv_cache_config.hash_block_size
         #: (group id, kind, block size, blocks a sliding window needs).
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
@@ -133,11 +141,11 @@ class TruthChecker:
 
     def _classify(self, adm: Any) -> tuple[str, int, str]:
         request = adm.request
-        hashes = request.block_hashes
         local, ext = adm.local_tokens, adm.external_tokens
         resume = local + ext
         claimed = adm.blocks.blocks if adm.blocks is not None else ()
         mamba_supplied = self._supplies_mamba(ext)
+        refilled = ext > 0 and self.connector is not None and getattr(self.connector, "pulls_unhashed_blocks", False)
         bad: int | None = None
         origin = ""
 
@@ -148,6 +156,7 @@ class TruthChecker:
 
         for gid, kind, bs, need in self.groups:
             lst = claimed[gid] if gid < len(claimed) else ()
+            hashes = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
             if kind == "mamba":
                 if resume == 0 or mamba_supplied:
                     continue
@@ -160,6 +169,8 @@ class TruthChecker:
             end = local // bs
             start = 0 if kind == "full_attention" else max(0, end - need)
             for i in range(start, end):
+                if i >= len(lst) and refilled:
+                    break  # unclaimed positions get fresh blocks, which the pull fills
                 if i >= len(lst) or not _holds(lst[i], hashes, i, gid):
                     note(i * bs, None)
                     break
@@ -212,20 +223,23 @@ class TruthChecker:
         if not mamba:
             return cap
         hashes = adm.request.block_hashes
+        hbs = self.hash_block_size
         get = self.pool.get_cached_block
         own = self.kv.coordinator.get_blocks(adm.request.request_id)
         align = self.align
         best = 0
         b = resume + align
         while b <= cap:
-            if all(_clean_state(get(hashes[b // bs - 1], (gid,)), own[gid], b // bs - 1) for gid, bs in mamba):
+            # The state ending at b is keyed by the fine hash at b (b is a hash-block boundary).
+            if all(_clean_state(get(hashes[b // hbs - 1], (gid,)), own[gid], b // bs - 1) for gid, bs in mamba):
                 best = b
             b += align
         return best
 
 
 def _holds(block: Any, hashes: Any, index: int, group_id: int) -> bool:
-    """``block`` is a real block cached under the request's hash ``index`` in ``group_id``."""
+    """``block`` is a real block cached under the request's hash ``index`` in ``group_id``
+    (``hashes`` viewed at the group's block size)."""
     key = block.block_hash
     return not block.is_null and key is not None and key[1] == group_id and index < len(hashes) and key[0] == hashes[index]
 

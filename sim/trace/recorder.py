@@ -77,25 +77,28 @@ def step_columns(num_groups: int) -> list[str]:
 class Columns:
     """One table as a dict of equal-length lists, with a fixed column order."""
 
-    __slots__ = ("names", "data")
+    __slots__ = ("names", "data", "_name_set")
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = list(names)
         self.data: dict[str, list] = {n: [] for n in self.names}
+        self._name_set = frozenset(self.names)
 
     def append(self, row: dict) -> None:
-        missing = set(self.names) - row.keys()
-        extra = row.keys() - set(self.names)
-        if missing or extra:
+        if row.keys() != self._name_set:
+            missing = self._name_set - row.keys()
+            extra = row.keys() - self._name_set
             raise KeyError(f"row does not match columns: missing {sorted(missing)}, unknown {sorted(extra)}")
-        for name in self.names:
-            self.data[name].append(row[name])
+        data = self.data
+        for name, value in row.items():
+            data[name].append(value)
 
     def add_column(self, name: str, default) -> None:
         """Append an extension column (e.g. a connector metric), back-filled."""
         if name in self.data:
             return
         self.names.append(name)
+        self._name_set = frozenset(self.names)
         self.data[name] = [default] * len(self)
 
     def __len__(self) -> int:
@@ -115,6 +118,8 @@ class Recorder:
         self.requests = Columns(request_columns())
         self.schedule = Columns(schedule_columns())
         self.steps = Columns(step_columns(num_groups))
+        self._hit_names = [f"hit_g{i}" for i in range(num_groups)]
+        self._group_step_names = [(f"blocks_g{i}", f"cached_g{i}") for i in range(num_groups)]
 
     def set_clock(self, step: int, time_s: float) -> None:
         """Stamp subsequent rows with this engine step and simulated time."""
@@ -159,27 +164,28 @@ class Recorder:
         """One admission attempt (DESIGN.md §6 ``admissions``)."""
         if len(hits) != self.num_groups:
             raise ValueError(f"expected {self.num_groups} per-group hits, got {len(hits)}")
-        row = {
-            "step": self.step,
-            "time_s": self.time_s,
-            "request_id": request_id,
-            "prompt_tokens": prompt_tokens,
-            "local_tokens": local_tokens,
-            "external_tokens": external_tokens,
-            "hit_diverged": bool(hit_diverged),
-            "fallback": bool(fallback),
-            "policy": policy,
-            "outcome": outcome,
-            "crash_reason": crash_reason,
-            "kind": kind,
-            "reason": reason,
-            "num_computed_tokens": num_computed_tokens,
-            "tokens_lost": tokens_lost,
-            "taint_origin": taint_origin,
-        }
-        for i, h in enumerate(hits):
-            row[f"hit_g{i}"] = h
-        self.admissions.append(row)
+        cols = self.admissions.data
+        for name, value in (
+            ("step", self.step),
+            ("time_s", self.time_s),
+            ("request_id", request_id),
+            ("prompt_tokens", prompt_tokens),
+            ("local_tokens", local_tokens),
+            ("external_tokens", external_tokens),
+            ("hit_diverged", bool(hit_diverged)),
+            ("fallback", bool(fallback)),
+            ("policy", policy),
+            ("outcome", outcome),
+            ("crash_reason", crash_reason),
+            ("kind", kind),
+            ("reason", reason),
+            ("num_computed_tokens", num_computed_tokens),
+            ("tokens_lost", tokens_lost),
+            ("taint_origin", taint_origin),
+        ):
+            cols[name].append(value)
+        for name, h in zip(self._hit_names, hits):
+            cols[name].append(h)
 
     def record_schedule(
         self, request_id: str, kind: str, num_scheduled_tokens: int, num_computed_tokens: int, preempted: bool
@@ -209,23 +215,26 @@ class Recorder:
         **extra,
     ) -> None:
         """One engine step; ``extra`` fills extension columns added with ``add_column``."""
-        row = {
-            "step": self.step,
-            "time_s": self.time_s,
-            "duration_s": duration_s,
-            "running": running,
-            "waiting": waiting,
-            "prefill_tokens": prefill_tokens,
-            "decode_tokens": decode_tokens,
-            "free_blocks": free_blocks,
-        }
-        for i in range(self.num_groups):
-            row[f"blocks_g{i}"] = blocks_per_group[i]
-            row[f"cached_g{i}"] = cached_per_group[i]
+        steps = self.steps
+        for name in extra:
+            steps.add_column(name, None)
+        if len(extra) + len(self._group_step_names) * 2 + 8 != len(steps.names):
+            missing = sorted(set(steps.names[8 + 2 * self.num_groups:]) - extra.keys())
+            raise KeyError(f"row does not match columns: missing {missing}, unknown []")
+        cols = steps.data
+        cols["step"].append(self.step)
+        cols["time_s"].append(self.time_s)
+        cols["duration_s"].append(duration_s)
+        cols["running"].append(running)
+        cols["waiting"].append(waiting)
+        cols["prefill_tokens"].append(prefill_tokens)
+        cols["decode_tokens"].append(decode_tokens)
+        cols["free_blocks"].append(free_blocks)
+        for (blocks_name, cached_name), blocks, cached in zip(self._group_step_names, blocks_per_group, cached_per_group):
+            cols[blocks_name].append(blocks)
+            cols[cached_name].append(cached)
         for name, value in extra.items():
-            self.steps.add_column(name, None)
-            row[name] = value
-        self.steps.append(row)
+            cols[name].append(value)
 
     def record_request(self, **row) -> None:
         """One finished (or failed) request (DESIGN.md §6 ``requests``)."""

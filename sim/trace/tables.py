@@ -242,6 +242,43 @@ def _infer_dtype(values: pd.Series) -> str:
 # ---------------------------------------------------------------- public
 
 
+def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
+    """A recorder column (a plain list) straight to its schema dtype, or None to take the general path.
+
+    Only the common case is handled here: every value already has the column's
+    Python type (ints, floats or None for floats, bools, strs, 64-bit hash ints
+    or None). Anything else goes through :func:`_coerce`, which gives the same
+    result or the same error.
+    """
+    if dtype == _STR:
+        if all(type(v) is str for v in values):
+            return pd.Series(values, dtype=_STR)
+        return None
+    if dtype == HASH_DTYPE:
+        if all(v is None or (type(v) is int and 0 <= v < 1 << 64) for v in values):
+            return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
+        return None
+    kinds = {_INT: int, _FLOAT: float, _BOOL: bool}
+    want = kinds.get(dtype)
+    if want is None:
+        return None
+    if dtype == _FLOAT:
+        if all(v is None or type(v) is float or type(v) is int for v in values):
+            return pd.Series(np.array([np.nan if v is None else v for v in values], dtype=np.float64))
+        return None
+    if all(type(v) is want for v in values):
+        return pd.Series(np.array(values, dtype=np.int64 if dtype == _INT else np.bool_))
+    return None
+
+
+def _is_sorted(frame: pd.DataFrame, keys: list[str]) -> bool:
+    """True when one sort key is already non-decreasing (a stable sort would keep the order)."""
+    if len(keys) != 1:
+        return False
+    values = frame[keys[0]].to_numpy()
+    return values.dtype.kind in "iu" and bool((values[1:] >= values[:-1]).all())
+
+
 def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> pd.DataFrame:
     """Schema dtypes, canonical column order and deterministic row order for one table.
 
@@ -250,9 +287,18 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     columns are kept as extensions with an inferred dtype.
     """
     _check_table(table)
-    df = frame if isinstance(frame, pd.DataFrame) else pd.DataFrame(
-        {k: pd.Series(list(v), dtype=object) for k, v in frame.items()}
-    )
+    fast: dict[str, pd.Series] = {}
+    if isinstance(frame, pd.DataFrame):
+        df = frame
+    else:
+        for name, values in frame.items():
+            dtype = column_dtype(table, name)
+            column = _fast_column(values, dtype) if dtype is not None and isinstance(values, list) else None
+            if column is not None:
+                fast[name] = column
+        df = pd.DataFrame(
+            {k: fast[k] if k in fast else pd.Series(list(v), dtype=object) for k, v in frame.items()}
+        )
     num_groups = infer_num_groups(df.columns)
     order = contract_columns(table, num_groups)
     missing = [c for c in order if c not in df.columns]
@@ -261,11 +307,14 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     order += [c for c in df.columns if c not in order]
     out = {}
     for col in order:
+        if col in fast:
+            out[col] = fast[col]
+            continue
         dtype = column_dtype(table, col) or _infer_dtype(df[col])
         out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col)
     result = pd.DataFrame(out, columns=order)
     keys = list(SORT_KEYS[table])
-    if len(result) > 1:
+    if len(result) > 1 and not _is_sorted(result, keys):
         result = result.sort_values(keys, kind="mergesort", na_position="last")
     return result.reset_index(drop=True)
 

@@ -95,3 +95,48 @@ def test_assert_group_count_mismatch():
     svc.advance(1)
     with pytest.raises(AssertionError, match="Number of KV cache groups must match"):
         conn.update_state_after_alloc(r, table([1, 2, 3]), 39)
+
+
+def test_pull_refills_fa_positions_an_over_claimed_local_hit_left_to_fresh_blocks():
+    """#46453 with max_per_group: hits FA 32, Mamba 64, local claimed 64, NIXL answers 95 - 64 = 31.
+    The decode's FA table holds 2 hit blocks and 4 fresh ones (positions 2..5); NIXL pulls all 4,
+    tail-paired with the prefill's 6, so tokens 32..63 (claimed local) are refilled; no check fires."""
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx)
+    r = request("r", ("doc", 96))
+    conn.on_new_request(r)
+    svc.advance(1)
+    assert conn.get_num_new_matched_tokens(r, 64) == (31, True)
+    conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5, 6], [0, 0, 0, 7, 8, 9], hashed=2), 31)
+    m = conn.metrics()
+    assert m["refilled_local_tokens"] == 32
+    assert m["blocks_pulled"] == [4, 1]  # the Mamba slot clipped to the state-bearing last one
+    assert m["loads"] == 1
+
+
+def test_pull_refills_nothing_when_local_is_the_resident_fa_prefix():
+    """The same request admitted at the reconciled hit 16: NIXL answers 79 and pulls FA positions 1..5."""
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx)
+    r = request("r", ("doc", 96))
+    conn.on_new_request(r)
+    svc.advance(1)
+    assert conn.get_num_new_matched_tokens(r, 16) == (79, True)
+    conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, 9], hashed=1), 79)
+    m = conn.metrics()
+    assert m["refilled_local_tokens"] == 0
+    assert m["blocks_pulled"] == [5, 1]
+
+
+def test_over_claimed_hit_reaching_the_remote_count_pulls_nothing():
+    """65-token prompt, local claimed 64 = NIXL's count R: answer 0, no transfer, nothing refilled."""
+    ctx, svc = step_ctx(FA, MAMBA)
+    conn = remote(ctx)
+    r = request("r", ("doc", 65))
+    conn.on_new_request(r)
+    svc.advance(1)
+    assert conn.get_num_new_matched_tokens(r, 64) == (0, False)
+    conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5], [0, 0, 0, 7, 8], hashed=2), 0)
+    m = conn.metrics()
+    assert (m["loads"], m["refilled_local_tokens"], m["blocks_pulled"]) == (0, 0, [0, 0])
+    assert conn.get_num_new_matched_tokens(r, 0) == (0, False)  # one transfer per request: consumed

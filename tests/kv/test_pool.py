@@ -8,14 +8,14 @@ from sim.kv.pool import BlockPool, KVEvent
 
 
 def test_null_block_and_initial_queue():
-    pool = BlockPool(6, enable_caching=True)
+    pool = BlockPool(6, enable_caching=True, hash_block_size=16)
     assert pool.null_block.block_id == 0 and pool.null_block.is_null
     assert pool.free_block_queue.block_ids() == [1, 2, 3, 4, 5]
     assert pool.get_usage() == 0.0
 
 
 def test_free_order_touch_and_lazy_eviction():
-    pool = BlockPool(6, enable_caching=True)
+    pool = BlockPool(6, enable_caching=True, hash_block_size=16)
     a, b, c = pool.get_new_blocks(3, "r")
     pool.cache_full_blocks("r", [a, b, c], [11, 22, 33], 0, 2, 16, 0)
     assert pool.take_events() == [KVEvent("stored", 0, 1, 11, "r", "cache"), KVEvent("stored", 0, 2, 22, "r", "cache")]
@@ -35,7 +35,7 @@ def test_free_order_touch_and_lazy_eviction():
 
 
 def test_duplicate_content_is_stored_twice_and_lookup_returns_first():
-    pool = BlockPool(5, enable_caching=True)
+    pool = BlockPool(5, enable_caching=True, hash_block_size=16)
     a, b = pool.get_new_blocks(2)
     pool.cache_full_blocks("r0", [a], [7], 0, 1, 16, 0)
     pool.cache_full_blocks("r1", [b], [7], 0, 1, 16, 0)
@@ -47,7 +47,7 @@ def test_duplicate_content_is_stored_twice_and_lookup_returns_first():
 
 
 def test_forced_eviction_keeps_queue_position_and_clears_taint():
-    pool = BlockPool(5, enable_caching=True)
+    pool = BlockPool(5, enable_caching=True, hash_block_size=16)
     a, b = pool.get_new_blocks(2)
     pool.cache_full_blocks("r", [a, b], [1, 2], 0, 2, 16, 3)
     a.taint = "r9"

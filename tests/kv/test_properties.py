@@ -15,6 +15,10 @@ LAYOUTS = [
     ["full_attention", {"type": "mamba", "prefill_checkpoints": True}],
     ["full_attention", {"type": "sliding_window", "window": 40}],
     ["full_attention", "mamba", "mamba"],
+    # Mixed block sizes (hash block = GCD 16, hits aligned to the LCM).
+    ["full_attention", {"type": "sliding_window", "window": 64, "block_size": 32}],
+    [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "prefill_checkpoints": True}],
+    ["full_attention", {"type": "sliding_window", "window": 40, "block_size": 32}, {"type": "mamba", "block_size": 64}],
 ]
 
 op = st.one_of(
@@ -29,11 +33,16 @@ op = st.one_of(
 @settings(max_examples=60, deadline=None)
 @given(
     layout=st.sampled_from(LAYOUTS),
-    retention=st.sampled_from([None, 0, 32]),
+    retention=st.sampled_from([None, 0, "interval"]),
     ops=st.lists(op, max_size=40),
 )
 def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, ops):
+    """``interval`` is the smallest multiple of the scheduler block size (the LCM) that is >= 32."""
+    lcm = make_manager(layout, num_blocks=40).scheduler_block_size
+    if retention == "interval":
+        retention = lcm * max(1, 32 // lcm)
     m = make_manager(layout, num_blocks=40, retention_interval=retention)
+    fa_block = m.kv_cache_config.groups[0].spec.block_size  # group 0 is full attention
     waiting, running = [], []
     counter = 0
     for o in ops:
@@ -47,8 +56,8 @@ def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, o
             if waiting and (idx % 2 == 0 or not running):
                 req = waiting[idx % len(waiting)]
                 blocks, hit, spb = m.get_computed_blocks(req)
-                assert hit % 16 == 0 and hit <= req.num_tokens - 1
-                assert len(blocks.blocks[0]) * 16 == hit  # group 0 is full attention
+                assert hit % lcm == 0 and hit <= req.num_tokens - 1
+                assert len(blocks.blocks[0]) * fa_block == hit
                 req.shared_prefix_boundary = spb
                 n = min(chunk, req.num_tokens - hit)
                 if m.allocate_slots(req, n, hit, blocks, full_sequence_must_fit=True) is not None:

@@ -20,6 +20,11 @@ LAYOUTS = [
     ["full_attention", "mamba"],
     ["full_attention", {"type": "mamba", "prefill_checkpoints": True}],
     ["full_attention", "mamba", "mamba"],
+    # One common block size given per group: the shortcut stays on (block 32).
+    [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "block_size": 32}],
+    # Mixed block sizes: the shortcut must turn itself off.
+    [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "prefill_checkpoints": True}],
+    ["full_attention", {"type": "sliding_window", "window": 64, "block_size": 32}],
 ]
 
 op = st.one_of(
@@ -50,12 +55,13 @@ def test_quiet_path_matches_full_path(layout, retention, ops):
     fast = make_manager(layout, num_blocks=30, retention_interval=retention)
     ref = make_manager(layout, num_blocks=30, retention_interval=retention)
     ref._quiet_enabled = False
+    hbs = fast.kv_cache_config.hash_block_size
     waiting, running = [], []
     counter = 0
     for o in ops:
         if o[0] == "add":
             _, stream, n, out = o
-            pair = tuple(make_request(f"r{counter}", (stream, n), max_tokens=out) for _ in range(2))
+            pair = tuple(make_request(f"r{counter}", (stream, n), block_size=hbs, max_tokens=out) for _ in range(2))
             waiting.append(pair)
             counter += 1
         elif o[0] == "step":
@@ -100,7 +106,9 @@ def test_quiet_path_matches_full_path(layout, retention, ops):
             ref.new_step_starts()
         assert _state(fast) == _state(ref)
         check_invariants(fast)
-    assert fast._quiet_enabled
+    sizes = {g.spec.block_size for g in fast.kv_cache_config.groups}
+    kinds = {g.spec.kind for g in fast.kv_cache_config.groups}
+    assert fast._quiet_enabled == (len(sizes) == 1 and "sliding_window" not in kinds)
 
 
 def test_quiet_path_skips_decode_inside_held_blocks():
