@@ -7,6 +7,11 @@
   first; the hit is the fixed point where every type agrees.
 
 Allocation, caching, skipping and freeing loop over the groups in group order.
+Groups may have different block sizes: hits are aligned to the scheduler block
+size (their LCM, vLLM ``_cache_hit_alignment_tokens`` without fine-grained
+hits), the hybrid fixed point works on token lengths, and the hybrid caches
+only up to LCM boundaries. Layouts for which vLLM enables fine-grained partial
+hits are rejected (:func:`~sim.kv.specs.check_modelled_layout`).
 """
 
 from __future__ import annotations

@@ -250,23 +250,23 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
     or None). Anything else goes through :func:`_coerce`, which gives the same
     result or the same error.
     """
+    types = set(map(type, values))
     if dtype == _STR:
-        if all(type(v) is str for v in values):
-            return pd.Series(values, dtype=_STR)
-        return None
+        return pd.Series(values, dtype=_STR) if types <= {str} else None
     if dtype == HASH_DTYPE:
-        if all(v is None or (type(v) is int and 0 <= v < 1 << 64) for v in values):
-            return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
-        return None
-    kinds = {_INT: int, _FLOAT: float, _BOOL: bool}
-    want = kinds.get(dtype)
-    if want is None:
-        return None
+        if not types <= {int, type(None)}:
+            return None
+        hashes = [v for v in values if v is not None] if type(None) in types else values
+        if hashes and (min(hashes) < 0 or max(hashes) >= 1 << 64):
+            return None
+        return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
     if dtype == _FLOAT:
-        if all(v is None or type(v) is float or type(v) is int for v in values):
-            return pd.Series(np.array([np.nan if v is None else v for v in values], dtype=np.float64))
-        return None
-    if all(type(v) is want for v in values):
+        if not types <= {float, int, type(None)}:
+            return None
+        if type(None) in types:
+            values = [np.nan if v is None else v for v in values]
+        return pd.Series(np.array(values, dtype=np.float64))
+    if dtype in (_INT, _BOOL) and types <= {int if dtype == _INT else bool}:
         return pd.Series(np.array(values, dtype=np.int64 if dtype == _INT else np.bool_))
     return None
 
