@@ -325,7 +325,7 @@ class Scheduler:
         # vLLM: the threshold only applies when someone else could be starved.
         threshold = self.config.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
-        budget = self._schedule_running(out, budget, threshold, preempted, kinds)
+        budget = self._schedule_running(out, budget, threshold, preempted)
         if not preempted:
             self._schedule_waiting(out, budget, threshold, kinds)
 
@@ -334,7 +334,7 @@ class Scheduler:
         return out
 
     def _schedule_running(
-        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request], kinds: dict[str, str]
+        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]
     ) -> int:
         req_index = 0
         running = self.running
@@ -367,17 +367,17 @@ class Scheduler:
                 new_blocks = allocate_slots(request, n)
             except (AssertionError, ValueError) as exc:
                 new_blocks = self._allocation_crash(request, exc)
-            if new_blocks is None:
+            if new_blocks is None:  # (a crash also lands here: it returns no blocks)
                 new_blocks, req_index, budget = self._preempt_for(
-                    request, n, req_index, budget, out, preempted, kinds, allocate_slots
+                    request, n, req_index, budget, out, preempted, allocate_slots
                 )
-            if request.status is finished_error:
-                continue  # on_crash="record": it left `running`, the next one is at req_index
-            if new_blocks is None:
-                if self.priority and request.status is RequestStatus.PREEMPTED:
-                    # It preempted itself; the higher-priority ones after it may still fit.
-                    continue
-                break
+                if request.status is finished_error:
+                    continue  # on_crash="record": it left `running`, the next one is at req_index
+                if new_blocks is None:
+                    if self.priority and request.status is RequestStatus.PREEMPTED:
+                        # It preempted itself; the higher-priority ones after it may still fit.
+                        continue
+                    break
             scheduled_running.append(request)
             num_scheduled[request.request_id] = n
             budget -= n
@@ -396,12 +396,14 @@ class Scheduler:
 
     def _preempt_for(
         self, request: Request, n: int, req_index: int, budget: int, out: SchedulerOutput,
-        preempted: list[Request], kinds: dict[str, str], allocate_slots: Callable[[Request, int], Any],
+        preempted: list[Request], allocate_slots: Callable[[Request, int], Any],
     ) -> tuple[Any, int, int]:
-        """``allocate_slots`` failed for ``request``: preempt until it fits or it preempted itself.
+        """``allocate_slots`` gave ``request`` no blocks: preempt until it fits or it preempted itself.
 
         Returns ``(new_blocks, req_index, budget)``; ``new_blocks`` is None when
-        it still does not fit (or failed). Not called after a crash.
+        it still does not fit or failed (a crash with ``on_crash="record"``:
+        then nothing is preempted). A priority victim scheduled earlier in this
+        loop gives its tokens back to the budget.
         """
         new_blocks = None
         while new_blocks is None:
@@ -418,7 +420,6 @@ class Scheduler:
                 if victim.request_id in out.num_scheduled_tokens:
                     out.scheduled_running_reqs.remove(victim)
                     budget += out.num_scheduled_tokens.pop(victim.request_id)
-                    kinds.pop(victim.request_id, None)
             else:
                 victim = self.running.pop()
             self._preempt_request(victim)

@@ -90,6 +90,9 @@ def test_prefill_decode_mix_and_stop():
     ]
     assert (out0.prefill_tokens, out0.decode_tokens) == (40, 0)
     assert (out1.prefill_tokens, out1.decode_tokens) == (30, 1)
+    # The batch shape the step-time model reads: decode totals plus each other chunk (new, context).
+    assert (out0.decode_context_tokens, out0.prefill_chunks) == (0, [(40, 0)])
+    assert (out1.decode_context_tokens, out1.prefill_chunks) == (40, [(20, 0), (10, 0)])
     assert h.finished == {"r2": 1, "r0": 2, "r1": 2}
     assert h.status == {
         "r2": RequestStatus.FINISHED_STOPPED,  # output_len (the workload's EOS) before max_tokens

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pandas as pd
 import simpy
@@ -123,19 +123,19 @@ def _request_outcome(request: Request, worst: dict[str, str], crashed_id: str | 
 _OUTCOME_RANK = {"ok": 0, "recompute": 1, "corrupt": 2, "crash": 3}
 
 
-def _worst_outcomes(admissions: pd.DataFrame) -> dict[str, str]:
+def _worst_outcomes(request_ids: Iterable[str], outcomes: Iterable[str]) -> dict[str, str]:
+    """Each request's worst admission outcome (``ok`` < ``recompute`` < ``corrupt`` < ``crash``)."""
     worst: dict[str, str] = {}
-    for rid, outcome in zip(admissions["request_id"], admissions["outcome"]):
+    for rid, outcome in zip(request_ids, outcomes):
         if outcome in _OUTCOME_RANK and _OUTCOME_RANK[outcome] >= _OUTCOME_RANK.get(worst.get(rid, "ok"), 0):
             worst[rid] = outcome
     return worst
 
 
 def _record_requests(components: Components, loop: EngineLoop, stopped: bool) -> None:
-    from sim.trace.tables import table_from_columns
-
     rec = components.recorder
-    worst = _worst_outcomes(table_from_columns("admissions", rec.admissions))
+    admissions = rec.admissions.data
+    worst = _worst_outcomes(admissions["request_id"], admissions["outcome"])
     crashed = loop.crash.request_id if loop.crash is not None else None
     for request in loop.requests:
         t = loop.times.get(request.request_id)

@@ -74,6 +74,10 @@ def step_columns(num_groups: int) -> list[str]:
     )
 
 
+#: The event attributes a ``kv_events`` row copies, in column order.
+_KV_EVENT_FIELDS = ("kind", "group", "block_id", "block_hash", "request_id", "cause")
+
+
 class Columns:
     """One table as a dict of equal-length lists, with a fixed column order."""
 
@@ -128,19 +132,17 @@ class Recorder:
 
     def record_kv_events(self, events: Iterable) -> None:
         """Append KV events (objects with kind, group, block_id, block_hash, request_id, cause)."""
+        events = list(events)
+        if not events:
+            return
         cols = self.kv_events.data
         seq = len(self.kv_events)
-        for ev in events:
-            cols["seq"].append(seq)
-            cols["step"].append(self.step)
-            cols["time_s"].append(self.time_s)
-            cols["kind"].append(ev.kind)
-            cols["group"].append(ev.group)
-            cols["block_id"].append(ev.block_id)
-            cols["block_hash"].append(ev.block_hash)
-            cols["request_id"].append(ev.request_id)
-            cols["cause"].append(ev.cause)
-            seq += 1
+        n = len(events)
+        cols["seq"].extend(range(seq, seq + n))
+        cols["step"].extend([self.step] * n)
+        cols["time_s"].extend([self.time_s] * n)
+        for name in _KV_EVENT_FIELDS:
+            cols[name].extend([getattr(ev, name) for ev in events])
 
     def record_admission(
         self,

@@ -250,6 +250,21 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
     or None). Anything else goes through :func:`_coerce`, which gives the same
     result or the same error.
     """
+    if dtype in (_INT, _BOOL, _FLOAT):
+        # NumPy infers int64 / bool / float64 only from values of those kinds
+        # (None or a str gives an object array, a huge int float64 or object).
+        array = np.array(values) if values else None
+        if array is None or array.ndim != 1:
+            return None
+        if dtype == _INT:
+            return pd.Series(array) if array.dtype == np.int64 else None
+        if dtype == _BOOL:
+            return pd.Series(array) if array.dtype == np.bool_ else None
+        if array.dtype.kind not in "if" and not set(map(type, values)) <= {float, int, type(None)}:
+            return None
+        if array.dtype.kind not in "if":
+            array = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+        return pd.Series(array.astype(np.float64, copy=False))
     types = set(map(type, values))
     if dtype == _STR:
         return pd.Series(values, dtype=_STR) if types <= {str} else None
@@ -260,14 +275,6 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
         if hashes and (min(hashes) < 0 or max(hashes) >= 1 << 64):
             return None
         return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
-    if dtype == _FLOAT:
-        if not types <= {float, int, type(None)}:
-            return None
-        if type(None) in types:
-            values = [np.nan if v is None else v for v in values]
-        return pd.Series(np.array(values, dtype=np.float64))
-    if dtype in (_INT, _BOOL) and types <= {int if dtype == _INT else bool}:
-        return pd.Series(np.array(values, dtype=np.int64 if dtype == _INT else np.bool_))
     return None
 
 

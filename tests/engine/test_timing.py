@@ -99,3 +99,16 @@ def test_overrides():
         StepTimeModel.from_presets("nemotron-h-8b", "h100-80g", {"overhead": 1})
     with pytest.raises(ValueError, match="memory_efficiency must be in"):
         StepTimeModel.from_presets("nemotron-h-8b", "h100-80g", {"memory_efficiency": 1.5})
+
+
+def test_totals_match_arrays_bit_for_bit():
+    """The engine's per-step path (integer totals, no arrays) equals the NumPy path exactly."""
+    st = StepTimeModel(tiny([ATTN, MAMBA], experts=8, topk=2, expert_params=300), HW, PARAMS)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        k = int(rng.integers(1, 200))
+        n = rng.choice([1, 1, 1, 1040, 8192], size=k)
+        c = rng.integers(0, 131072, size=k)
+        totals = (k, int(n.sum()), int(c.sum()), int((n * c).sum()), int((n * (n + 1)).sum()))
+        assert st.step_time_totals(*totals) == st.step_time_arrays(n.astype(float), c.astype(float))
+    assert st.step_time_totals(0, 0, 0, 0, 0) == 0.0

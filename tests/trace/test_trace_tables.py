@@ -1,6 +1,7 @@
 import pandas as pd
 import pytest
 
+from sim.kv.pool import KVEvent
 from sim.trace.recorder import Recorder
 from sim.trace.tables import (
     TABLE_NAMES,
@@ -106,3 +107,23 @@ def test_bad_values_name_the_column():
         normalize_table("schedule", pd.DataFrame({"step": [0]}))
     with pytest.raises(ValueError, match="unknown table"):
         normalize_table("events", pd.DataFrame())
+
+
+def test_fast_column_path_equals_general_path(recorder, monkeypatch):
+    """Recorder lists take a direct conversion; it must give the general path's frame exactly."""
+    import sim.trace.tables as tables
+
+    rec = Recorder(num_groups=1)
+    rec.record_kv_events([KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset")])
+    rec.requests.append({**{c: 0 for c in EXPECTED_COLUMNS["requests"]}, "request_id": "r0", "outcome": "ok",
+                         "arrival_s": 0, "first_token_s": None, "first_scheduled_s": 1.5, "finished_s": None})
+    for source in (recorder, rec):
+        fast = tables_from_recorder(source)
+        monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+        general = tables_from_recorder(source)
+        monkeypatch.undo()
+        for name in TABLE_NAMES:
+            assert _dtypes(fast[name]) == _dtypes(general[name]), name
+            assert fast[name].equals(general[name]), name
+    assert tables_from_recorder(rec)["kv_events"]["block_hash"].tolist() == ["ffffffffffffffff", "0000000000000000"]
+    assert tables_from_recorder(rec)["kv_events"]["seq"].tolist() == [0, 1]
