@@ -260,7 +260,7 @@ def plot(
     for directory in result_dirs:
         result = load_result(directory)
         paths = plot_all(result, directory / "plots", fmt="svg" if svg else "png",
-                         group_kinds=result.summary.get("group_kinds"))
+                         group_kinds=result.group_kinds or None)
         for p in paths:
             typer.echo(str(p))
 

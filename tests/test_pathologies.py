@@ -82,7 +82,7 @@ def test_42317_align_mode_first_sibling_misses(overrides, expected):
     result = _run("align-mode-sibling-miss.yaml", *overrides)
     _all_ok(result)
     assert result.summary["block_sizes"] == [544] * 4
-    assert result.summary["group_kinds"] == ["mamba", "mamba", "mamba", "full_attention"]
+    assert result.summary["groups"] == ["mamba", "mamba", "mamba", "full_attention"]
     hits = _hits(result)
     assert [hits[f"s{i}"][-1] for i in range(5)] == expected
     # Full attention (g3) always sees the shared prefix; only the GDN state decides the hit.

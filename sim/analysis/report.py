@@ -42,7 +42,7 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(label, value)`` rows for the end-of-run table (latencies in steps with ``clock: steps``)."""
     unit = _time_unit(summary)
     steps_note = " (steps)" if unit == "" else ""
-    kinds = summary.get("groups") or summary.get("group_kinds") or []
+    kinds = summary.get("groups") or []
     rows: list[tuple[str, str]] = [
         ("status", _fmt(summary.get("status"))),
         ("requests", f"{_fmt(_get(summary, 'requests.finished'))} finished / {_fmt(_get(summary, 'requests.total'))}"),

@@ -26,6 +26,7 @@ from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.request import Request, RequestStatus
+from sim.trace.bundle import LoadedResult
 
 EXIT_OK = 0
 EXIT_CRASH = 3
@@ -46,34 +47,12 @@ class RunOptions:
 
 
 @dataclass
-class RunResult:
-    """A finished run: its summary, its tables as DataFrames, where it was written."""
+class RunResult(LoadedResult):
+    """A finished run: a :class:`~sim.trace.bundle.LoadedResult` (summary, DataFrames, path) plus
+    the process exit code it implies and the plots it drew."""
 
-    summary: dict[str, Any]
-    tables: dict[str, pd.DataFrame]
-    path: Path | None
     exit_code: int = EXIT_OK
     plots: list[Path] = field(default_factory=list)
-
-    @property
-    def kv_events(self) -> pd.DataFrame:
-        return self.tables["kv_events"]
-
-    @property
-    def admissions(self) -> pd.DataFrame:
-        return self.tables["admissions"]
-
-    @property
-    def requests(self) -> pd.DataFrame:
-        return self.tables["requests"]
-
-    @property
-    def schedule(self) -> pd.DataFrame:
-        return self.tables["schedule"]
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        return self.tables["steps"]
 
     @property
     def crash(self) -> dict | None:
@@ -260,7 +239,6 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             "policy": scenario.scheduler.prefix_policy,
             "connector": scenario.connector.type,
             "num_blocks": components.kv_cache_config.num_blocks,
-            "group_kinds": components.group_kinds,
             "block_sizes": [g.spec.block_size for g in components.kv_cache_config.groups],
             "steps": loop.step,
             "simulated_s": float(env.now),
@@ -271,7 +249,9 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     if connector is not None and hasattr(connector, "metrics"):
         summary["connector_metrics"] = connector.metrics()
     partial = status not in ("complete", "crashed")
-    result = RunResult(summary=summary, tables=tables, path=None, exit_code=exit_code)
+    result = RunResult(
+        summary=summary, tables=tables, path=None, group_kinds=list(components.group_kinds), exit_code=exit_code
+    )
     if out_dir is not None:
         out = Path(out_dir)
         write_result(
