@@ -114,7 +114,30 @@ def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any
     return tuple(list(b) for b in blocks), tuple(hits)
 
 
-class MaxPerGroupPolicy(PrefixPolicy):
+class _PerGroupPolicy(PrefixPolicy):
+    """The pre-#48425 per-group lookups (#44243, #45804): each group looked up alone, then combined.
+
+    They apply only with a connector attached, Mamba layers and the hybrid
+    coordinator (otherwise plain ``reconciled``); they pin no shared-prefix
+    boundary and never set ``hit_diverged``. Subclasses say how the per-group
+    hits become one local hit (and may cut the per-group block lists in place).
+    """
+
+    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+        raise NotImplementedError
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        if not _per_group_applies(kv_manager, connector):
+            return reconciled_lookup(kv_manager, request)
+        found = _per_group_lookup(kv_manager, request)
+        if found is None:
+            return PrefixLookup(kv_manager.empty_kv_cache_blocks, 0, 0, False)
+        blocks, hits = found
+        local = self.choose(kv_manager, blocks, hits)
+        return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
+
+
+class MaxPerGroupPolicy(_PerGroupPolicy):
     """vLLM after PR #44243 ("Fix Mamba prefix cache hit rate in PD disaggregation").
 
     With a connector attached, Mamba layers and the hybrid coordinator, the
@@ -133,17 +156,11 @@ class MaxPerGroupPolicy(PrefixPolicy):
 
     name = "max_per_group"
 
-    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
-        if not _per_group_applies(kv_manager, connector):
-            return reconciled_lookup(kv_manager, request)
-        found = _per_group_lookup(kv_manager, request)
-        if found is None:
-            return PrefixLookup(kv_manager.empty_kv_cache_blocks, 0, 0, False)
-        blocks, hits = found
-        return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), max(hits), 0, False)
+    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+        return max(hits)
 
 
-class TrimToMinPolicy(PrefixPolicy):
+class TrimToMinPolicy(_PerGroupPolicy):
     """vLLM PR #45804 ("partial prefix caching for hybrid model in PD disaggregation").
 
     Same gate as :class:`MaxPerGroupPolicy`. The local hit is the minimum over
@@ -160,19 +177,12 @@ class TrimToMinPolicy(PrefixPolicy):
 
     name = "trim_to_min"
 
-    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
-        if not _per_group_applies(kv_manager, connector):
-            return reconciled_lookup(kv_manager, request)
-        found = _per_group_lookup(kv_manager, request)
-        if found is None:
-            return PrefixLookup(kv_manager.empty_kv_cache_blocks, 0, 0, False)
-        blocks, hits = found
+    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
         groups = kv_manager.kv_cache_config.groups
-        dense = [hits[g] for g, group in enumerate(groups) if group.spec.kind == "full_attention"]
-        local = min(dense)
+        local = min(hits[g] for g, group in enumerate(groups) if group.spec.kind == "full_attention")
         for lst, group in zip(blocks, groups):
             del lst[local // group.spec.block_size:]
-        return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
+        return local
 
 
 _REGISTRY: Registry[PrefixPolicy] = Registry(PrefixPolicy, ENTRY_POINT_GROUP, "scheduler.prefix_policy", "policy")
