@@ -271,6 +271,10 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: dict[str, Request] = {}
+        #: Reuse a waiting request's last prefix lookup while its inputs are unchanged (see
+        #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
+        self.reuse_prefix_lookups = True
+        self._last_lookup: tuple[tuple, tuple[int, ...], PrefixLookup] | None = None
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
         self.step = 0
@@ -341,6 +345,9 @@ class Scheduler:
         max_model_len = self.max_model_len
         need_split = self.need_mamba_split
         allocate_slots = getattr(self.kv, "allocate_running_slots", self.kv.allocate_slots)
+        # The kv manager's quiet horizons: inside one, allocate_slots is a proven no-op; skip the call.
+        quiet_get = getattr(self.kv, "quiet_horizons", {}).get
+        quiet_max = getattr(self.kv, "quiet_max_tokens", 0)
         scheduled_running = out.scheduled_running_reqs
         num_scheduled = out.num_scheduled_tokens
         finished_error = RequestStatus.FINISHED_ERROR
@@ -363,6 +370,19 @@ class Scheduler:
                 # vLLM `continue`s here (not FCFS-strict): later requests may still run.
                 req_index += 1
                 continue
+            rid = request.request_id
+            quiet = quiet_get(rid)
+            if (
+                quiet is not None
+                and n <= quiet_max
+                and computed + n <= quiet[1]  # computed < max_model_len here: no clipping
+                and computed - request.num_in_flight_tokens <= quiet[2]
+            ):
+                scheduled_running.append(request)
+                num_scheduled[rid] = n
+                budget -= n
+                req_index += 1
+                continue
             try:
                 new_blocks = allocate_slots(request, n)
             except (AssertionError, ValueError) as exc:
@@ -379,7 +399,7 @@ class Scheduler:
                         continue
                     break
             scheduled_running.append(request)
-            num_scheduled[request.request_id] = n
+            num_scheduled[rid] = n
             budget -= n
             req_index += 1
         return budget
@@ -493,8 +513,7 @@ class Scheduler:
         fallback = False
         if request.num_computed_tokens == 0:
             kind = "after_preemption" if request.num_preemptions else "first"
-            hits = tuple(self.kv.find_per_group_hits(request))
-            lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
+            hits, lookup = self._prefix_lookup(request)
             blocks, local = lookup.blocks, lookup.local_tokens
             request.shared_prefix_boundary = lookup.shared_prefix_boundary
             row = dict(request=request, kind=kind, hits=hits, lookup=lookup)
@@ -604,6 +623,32 @@ class Scheduler:
         if computed + n < request.num_tokens:
             self._inflight_prefills[rid] = request
         return n
+
+    def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
+        """The per-group hits and the policy's lookup for a waiting request.
+
+        A simulator speed-up, not a vLLM feature: a head-of-line request that
+        failed to admit is looked up again on the next step, usually against the
+        same cache. Both answers read only the pool's cache map (not ref counts
+        or the free queue) and the request's hashes, token count and
+        ``skip_reading_prefix_cache``, so the last answer is reused while the
+        pool's ``cache_generation`` and those inputs are unchanged, for a policy
+        declaring ``pure_lookup``. Every attempt still records its own row.
+        """
+        pool = getattr(self.kv, "block_pool", None)
+        key = None
+        if pool is not None and self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
+            key = (
+                request.request_id, pool.cache_generation, request.num_tokens, len(request.block_hashes),
+                request.skip_reading_prefix_cache,
+            )
+            last = self._last_lookup
+            if last is not None and last[0] == key:
+                return last[1], last[2]
+        hits = tuple(self.kv.find_per_group_hits(request))
+        lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
+        self._last_lookup = (key, hits, lookup) if key is not None else None
+        return hits, lookup
 
     def _check(self, ok: bool, assertion: str, **row: Any) -> None:
         """vLLM ``assert <assertion>``: a failed one is an engine crash."""

@@ -154,14 +154,24 @@ class KVCacheManager:
         common block size; otherwise every call takes the full path.
         """
         managers = self.coordinator.single_type_managers
-        self._quiet: dict[str, tuple[list[KVCacheBlock], int, int]] = {}
+        #: request id -> ``(first group's table, max_main_tokens, max_processed_tokens)``:
+        #: a plain call with ``0 < num_new_tokens <= quiet_max_tokens``,
+        #: ``computed + num_new_tokens <= max_main_tokens`` (computed clipped to
+        #: ``max_model_len``), ``computed - num_in_flight_tokens <= max_processed_tokens``
+        #: and that same table object returns ``empty_kv_cache_blocks`` and changes
+        #: nothing (a WAITING/PREEMPTED request under a watermark excepted). Every
+        #: method here that could move a bound or replace a table (free, skip,
+        #: cache, full allocation) drops the entry first, so a caller that changes
+        #: tables only through this class (the scheduler's running loop) may skip
+        #: the call for a RUNNING request inside its horizon.
+        self.quiet_horizons: dict[str, tuple[list[KVCacheBlock], int, int]] = {}
         self._quiet_enabled = bool(managers) and len({m.block_size for m in managers}) == 1 and all(
             type(m) is FullAttentionManager or (type(m) is MambaManager and m.mamba_cache_mode == "align")
             for m in managers
         )
         self._quiet_first_tables = managers[0].req_to_blocks if managers else {}
         # A chunk longer than the alignment may export a Mamba prefill checkpoint.
-        self._quiet_max_tokens = min(
+        self.quiet_max_tokens = min(
             (m.cache_hit_alignment_tokens for m in managers if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks),
             default=self.max_model_len,
         )
@@ -201,13 +211,13 @@ class KVCacheManager:
                 idx = m.last_state_block_idx.get(request_id)
                 if idx is not None and not table[idx].is_null and (idx + 1) * bs < h_proc:
                     h_proc = (idx + 1) * bs
-        self._quiet[request_id] = (first, h_main, h_proc)
+        self.quiet_horizons[request_id] = (first, h_main, h_proc)
 
     def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None:
         """``allocate_slots(request, num_new_tokens)`` (no hit, no external or
         lookahead tokens: the running loop's call), with the quiet check first."""
-        quiet = self._quiet.get(request.request_id)
-        if quiet is not None and 0 < num_new_tokens <= self._quiet_max_tokens:
+        quiet = self.quiet_horizons.get(request.request_id)
+        if quiet is not None and 0 < num_new_tokens <= self.quiet_max_tokens:
             computed = request.num_computed_tokens
             if computed > self.max_model_len:
                 computed = self.max_model_len
@@ -271,7 +281,7 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """:meth:`allocate_slots` without the quiet shortcut (vLLM's per-group steps)."""
         rid = request.request_id
-        self._quiet.pop(rid, None)
+        self.quiet_horizons.pop(rid, None)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
         coordinator = self.coordinator
@@ -310,18 +320,18 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Free every group's table (group order, each tail first)."""
-        self._quiet.pop(request.request_id, None)
+        self.quiet_horizons.pop(request.request_id, None)
         self.coordinator.free(request.request_id)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Free out-of-window blocks (``num_prompt_tokens`` is only read by vLLM's R-SWA, not modelled)."""
-        self._quiet.pop(request_id, None)
+        self.quiet_horizons.pop(request_id, None)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        self._quiet.pop(request.request_id, None)
+        self.quiet_horizons.pop(request.request_id, None)
         if self.enable_caching:
             self.coordinator.cache_blocks(request, num_computed_tokens)
 

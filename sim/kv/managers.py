@@ -198,8 +198,9 @@ class SingleTypeKVCacheManager:
         num_tokens: int,
         retention_interval: int | None,
         replay_boundaries: Sequence[int],
-    ) -> None:
-        """Cache the request's full blocks up to ``num_tokens``, thinned by the retention mask.
+    ) -> int:
+        """Cache the request's full blocks up to ``num_tokens``, thinned by the retention mask;
+        returns the request's cached-slot count afterwards.
 
         Reachable boundaries: the replay boundary ``P - 1`` and the request's
         shared-prefix junction (vLLM: Marconi-style APC). Block ``i`` is keyed
@@ -211,7 +212,7 @@ class SingleTypeKVCacheManager:
         hbs = self.block_pool.hash_block_size
         num_full = min(num_tokens, len(fine) * hbs) // self.block_size
         if num_cached >= num_full:
-            return
+            return num_cached
         hashes = block_hashes_at(fine, hbs, self.block_size)
         boundaries = list(replay_boundaries)
         if request.shared_prefix_boundary:
@@ -223,6 +224,7 @@ class SingleTypeKVCacheManager:
             rid, self.req_to_blocks[rid], hashes, num_cached, num_full, self.block_size, self.kv_cache_group_id, mask
         )
         self.num_cached_block[rid] = num_full
+        return num_full
 
     # ------------------------------------------------------------------- free
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
@@ -416,6 +418,7 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> None:
         super().__init__(spec, block_pool, kv_cache_group_id, **kw)
         self.mamba_cache_mode = spec.mamba_cache_mode
+        self._align = spec.mamba_cache_mode == "align"
         assert self.mamba_cache_mode == "align" or not self.enable_caching, "Mamba prefix caching requires align mode"
         self.has_prefill_checkpoint_blocks = self.mamba_cache_mode == "align" and spec.prefill_checkpoints
         self.corrected_mamba_accounting = corrected_mamba_accounting
@@ -532,14 +535,16 @@ class MambaManager(SingleTypeKVCacheManager):
         In align mode count at most one new block (+1 checkpoint) per step."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step:
             return self.block_pool.num_gpu_blocks + 1
-        if self.mamba_cache_mode != "align":
+        if not self._align:
             return super().get_num_blocks_to_allocate(
                 request_id, num_tokens, new_computed_blocks, total_computed_tokens,
                 num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
             )
         num_tokens = num_tokens_main_model
-        num_required = cdiv(num_tokens, self.block_size)
-        table_len = len(self.req_to_blocks.get(request_id, ()))
+        bs = self.block_size
+        num_required = -(-num_tokens // bs)
+        table = self.req_to_blocks.get(request_id)
+        table_len = len(table) if table is not None else 0
         extra = 0
         if self.corrected_mamba_accounting and table_len == 0 and total_computed_tokens > num_local_computed_tokens:
             skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
@@ -550,26 +555,30 @@ class MambaManager(SingleTypeKVCacheManager):
             num_new = num_required - after_local - extra
         else:
             num_new = num_required - len(new_computed_blocks) - table_len
-        checkpoint_position = self._checkpoint_position(num_tokens)
-        if not self._needs_internal_checkpoint(
-            request_id, total_computed_tokens, num_tokens, checkpoint_position, prefill_end
-        ):
-            checkpoint_position = 0
-        checkpoint_block = int(checkpoint_position > 0)
+        checkpoint_position = 0
+        # (_needs_internal_checkpoint's own first test, hoisted: most chunks end before the prefill end.)
+        if self.has_prefill_checkpoint_blocks and num_tokens >= prefill_end:
+            checkpoint_position = self._checkpoint_position(num_tokens)
+            if not self._needs_internal_checkpoint(
+                request_id, total_computed_tokens, num_tokens, checkpoint_position, prefill_end
+            ):
+                checkpoint_position = 0
         if not apply_admission_cap:
             if checkpoint_position > 0:
-                self._checkpoints[request_id] = (checkpoint_position, cdiv(num_tokens, self.block_size) - 2)
-            else:
+                self._checkpoints[request_id] = (checkpoint_position, num_required - 2)
+            elif self._checkpoints:
                 self._checkpoints.pop(request_id, None)
         if num_new > 0:
-            num_new = min(num_new, 1 + checkpoint_block)
-        return num_new + extra + _num_evictable(new_computed_blocks)
+            num_new = min(num_new, 2 if checkpoint_position > 0 else 1)
+        if new_computed_blocks:
+            return num_new + extra + _num_evictable(new_computed_blocks)
+        return num_new + extra
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
-        if self.mamba_cache_mode != "align":
+        if not self._align:
             return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        num_required = cdiv(num_tokens_main_model, self.block_size)
+        num_required = -(-num_tokens_main_model // self.block_size)
         checkpoint_block = int(request_id in self._checkpoints)
         if num_required <= len(req_blocks) and not checkpoint_block:
             self._allocated_block_reqs.add(request_id)
@@ -596,7 +605,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
         """Align mode: free every non-null block in range (states leave null gaps)."""
-        if self.mamba_cache_mode != "align":
+        if not self._align:
             super()._remove_blocks_in_range(request_id, first_block, last_block)
             return
         blocks = self.req_to_blocks.get(request_id, [])
@@ -616,11 +625,21 @@ class MambaManager(SingleTypeKVCacheManager):
         self._num_retired_blocks[request_id] = last_block
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        super().remove_skipped_blocks(request_id, processed_computed_tokens)
-        if self.mamba_cache_mode != "align":
+        """Align mode: retire the slots before ``(processed - 1) // B`` not yet retired (the
+        base rule, skipping the call when none is left), then the previous state block."""
+        if not self._align:
+            super().remove_skipped_blocks(request_id, processed_computed_tokens)
             return
+        bs = self.block_size
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is not None:
+            last = (processed_computed_tokens - 1) // bs
+            if last > len(blocks):
+                last = len(blocks)
+            if self._num_retired_blocks.get(request_id, 0) < last:
+                self._remove_blocks_in_range(request_id, 0, last)
         idx = self.last_state_block_idx.get(request_id)
-        if idx is not None and idx < cdiv(processed_computed_tokens, self.block_size) - 1:
+        if idx is not None and idx < -(-processed_computed_tokens // bs) - 1:
             blocks = self.req_to_blocks[request_id]
             if not blocks[idx].is_null:
                 self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
@@ -639,14 +658,13 @@ class MambaManager(SingleTypeKVCacheManager):
         num_tokens: int,
         retention_interval: int | None,
         replay_boundaries: Sequence[int],
-    ) -> None:
+    ) -> int:
         """Cache boundary states; re-key (or drop) this chunk's checkpoint block;
         remember every state cached now for the same-step guard."""
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
-        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
-        after = self.num_cached_block.get(rid, 0)
-        if self.mamba_cache_mode == "align":
+        after = super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
+        if self._align and rid in self._checkpoints:
             key = self._cache_checkpoint_block(request, retention_interval)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
@@ -657,6 +675,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 key = blocks[idx].block_hash
                 if key is not None:
                     this_step.add(key)
+        return after
 
     def _cache_checkpoint_block(self, request: Request, retention_interval: int | None) -> CacheKey | None:
         """vLLM ``MambaManager._cache_partial_tail_block``, checkpoint branch.

@@ -227,6 +227,9 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[int, dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]]] = {}
         #: group id -> number of cache entries (blocks findable by a key).
         self._num_cached: dict[int, int] = {}
+        #: Bumped whenever a cache entry is added or removed (and on reset): while it is
+        #: unchanged, every ``get_cached_block`` answer is unchanged (lookups read only the map).
+        self.cache_generation = 0
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self._events: list[KVEvent] = []
@@ -323,6 +326,7 @@ class BlockPool:
         blk.block_hash = group_key(h, gid)
         blk.block_hash_num_tokens = num_tokens
         self._num_cached[gid] = self._num_cached.get(gid, 0) + 1
+        self.cache_generation += 1
         if self.enable_kv_cache_events:
             self._events.append(_event(("stored", gid, blk.block_id, h, request_id, cause)))
         if self.cache_listener is not None:
@@ -344,6 +348,7 @@ class BlockPool:
         blk.block_hash_num_tokens = None
         blk.taint = None
         self._num_cached[gid] -= 1
+        self.cache_generation += 1
         if self.enable_kv_cache_events:
             self._events.append(_event(("removed", gid, blk.block_id, h, request_id, cause)))
         return True
@@ -423,6 +428,7 @@ class BlockPool:
             return False
         self.cached_block_hash_to_block = {}
         self._num_cached = {}
+        self.cache_generation += 1
         for block in self.blocks:
             block.block_hash = None
             block.block_hash_num_tokens = None

@@ -46,6 +46,11 @@ class PrefixPolicy:
     """Base class: subclasses set ``name`` and implement :meth:`lookup`."""
 
     name: ClassVar[str] = ""
+    #: True if :meth:`lookup` reads only the kv manager's lookup methods (the pool's
+    #: cache map, never ref counts or the free queue), the request's hashes, token
+    #: count and ``skip_reading_prefix_cache``, and static connector/config flags:
+    #: then the scheduler may reuse its answer while none of these changed.
+    pure_lookup: ClassVar[bool] = False
 
     def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
         """Local hit for ``request``; ``connector`` is ``None`` when none is attached."""
@@ -68,6 +73,7 @@ class ReconciledPolicy(PrefixPolicy):
     """
 
     name = "reconciled"
+    pure_lookup = True
 
     def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
         return reconciled_lookup(kv_manager, request)
@@ -85,6 +91,7 @@ class PR48425Policy(PrefixPolicy):
     """
 
     name = "pr48425"
+    pure_lookup = True
 
     def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
         if connector is not None and connector.supports_divergent_local_hybrid_hits:
@@ -155,6 +162,7 @@ class MaxPerGroupPolicy(_PerGroupPolicy):
     """
 
     name = "max_per_group"
+    pure_lookup = True
 
     def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
         return max(hits)
@@ -176,6 +184,7 @@ class TrimToMinPolicy(_PerGroupPolicy):
     """
 
     name = "trim_to_min"
+    pure_lookup = True
 
     def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
         groups = kv_manager.kv_cache_config.groups

@@ -121,9 +121,9 @@ def test_quiet_path_skips_decode_inside_held_blocks():
     req.status = RequestStatus.RUNNING
     req.num_computed_tokens = 20
     req.append_output_tokens(1)
-    assert m._quiet["r"][1:] == (31, 16)  # cache bound 2 * 16 - 1; Mamba slot 0 not yet retired
+    assert m.quiet_horizons["r"][1:] == (31, 16)  # cache bound 2 * 16 - 1; Mamba slot 0 not yet retired
     assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks  # full path: retires slot 0
-    assert m._quiet["r"][1:] == (31, 32)  # slot 1 (the state being written) retires past 32
+    assert m.quiet_horizons["r"][1:] == (31, 32)  # slot 1 (the state being written) retires past 32
     req.num_computed_tokens = 21
     req.append_output_tokens(1)
     assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks
