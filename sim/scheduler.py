@@ -123,8 +123,6 @@ class SchedulerOutput:
     scheduled_running_reqs: list[Request] = field(default_factory=list)
     #: request id -> tokens scheduled this step, in scheduling order.
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    #: request id -> ``num_computed_tokens`` before this step.
-    num_computed_tokens_before: dict[str, int] = field(default_factory=dict)
     preempted_req_ids: list[str] = field(default_factory=list)
     #: Requests finished between the previous step and this one.
     finished_req_ids: set[str] = field(default_factory=set)
@@ -137,10 +135,20 @@ class SchedulerOutput:
     #: request, in scheduling order. With the two decode totals it describes
     #: the batch without a per-request pass (the step-time model's input).
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    #: The scheduled requests whose known tokens are all computed after this
+    #: step, in scheduling order: each samples one token in ``update_from_output``.
+    sampling_reqs: list[Request] = field(default_factory=list)
+    #: ``num_computed_tokens`` before this step, parallel to ``num_scheduled_tokens``.
+    computed_before: list[int] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def num_computed_tokens_before(self) -> dict[str, int]:
+        """request id -> ``num_computed_tokens`` before this step (built on demand)."""
+        return dict(zip(self.num_scheduled_tokens, self.computed_before))
 
 
 @dataclass(frozen=True)
@@ -349,9 +357,32 @@ class Scheduler:
         quiet_get = getattr(self.kv, "quiet_horizons", {}).get
         quiet_max = getattr(self.kv, "quiet_max_tokens", 0)
         scheduled_running = out.scheduled_running_reqs
+        append_running = scheduled_running.append
         num_scheduled = out.num_scheduled_tokens
         finished_error = RequestStatus.FINISHED_ERROR
+        # A decode (one token left) with computed < decode_cap keeps n = 1 through every clip below:
+        # the threshold and budget cannot cut 1 token, max_model_len - computed - 1 >= 1, and the
+        # Mamba split returns a 1-token chunk unchanged (no boundary lies strictly inside it).
+        decode_cap = max_model_len - 1 if quiet_max >= 1 else 0
         while req_index < len(running) and budget > 0:
+            # Fast path: a run of decodes inside their quiet horizons (num_in_flight_tokens is 0,
+            # see `_update_after_schedule`), where allocate_slots is a proven no-op; one token each.
+            num_before = len(scheduled_running)
+            for request in running[req_index:req_index + budget]:
+                computed = request.num_computed_tokens
+                if computed + 1 != request.num_prompt_tokens + request.num_output_tokens or computed >= decode_cap:
+                    break
+                rid = request.request_id
+                quiet = quiet_get(rid)
+                if quiet is None or computed >= quiet[1] or computed > quiet[2]:
+                    break
+                append_running(request)
+                num_scheduled[rid] = 1
+            num_fast = len(scheduled_running) - num_before
+            req_index += num_fast
+            budget -= num_fast
+            if req_index >= len(running) or budget <= 0:
+                break
             request = running[req_index]
             num_prompt = request.num_prompt_tokens
             num_tokens = num_prompt + request.num_output_tokens
@@ -718,36 +749,49 @@ class Scheduler:
         """Advance ``num_computed_tokens`` of every scheduled request (vLLM ``_update_after_schedule``).
 
         ``kinds`` holds the schedule-row kind of new and resumed requests; the
-        others were scheduled from ``running``.
+        others were scheduled from ``running`` (they lead ``num_scheduled_tokens``,
+        in the order of ``scheduled_running_reqs``).
+
+        ``Request.num_in_flight_tokens`` is not advanced: without async
+        scheduling a step's tokens are computed before the next ``schedule()``
+        and nothing reads the count inside the step, so vLLM's increment here
+        and decrement in ``update_from_output`` always meet at 0 where it is read.
         """
-        rec = self.recorder
-        record = rec.record_schedule if rec is not None and getattr(rec, "schedule_enabled", True) else None
-        requests = self.requests
-        before_by_id = out.num_computed_tokens_before
+        num_scheduled = out.num_scheduled_tokens
+        reqs = out.scheduled_running_reqs
+        if len(reqs) < len(num_scheduled):
+            requests = self.requests
+            reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs):]]
         inflight_prefills = self._inflight_prefills
         prefill_chunks = out.prefill_chunks
+        add_chunk = prefill_chunks.append
+        add_sampling = out.sampling_reqs.append
+        befores = out.computed_before
+        add_before = befores.append
         decode = decode_context = prefill = 0
-        for rid, n in out.num_scheduled_tokens.items():
-            request = requests[rid]
+        for request, n in zip(reqs, num_scheduled.values()):
             before = request.num_computed_tokens
-            before_by_id[rid] = before
-            after = before + n
+            add_before(before)
+            request.num_computed_tokens = after = before + n
             num_tokens = request.num_prompt_tokens + request.num_output_tokens
-            if n == 1 and after == num_tokens:
-                decode += 1
-                decode_context += before
-            else:
-                prefill += n
-                prefill_chunks.append((n, before))
-            if record is not None:
-                record(rid, kinds.get(rid, "running"), n, before, False)
-            request.num_computed_tokens = after
-            request.num_in_flight_tokens += n
-            if after >= num_tokens and inflight_prefills:
-                inflight_prefills.pop(rid, None)
+            if after >= num_tokens:
+                add_sampling(request)
+                if inflight_prefills:
+                    inflight_prefills.pop(request.request_id, None)
+                if n == 1 and after == num_tokens:
+                    decode += 1
+                    decode_context += before
+                    continue
+            prefill += n
+            add_chunk((n, before))
         out.decode_tokens += decode
         out.decode_context_tokens += decode_context
         out.prefill_tokens += prefill
+        rec = self.recorder
+        if rec is not None and rec.schedule_enabled:
+            rids = list(num_scheduled)
+            row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
+            rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.
@@ -874,24 +918,18 @@ class Scheduler:
         on ``output_len`` (the workload's EOS), ``max_tokens`` or ``max_model_len``.
         """
         finished: list[Request] = []
-        get_request = self.requests.get
         running_status = RequestStatus.RUNNING
         max_model_len = self.max_model_len
-        for rid, n in out.num_scheduled_tokens.items():
-            request = get_request(rid)
-            if request is None:
-                continue
-            request.num_in_flight_tokens -= n
+        # Prefill chunks that leave tokens to compute sample nothing; `sampling_reqs` skips them.
+        for request in out.sampling_reqs:
             if request.status is not running_status:
                 continue  # finished, preempted or failed meanwhile
-            num_tokens = request.num_prompt_tokens + request.num_output_tokens
-            if request.num_computed_tokens < num_tokens:
-                continue  # a prefill chunk: no token sampled
             request.num_output_tokens = num_output = request.num_output_tokens + 1
-            num_tokens += 1
+            num_tokens = request.num_prompt_tokens + num_output
             # Request.append_output_tokens(1), with its block-hash check inlined.
+            # (A new full block can only end at this token: the hashes were complete before it.)
             hbs = request.hash_block_size
-            if hbs and num_tokens // hbs > len(request.block_hashes):
+            if hbs and not num_tokens % hbs:
                 request.update_block_hashes()
             if num_output < request.output_len and num_tokens < max_model_len:
                 continue  # `_stop_status` is None exactly here (output_len <= max_tokens)

@@ -203,6 +203,25 @@ class Recorder:
         cols["num_computed_tokens"].append(num_computed_tokens)
         cols["preempted"].append(bool(preempted))
 
+    def record_schedule_rows(
+        self,
+        request_ids: Sequence[str],
+        kinds: Sequence[str],
+        num_scheduled_tokens: Sequence[int],
+        num_computed_tokens: Sequence[int],
+    ) -> None:
+        """Scheduled (not preempted) requests of the current step, one row each, in order (parallel sequences)."""
+        if not self.schedule_enabled:
+            return
+        n = len(request_ids)
+        cols = self.schedule.data
+        cols["step"].extend([self.step] * n)
+        cols["request_id"].extend(request_ids)
+        cols["kind"].extend(kinds)
+        cols["num_scheduled_tokens"].extend(num_scheduled_tokens)
+        cols["num_computed_tokens"].extend(num_computed_tokens)
+        cols["preempted"].extend([False] * n)
+
     def record_step(
         self,
         *,
