@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -149,7 +149,6 @@ def build_components(
     scenario: Scenario,
     *,
     dry_run: bool = False,
-    transfer_service_factory: Callable[[], Any] | None = None,
 ) -> Components | None:
     """Build (or, with ``dry_run``, only check) everything a run needs."""
     from sim.kv.manager import KVCacheManager

@@ -15,9 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
-import pandas as pd
 import simpy
 
 from sim.config import load_scenario, resolved_yaml
@@ -170,12 +169,13 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             context_from_kv_cache_config(components.kv_cache_config, scenario.clock, components.connector_rng, transfers)
         )
     progress = _Progress(scenario, len(components.requests)) if options.progress else None
-    check = None
+    check: Callable[[], None] | None = None
     if options.check_invariants or scenario.check_invariants:
+        from functools import partial
+
         from sim.kv.manager import check_invariants
 
-        def check() -> None:
-            check_invariants(components.kv_manager)
+        check = partial(check_invariants, components.kv_manager)
 
     step_columns = getattr(connector, "step_columns", None) if connector is not None else None
     loop = EngineLoop(

@@ -378,10 +378,6 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         return self.coordinator.reset_prefix_cache()
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        """Deprecated in vLLM (cascade attention removed): zeros."""
-        return [0] * self.num_kv_cache_groups
-
     def take_events(self) -> list[KVEvent]:
         return self.block_pool.take_events()
 

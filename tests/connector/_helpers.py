@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-import sim.kv  # noqa: F401  (import order: sim.kv before sim.request)
 from sim.connector.context import ConnectorContext, GroupLayout
 from sim.engine.transfer import SimPyTransferService, StepTransferService
 from sim.request import Request
