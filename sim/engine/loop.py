@@ -48,7 +48,6 @@ class RequestTimes:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
-    token_times: int = 0
 
 
 @dataclass
@@ -98,7 +97,8 @@ class EngineLoop:
     times: dict[str, RequestTimes] = field(default_factory=dict)
     crash: CrashInfo | None = None
     step: int = 0
-    finished: list[Request] = field(default_factory=list)
+    #: Requests finished so far (for the progress display).
+    num_finished: int = 0
     wake_event: simpy.Event | None = None
     stalled: bool = False
     _next_request: int = 0
@@ -112,7 +112,6 @@ class EngineLoop:
         for action in self.actions:
             if action.at is not None:
                 self._actions_by_step.setdefault(action.at, []).append(action)
-        self._pending_step_actions = sorted(self._actions_by_step)
         self.requests = sorted(self.requests, key=lambda r: r.arrival_time)
         self._by_id = {r.request_id: r for r in self.requests}
         #: Requests scheduled at least once whose first token has not come yet.
@@ -132,10 +131,9 @@ class EngineLoop:
         candidates: list[float] = []
         if self._next_request < len(self.requests):
             candidates.append(float(self.requests[self._next_request].arrival_time))
-        if self.clock == "steps":
-            pending = [s for s in self._pending_step_actions if s >= self.step]
-            if pending:
-                candidates.append(float(pending[0]))
+        if self.clock == "steps" and self._actions_by_step:
+            # Applied steps are popped, and the steps clock visits every step while busy.
+            candidates.append(float(min(self._actions_by_step)))
         if self._timed_actions:
             candidates.append(float(self._timed_actions[0].at_s or 0.0))
         due = self.transfers.next_due_step() if self.transfers is not None else None
@@ -251,7 +249,7 @@ class EngineLoop:
             self.times[request.request_id].finished = end
         # Nothing ran and nothing moved: sleep until something new can happen.
         self._idle = not output.num_scheduled_tokens and not output.preempted_req_ids
-        self.finished.extend(finished)
+        self.num_finished += len(finished)
         running, waiting = sched.get_request_counts()
         extra = self.step_columns() if self.step_columns is not None else {}
         rec.record_step(
@@ -271,7 +269,7 @@ class EngineLoop:
             except AssertionError as exc:
                 raise InvariantViolation(self.step, str(exc)) from None
         if self.progress is not None:
-            self.progress(self.step, end, len(self.finished))
+            self.progress(self.step, end, self.num_finished)
         self.step += 1
         if self.clock == "steps":
             self.step = max(self.step, int(env.now))
@@ -293,14 +291,11 @@ class EngineLoop:
         self._record_kv_events()
         raise StopRun(crash.reason)
 
-    def fail_in_flight(self) -> list[Request]:
+    def fail_in_flight(self) -> None:
         """Mark every unfinished request as failed (the engine stopped)."""
-        failed = []
-        for request in list(self.scheduler.requests.values()):
+        for request in self.scheduler.requests.values():
             if not request.is_finished():
                 request.status = RequestStatus.FINISHED_ERROR
-                failed.append(request)
-        return failed
 
 
 class InvariantViolation(Exception):
