@@ -269,8 +269,6 @@ class Scheduler:
         self.need_mamba_split = kv_cfg.needs_mamba_block_aligned_split
         self.mamba_block_size = mamba_specs[0].block_size if mamba_specs else 0
         self.mamba_has_prefill_checkpoints = kv_cfg.mamba_prefill_checkpoints
-        # MambaMixer2 / GDN export checkpoints at any token (vLLM alignment 1).
-        self.mamba_checkpoint_alignment = 1 if self.mamba_has_prefill_checkpoints else None
 
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -854,9 +852,9 @@ class Scheduler:
 
     def _checkpoint_valid(self, query_start: int, query_end: int, checkpoint_position: int) -> bool:
         """vLLM ``is_mamba_prefill_checkpoint_valid``."""
-        alignment = self.mamba_checkpoint_alignment
-        if alignment is None:
+        if not self.mamba_has_prefill_checkpoints:
             return False
+        # MambaMixer2 / GDN export a checkpoint at any token (vLLM alignment 1), so no alignment test.
         bs, hbs = self.mamba_block_size, self.hash_block_size
         initial_state_col = (query_start - 1) // bs
         checkpoint_col = -(-query_end // bs) - 2
@@ -865,7 +863,6 @@ class Scheduler:
             and checkpoint_col > initial_state_col
             and query_start + hbs <= checkpoint_position
             and query_start < checkpoint_position < query_end
-            and (checkpoint_position - query_start) % alignment == 0
         )
 
     def _inflight_prefill_reserved_blocks(self) -> int:

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from sim.config import ScenarioError
 from sim.engine.loop import Action
-from sim.kv.hashing import extend_block_hashes, hashes_at_block_size
+from sim.kv.hash_view import block_hashes_at
+from sim.kv.hashing import extend_block_hashes
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.config.scenario import Scenario
@@ -53,7 +54,7 @@ def _evict_action(spec: Any, components: "Components", index: int) -> Action:
     )
     targets: list[tuple[int, int]] = []
     for g in groups:
-        group_hashes = hashes_at_block_size(fine, config.hash_block_size, config.groups[g].spec.block_size)
+        group_hashes = block_hashes_at(fine, config.hash_block_size, config.groups[g].spec.block_size)
         for i in spec.blocks:
             if i >= len(group_hashes):
                 raise ScenarioError(

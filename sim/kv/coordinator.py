@@ -122,7 +122,7 @@ class KVCacheCoordinator:
         return tuple([m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers])
 
     # ---------------------------------------------------------------- caching
-    def get_num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -130,9 +130,10 @@ class KVCacheCoordinator:
         boundary a resend resumes at is ``P - 1``."""
         boundaries = (request.num_prompt_tokens - 1,)
         retention = self.retention_interval
-        for gid, manager in enumerate(self.single_type_managers):
+        cacheable = self.get_num_cacheable_tokens(num_computed_tokens)
+        for manager in self.single_type_managers:
             if manager.enable_caching:
-                manager.cache_blocks(request, self.get_num_cacheable_tokens(num_computed_tokens, gid), retention, boundaries)
+                manager.cache_blocks(request, cacheable, retention, boundaries)
 
     # ------------------------------------------------------------------- misc
     def free(self, request_id: str) -> None:
@@ -274,7 +275,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 hits[gid] = hit
         return tuple(hit_blocks), tuple(hits)
 
-    def get_num_cacheable_tokens(self, num_computed_tokens: int, group_id: int) -> int:
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         """Hybrid: only up to the last scheduler-block boundary can ever be hit."""
         return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
 

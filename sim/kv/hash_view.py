@@ -5,7 +5,7 @@ group block sizes). A group whose blocks are ``k`` hash blocks long keys its
 block ``i`` with fine hash ``k * (i + 1) - 1``: hashes are chained, so the hash
 at the last hash-block boundary inside a block fingerprints the whole prefix up
 to the block's end (vLLM ``BlockHashListWithBlockSize``, chosen by
-``resolve_block_hashes``; the same rule as :func:`sim.kv.hashing.hashes_at_block_size`).
+``resolve_block_hashes``; one rule for every group).
 
 The view is lazy and holds the request's own list, which only grows, so it
 never goes stale and costs O(1) to build: lookups and caching index it

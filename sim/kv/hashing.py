@@ -84,22 +84,3 @@ def extend_block_hashes(
 def group_key(block_hash: BlockHash, group_id: int) -> tuple[BlockHash, int]:
     """The prefix-cache key of a block in one KV-cache group."""
     return (block_hash, group_id)
-
-
-def hashes_at_block_size(
-    hashes: Sequence[BlockHash], hash_block_size: int, block_size: int
-) -> list[BlockHash]:
-    """Hashes of a coarser block size from hashes at ``hash_block_size``.
-
-    As vLLM's ``BlockHashListWithBlockSize``: each fine hash is chained over its
-    whole prefix, so the fine hash at the last fine boundary of a coarse block
-    identifies that coarse block. ``block_size`` must be a multiple.
-    """
-    if block_size == hash_block_size:
-        return list(hashes)
-    if block_size % hash_block_size:
-        raise ValueError(
-            f"block size {block_size} is not a multiple of the hash block size {hash_block_size}"
-        )
-    ratio = block_size // hash_block_size
-    return list(hashes[ratio - 1 :: ratio])

@@ -35,9 +35,6 @@ class KVCacheBlocks:
     def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
         return [[b.block_id for b in g if b.block_hash is None and not b.is_null] for g in self.blocks]
 
-    def new_empty(self) -> "KVCacheBlocks":
-        return KVCacheBlocks(tuple(() for _ in self.blocks))
-
     def __repr__(self) -> str:
         return f"KVCacheBlocks({self.get_block_ids()})"
 
@@ -390,9 +387,6 @@ class KVCacheManager:
         pool = self.block_pool
         return tuple(pool.num_cached_entries(g) for g in range(self.num_kv_cache_groups))
 
-    @property
-    def mamba_managers(self) -> tuple[MambaManager, ...]:
-        return tuple(m for m in self.coordinator.single_type_managers if isinstance(m, MambaManager))
 
 
 def check_invariants(manager: KVCacheManager) -> None:

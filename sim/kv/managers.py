@@ -425,7 +425,6 @@ class MambaManager(SingleTypeKVCacheManager):
         self.cached_blocks_this_step: set[CacheKey] = set()
         self.last_state_block_idx: dict[str, int] = {}
         self._num_retired_blocks: dict[str, int] = {}
-        self._allocated_block_reqs: set[str] = set()
         #: request -> (checkpoint position, reserved block index) of the current allocation.
         self._checkpoints: dict[str, tuple[int, int]] = {}
 
@@ -581,7 +580,6 @@ class MambaManager(SingleTypeKVCacheManager):
         num_required = -(-num_tokens_main_model // self.block_size)
         checkpoint_block = int(request_id in self._checkpoints)
         if num_required <= len(req_blocks) and not checkpoint_block:
-            self._allocated_block_reqs.add(request_id)
             return []
         prev_len = len(req_blocks)
         if prev_len > 0:
@@ -599,7 +597,6 @@ class MambaManager(SingleTypeKVCacheManager):
         self.num_held_blocks += num_new
         returned = req_blocks[prev_len:]
         req_blocks.extend(new_blocks)
-        self._allocated_block_reqs.add(request_id)
         returned.extend(new_blocks)
         return returned
 
@@ -646,7 +643,6 @@ class MambaManager(SingleTypeKVCacheManager):
                 blocks[idx] = self._null_block
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
-        self._allocated_block_reqs.discard(request_id)
         self.last_state_block_idx.pop(request_id, None)
         self._num_retired_blocks.pop(request_id, None)
         self._checkpoints.pop(request_id, None)

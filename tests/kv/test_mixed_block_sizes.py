@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from sim.kv.hash_view import BlockHashesAtBlockSize, block_hashes_at
-from sim.kv.hashing import hashes_at_block_size
 from sim.kv.manager import KVCacheManager, check_invariants
 from sim.kv.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec, kv_cache_config_from_groups
 from sim.request import RequestStatus
@@ -32,13 +31,13 @@ def _stored(m, hashes):
 
 
 # ------------------------------------------------------------------ the view
-def test_view_matches_hashes_at_block_size_and_grows_with_the_request():
+def test_view_takes_the_last_fine_hash_of_each_block_and_grows_with_the_request():
     req = make_request("r", ("doc", 100))
     fine = req.block_hashes
     assert len(fine) == 6
     view = block_hashes_at(fine, 16, 32)
     assert isinstance(view, BlockHashesAtBlockSize)
-    assert [view[i] for i in range(len(view))] == hashes_at_block_size(fine, 16, 32) == [fine[1], fine[3], fine[5]]
+    assert [view[i] for i in range(len(view))] == [fine[1], fine[3], fine[5]]
     assert block_hashes_at(fine, 16, 16) is fine
     with pytest.raises(IndexError):
         view[3]
