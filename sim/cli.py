@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator, List, Optional
 
 import typer
 
+from sim.trace.diff import DEFAULT_TABLES
+
 EXIT_DIFF = 1
 EXIT_BAD_INPUT = 2
 EXIT_CRASH = 3
@@ -306,7 +308,7 @@ def compare(
 def trace_diff(
     a: Path = typer.Argument(..., help="Result bundle or golden directory A."),
     b: Path = typer.Argument(..., help="Result bundle or golden directory B."),
-    tables: str = typer.Option("kv_events,admissions", "--tables", help="Comma-separated tables to compare."),
+    tables: str = typer.Option(",".join(DEFAULT_TABLES), "--tables", help="Comma-separated tables to compare."),
     context: int = typer.Option(3, "--context", help="Rows of context around the first difference."),
 ) -> None:
     """First differing KV event / admission with context; exit 1 when they differ."""
@@ -336,7 +338,7 @@ def replay(
     scenario = load_scenario(scenario_file)
     target = out or scenario_file.parent / "replayed"
     result = run_scenario(scenario, target, options=RunOptions(progress=False))
-    crash = result.summary.get("crash")
+    crash = result.crash
     typer.echo(f"crash: {json.dumps(crash, sort_keys=True)}")
     if expected_file.is_file():
         expected = json.loads(expected_file.read_text(encoding="utf-8"))

@@ -195,18 +195,6 @@ def block_table(blocks: Any) -> tuple[Sequence[Any], ...]:
     return tuple(getattr(blocks, "blocks", blocks))
 
 
-def bytes_for_tokens(group: GroupLayout, num_tokens: int) -> int:
-    """Bytes one group moves for a token range of ``num_tokens`` (Mamba: one state)."""
-    if num_tokens <= 0:
-        return 0
-    if group.kind == "mamba":
-        return group.bytes_per_block
-    blocks = -(-num_tokens // group.block_size)
-    if group.kind == "sliding_window" and group.window is not None:
-        blocks = min(blocks, -(-(group.window - 1) // group.block_size) + 1)
-    return blocks * group.bytes_per_block
-
-
 def group_layouts_from_kv_cache_config(kv_cache_config: Any) -> tuple[GroupLayout, ...]:
     """The connector view of a :class:`sim.kv.specs.KVCacheConfig`.
 

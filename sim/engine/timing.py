@@ -167,8 +167,7 @@ class StepTimeModel:
         if len(new_tokens) == 0:
             return 0.0
         flops, mem, r = self._work(new_tokens, context_tokens)
-        p = self.params
-        return p.step_overhead_s + p.per_request_overhead_s * r + max(flops / self._compute_rate, mem / self._memory_rate)
+        return self._seconds(flops, mem, r)
 
     def work(self, batch: Sequence[tuple[int, int]] | np.ndarray) -> tuple[float, float]:
         """``(FLOPs, bytes)`` of one step over ``batch``, for inspection and tests."""
@@ -193,6 +192,10 @@ class StepTimeModel:
             num_requests, float(new_tokens), float(context_tokens), float(new_times_context),
             float(new_times_new_plus_one),
         )
+        return self._seconds(flops, mem, num_requests)
+
+    def _seconds(self, flops: float, mem: float, num_requests: int) -> float:
+        """The roofline: fixed and per-request overhead plus the slower of compute and memory."""
         p = self.params
         return (p.step_overhead_s + p.per_request_overhead_s * num_requests
                 + max(flops / self._compute_rate, mem / self._memory_rate))

@@ -62,10 +62,6 @@ class TransferLink:
         self._last = env.now
         env.process(self._run())
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._active) + len(self._queued)
-
     def submit(self, nbytes: int, on_done: Callable[[], None], slowdown: float = 1.0) -> None:
         """Start a transfer of ``nbytes``; ``on_done()`` runs at its completion time."""
         if nbytes < 0 or slowdown <= 0:
@@ -188,7 +184,7 @@ class StepLink:
             self.stats.busy_time += self.service.step - start
             on_done()
 
-        self.service._schedule(self.service.step + steps, done)
+        self.service.schedule(self.service.step + steps, done)
 
 
 class StepTransferService:
@@ -216,7 +212,7 @@ class StepTransferService:
         """The step at which the earliest pending transfer completes."""
         return min(d.step for d in self._due) if self._due else None
 
-    def _schedule(self, step: int, on_done: Callable[[], None]) -> None:
+    def schedule(self, step: int, on_done: Callable[[], None]) -> None:
         self._seq += 1
         self._due.append(_Due(step, self._seq, on_done))
 
