@@ -90,7 +90,7 @@ def blocks_for_one_request(config: KVCacheConfig, num_tokens: int) -> int:
         if isinstance(spec, MambaSpec):
             total += 2 if spec.mamba_cache_mode == "align" else 1
         elif isinstance(spec, SlidingWindowSpec):
-            total += min(cdiv(num_tokens, spec.block_size), cdiv(spec.window - 1, spec.block_size) + 1)
+            total += min(cdiv(num_tokens, spec.block_size), spec.blocks_for_hit + 1)
         else:
             total += cdiv(num_tokens, spec.block_size)
     return total

@@ -304,10 +304,6 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         super().__init__(spec, block_pool, kv_cache_group_id, **kw)
         self.sliding_window = spec.window
 
-    @staticmethod
-    def _contiguous_blocks_for_hit(window: int, block_size: int) -> int:
-        return cdiv(window - 1, block_size)
-
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -323,7 +319,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         assert isinstance(kv_cache_spec, SlidingWindowSpec)
         bs = kv_cache_spec.block_size
         block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
-        need = cls._contiguous_blocks_for_hit(kv_cache_spec.window, bs)
+        need = kv_cache_spec.blocks_for_hit
         max_blocks = min(max_length // bs, len(block_hashes))
         null = block_pool.null_block
         computed: BlockLists = tuple([null] * max_blocks for _ in kv_cache_group_ids)
@@ -372,7 +368,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         bs = kv_cache_spec.block_size
         if alignment_tokens % bs:
             return None
-        need = cls._contiguous_blocks_for_hit(kv_cache_spec.window, bs)
+        need = kv_cache_spec.blocks_for_hit
         mask = [False] * (end_block - start_block)
         if retention_interval is None:
             segment: int | None = alignment_tokens

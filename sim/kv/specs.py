@@ -66,6 +66,11 @@ class SlidingWindowSpec:
     def kind(self) -> str:
         return "sliding_window"
 
+    @property
+    def blocks_for_hit(self) -> int:
+        """Contiguous cached blocks a hit needs: ``cdiv(window - 1, block_size)`` (vLLM's lookup rule)."""
+        return cdiv(self.window - 1, self.block_size)
+
     def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
         """vLLM ``SlidingWindowSpec.max_admission_blocks_per_request``: window + in-flight, +1 for misalignment."""
         num_tokens = min(self.window - 1 + max_in_flight_tokens, max_model_len)

@@ -98,7 +98,7 @@ class TruthChecker:
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
             spec = group.spec
-            need = cdiv(spec.window - 1, spec.block_size) if spec.kind == "sliding_window" else 0
+            need = spec.blocks_for_hit if spec.kind == "sliding_window" else 0
             self.groups.append((gid, spec.kind, spec.block_size, need))
         #: request id -> (taint origin, bad point in tokens) while it may still cache blocks.
         self.bad: dict[str, tuple[str, int]] = {}
