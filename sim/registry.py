@@ -61,4 +61,5 @@ class Registry(Generic[T]):
         try:
             return cls(**options)
         except TypeError as exc:
-            raise ValueError(f"{self.what} {name!r} ({self.key}): {exc}") from None
+            given = ", ".join(sorted(options)) or "none"
+            raise ValueError(f"{self.what} {name!r} ({self.key}): {exc} (options given: {given})") from None

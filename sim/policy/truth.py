@@ -63,7 +63,6 @@ from __future__ import annotations
 from typing import Any
 
 from sim.kv.hash_view import block_hashes_at
-from sim.kv.specs import cdiv
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 

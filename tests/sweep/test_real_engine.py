@@ -38,3 +38,20 @@ def test_two_points_of_the_pressure_sweep_run_on_the_real_engine(tmp_path):
     assert list(df["admissions.hit_diverged"] > 0) == [False, True]
     for run in result.runs:
         assert (tmp_path / run.run_id / "scenario.resolved.yaml").is_file()
+
+
+def test_real_engine_runs_give_identical_tables_from_the_process_pool_and_the_serial_loop(tmp_path):
+    """The real loader and engine survive the trip to worker processes and decide identically there."""
+    grid = ["cache.num_blocks=36,40", "scheduler.prefix_policy=max_per_group,pr48425"]
+    kwargs = dict(grid=grid, overrides=["outputs.plots=false"], progress=False)
+    serial = run_sweep(SWEEPS / "pressure-base.yaml", tmp_path / "serial", executor="serial", **kwargs)
+    pooled = run_sweep(SWEEPS / "pressure-base.yaml", tmp_path / "pool", executor="local", jobs=2, **kwargs)
+    assert [r.status for r in pooled.runs] == ["ok"] * 4, pooled.describe()
+    assert (tmp_path / "serial" / "sweep.parquet").read_bytes() == (tmp_path / "pool" / "sweep.parquet").read_bytes()
+    for run in serial.runs:
+        a = (tmp_path / "serial" / run.run_id / "admissions.parquet").read_bytes()
+        assert a == (tmp_path / "pool" / run.run_id / "admissions.parquet").read_bytes()
+    df = pd.read_parquet(tmp_path / "pool" / "sweep.parquet").set_index(["cache.num_blocks", "scheduler.prefix_policy"])
+    # The numbers the pressure figure shows at 40 blocks (docs/sweeps.md): pr48425 falls back, max_per_group corrupts.
+    assert df.loc[(40, "pr48425"), "admissions.fallbacks"] == 6
+    assert df.loc[(40, "max_per_group"), "admissions.by_outcome.corrupt"] == 2
