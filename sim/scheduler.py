@@ -52,7 +52,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
-from sim.kv.specs import KVCacheConfig, MambaSpec
+from sim.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
 from sim.request import Request, RequestStatus
 
@@ -825,12 +825,16 @@ class Scheduler:
         if start >= prefill_end:
             return num_new_tokens
         bs = self.mamba_block_size
-        last_cache_position = _checkpoint_position(request.num_tokens, bs)
+        # vLLM aligns the checkpoint to the scheduler block size (the hash block only with
+        # fine-grained partial hits, which we do not model).
+        last_cache_position = prefill_checkpoint_position(request.num_tokens, self.block_size)
         end = start + num_new_tokens
         use_internal_checkpoint = (
             self.mamba_has_prefill_checkpoints
             and end >= prefill_end
-            and self._checkpoint_valid(start, end, _checkpoint_position(prefill_end, bs))
+            and prefill_checkpoint_valid(
+                start, end, prefill_checkpoint_position(prefill_end, self.block_size), self.hash_block_size, bs
+            )
         )
         if use_internal_checkpoint:
             last_cache_position = 0
@@ -849,21 +853,6 @@ class Scheduler:
         )
         end = min((s for s in stops if start < s < end), default=end)
         return max(end - start, 0)
-
-    def _checkpoint_valid(self, query_start: int, query_end: int, checkpoint_position: int) -> bool:
-        """vLLM ``is_mamba_prefill_checkpoint_valid``."""
-        if not self.mamba_has_prefill_checkpoints:
-            return False
-        # MambaMixer2 / GDN export a checkpoint at any token (vLLM alignment 1), so no alignment test.
-        bs, hbs = self.mamba_block_size, self.hash_block_size
-        initial_state_col = (query_start - 1) // bs
-        checkpoint_col = -(-query_end // bs) - 2
-        return (
-            query_start % hbs == 0
-            and checkpoint_col > initial_state_col
-            and query_start + hbs <= checkpoint_position
-            and query_start < checkpoint_position < query_end
-        )
 
     def _inflight_prefill_reserved_blocks(self) -> int:
         """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""
@@ -1013,8 +1002,3 @@ class Scheduler:
     def _free_blocks(self, request: Request) -> None:
         self.kv.free(request)
         self.requests.pop(request.request_id, None)
-
-
-def _checkpoint_position(num_tokens: int, block_size: int) -> int:
-    """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no hash lookahead)."""
-    return max((num_tokens - 1) // block_size * block_size, 0)

@@ -31,7 +31,15 @@ from typing import Sequence
 from sim.kv.hash_view import block_hashes_at
 from sim.kv.hashing import BlockHash
 from sim.kv.pool import BlockPool, CacheKey, KVCacheBlock
-from sim.kv.specs import FullAttentionSpec, KVCacheSpec, MambaSpec, SlidingWindowSpec, cdiv
+from sim.kv.specs import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+    cdiv,
+    prefill_checkpoint_position,
+    prefill_checkpoint_valid,
+)
 from sim.request import Request
 
 BlockLists = tuple[list[KVCacheBlock], ...]
@@ -487,8 +495,7 @@ class MambaManager(SingleTypeKVCacheManager):
     # --------------------------------------------------------- align helpers
     def _checkpoint_position(self, num_tokens: int) -> int:
         """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no lookahead)."""
-        a = self.cache_hit_alignment_tokens
-        return max((num_tokens - 1) // a * a, 0)
+        return prefill_checkpoint_position(num_tokens, self.cache_hit_alignment_tokens)
 
     def _needs_internal_checkpoint(
         self, request_id: str, query_start: int, query_end: int, checkpoint_position: int, prefill_end: int
@@ -498,17 +505,11 @@ class MambaManager(SingleTypeKVCacheManager):
         ``is_mamba_prefill_checkpoint_valid``, checkpoint alignment 1)."""
         if not self.has_prefill_checkpoint_blocks or query_end < prefill_end:
             return False
-        bs = self.block_size
-        checkpoint_idx = cdiv(query_end, bs) - 2
-        initial_state_col = (query_start - 1) // bs
-        hbs = self.cache_hit_alignment_tokens
-        if not (
-            query_start % hbs == 0
-            and checkpoint_idx > initial_state_col
-            and query_start + hbs <= checkpoint_position
-            and query_start < checkpoint_position < query_end
+        if not prefill_checkpoint_valid(
+            query_start, query_end, checkpoint_position, self.block_pool.hash_block_size, self.block_size
         ):
             return False
+        checkpoint_idx = cdiv(query_end, self.block_size) - 2
         if checkpoint_idx < 0:
             return False
         blocks = self.req_to_blocks.get(request_id, ())

@@ -42,6 +42,28 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def prefill_checkpoint_position(num_tokens: int, alignment: int) -> int:
+    """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no hash lookahead): the last
+    ``alignment`` boundary strictly before the final token, whose state a resend can hit."""
+    return max((num_tokens - 1) // alignment * alignment, 0)
+
+
+def prefill_checkpoint_valid(
+    query_start: int, query_end: int, checkpoint_position: int, hash_block_size: int, mamba_block_size: int
+) -> bool:
+    """vLLM ``is_mamba_prefill_checkpoint_valid`` for layers that export a state at any token
+    (checkpoint alignment 1: MambaMixer2, GDN): the chunk ``[query_start, query_end)`` starts on a
+    hash boundary, spans a later state column than its initial state, and contains the position."""
+    initial_state_col = (query_start - 1) // mamba_block_size
+    checkpoint_col = cdiv(query_end, mamba_block_size) - 2
+    return (
+        query_start % hash_block_size == 0
+        and checkpoint_col > initial_state_col
+        and query_start + hash_block_size <= checkpoint_position
+        and query_start < checkpoint_position < query_end
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class FullAttentionSpec:
     """Every token of the sequence keeps its KV; one block per ``block_size`` tokens."""
