@@ -120,29 +120,26 @@ def _check_fits(config: KVCacheConfig, requests: list[Request], max_model_len: i
 
 
 def _build_connector(scenario: Scenario, config: KVCacheConfig):
-    from sim.connector import connector_names, create_connector
+    """The scenario's connector, HMA-checked; the registry's errors already name ``connector.type``."""
+    from sim.connector import create_connector
     from sim.connector.context import check_connector_compatible
 
-    name = scenario.connector.type
-    if name not in connector_names():
-        raise _err("connector.type", f"unknown connector {name!r} (valid: {', '.join(connector_names())})")
     try:
-        connector = create_connector(name, **scenario.connector.options())
+        connector = create_connector(scenario.connector.type, **scenario.connector.options())
         check_connector_compatible(connector, config)
     except ValueError as exc:
-        raise _err("connector", str(exc)) from None
+        raise ScenarioError(str(exc)) from None
     return connector
 
 
 def _check_policy(scenario: Scenario):
-    from sim.policy.prefix import get_prefix_policy, prefix_policy_names
+    """The scenario's prefix policy; an unknown name lists the valid ones."""
+    from sim.policy.prefix import get_prefix_policy
 
-    name = scenario.scheduler.prefix_policy
-    if name not in prefix_policy_names():
-        raise _err(
-            "scheduler.prefix_policy", f"unknown prefix policy {name!r} (valid: {', '.join(prefix_policy_names())})"
-        )
-    return get_prefix_policy(name)
+    try:
+        return get_prefix_policy(scenario.scheduler.prefix_policy)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def build_components(
