@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sim.config.yamlio import did_you_mean
 from sim.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
 
 BF16 = 2
@@ -481,20 +482,23 @@ activation peak: CUDA context and cuBLAS/NCCL workspaces (~1 GiB) and the
 CUDA-graph pool (~0.5 GiB)."""
 
 
-def model_preset(name: str) -> ModelPreset:
-    """The named preset; ``ValueError`` listing the valid names otherwise."""
+def _preset(table: dict, name: str, what: str):
     try:
-        return MODEL_PRESETS[name]
+        return table[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r} (valid: {', '.join(MODEL_PRESETS)})") from None
+        raise ValueError(
+            f"unknown {what} preset {name!r}{did_you_mean(name, table)} (valid: {', '.join(table)})"
+        ) from None
+
+
+def model_preset(name: str) -> ModelPreset:
+    """The named preset; ``ValueError`` with a did-you-mean and the valid names otherwise."""
+    return _preset(MODEL_PRESETS, name, "model")
 
 
 def hardware_preset(name: str) -> HardwarePreset:
-    """The named preset; ``ValueError`` listing the valid names otherwise."""
-    try:
-        return HARDWARE_PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown hardware preset {name!r} (valid: {', '.join(HARDWARE_PRESETS)})") from None
+    """The named preset; ``ValueError`` with a did-you-mean and the valid names otherwise."""
+    return _preset(HARDWARE_PRESETS, name, "hardware")
 
 
 def activation_peak_bytes(model: ModelPreset, max_num_batched_tokens: int, max_num_seqs: int) -> int:

@@ -28,7 +28,9 @@ from sim.config.presets import (
     MODEL_PRESETS,
     HardwarePreset,
     ModelPreset,
+    hardware_preset,
     kv_memory_budget,
+    model_preset,
 )
 from sim.config.yamlio import did_you_mean
 from sim.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
@@ -120,10 +122,8 @@ class ModelSection(_Strict):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, name: str | None) -> str | None:
-        if name is not None and name not in MODEL_PRESETS:
-            raise ValueError(
-                f"unknown model preset {name!r}{did_you_mean(name, MODEL_PRESETS)} (valid: {', '.join(MODEL_PRESETS)})"
-            )
+        if name is not None:
+            model_preset(name)
         return name
 
     @model_validator(mode="after")
@@ -171,11 +171,7 @@ class HardwareSection(_Strict):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, name: str) -> str:
-        if name not in HARDWARE_PRESETS:
-            raise ValueError(
-                f"unknown hardware preset {name!r}{did_you_mean(name, HARDWARE_PRESETS)} "
-                f"(valid: {', '.join(HARDWARE_PRESETS)})"
-            )
+        hardware_preset(name)
         return name
 
     def preset_obj(self) -> HardwarePreset:
