@@ -31,6 +31,8 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
+from sim.config.yamlio import ScenarioError, parse_scalar
+
 
 _KEY_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -191,11 +193,7 @@ def parse_grid_arg(text: str) -> Axis:
     for i, raw in enumerate(raw_values):
         if not raw.strip():
             raise SweepError(f"{where}: value {i + 1} is empty")
-        try:
-            values.append(yaml.safe_load(raw))
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise SweepError(f"{where}: value {raw.strip()!r} is not valid YAML ({problem})") from None
+        values.append(_yaml_value(raw, where))
     points = tuple((v,) for v in values)
     _distinct(points, where)
     return Axis(keys=(key,), points=points)
@@ -208,11 +206,15 @@ def parse_set_arg(text: str) -> tuple[str, Any]:
     if not sep:
         raise SweepError(f"{where}: expected key.path=value")
     key = _check_key(key.strip(), where)
+    return key, _yaml_value(raw, where) if raw.strip() else None
+
+
+def _yaml_value(raw: str, where: str) -> Any:
+    """One override value, parsed as ``hybridsim run --set`` parses it (safe YAML, no tags)."""
     try:
-        return key, yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SweepError(f"{where}: value {raw.strip()!r} is not valid YAML ({problem})") from None
+        return parse_scalar(raw)
+    except ScenarioError as exc:
+        raise SweepError(f"{where}: value {raw.strip()!r} is not valid YAML ({exc})") from None
 
 
 def parse_seeds(spec: str | int | Sequence[int] | None) -> SeedSpec:
