@@ -250,10 +250,7 @@ class OffloadConnector(KVConnector):
                 f"connector.group_capacity: {len(shares)} fractions given for {ctx.num_groups} KV-cache groups"
             )
         self.tier = OffloadTier(ctx.num_groups, self.capacity_bytes, shares)
-        #: Bytes and GPU-block equivalents of one tier entry per group.
-        self.entry_bytes = [
-            g.bytes_per_block if g.kind == "mamba" else (chunk // g.block_size) * g.bytes_per_block for g in ctx.groups
-        ]
+        #: GPU-block equivalents of one tier entry per group (a chunk; one state for Mamba).
         self.entry_blocks = [1 if g.kind == "mamba" else chunk // g.block_size for g in ctx.groups]
         self.hit_tokens_per_group = [0] * ctx.num_groups
         self.link = ctx.transfers.make_link(f"{self.name}.pcie", self.link_spec)
@@ -417,7 +414,7 @@ class OffloadConnector(KVConnector):
                 if self.tier.contains(g.index, key):
                     self.tier.touch(g.index, key)
                 else:
-                    entries.append((g.index, key, self.entry_bytes[g.index]))
+                    entries.append((g.index, key, self.entry_blocks[g.index] * g.bytes_per_block))
         return entries
 
     def _submit_store(self, state: _ReqState, entries: list[tuple[int, int, int]]) -> None:
@@ -474,12 +471,16 @@ class OffloadConnector(KVConnector):
         return events
 
     # ------------------------------------------------------------------ metrics
+    def _tier_blocks(self, g: int) -> int:
+        """GPU-block equivalents group ``g`` holds in the tier."""
+        return len(self.tier.lru[g]) * self.entry_blocks[g]
+
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
         out["transfer_time"] = self.link.stats.busy_time
         for g in range(self.ctx.num_groups):
             out[f"hit_tokens_g{g}"] = self.hit_tokens_per_group[g]
-            out[f"tier_blocks_g{g}"] = len(self.tier.lru[g]) * self.entry_blocks[g]
+            out[f"tier_blocks_g{g}"] = self._tier_blocks(g)
             out[f"tier_evictions_g{g}"] = self.tier.evictions[g]
         out["tier_bytes"] = sum(self.tier.used)
         out["tier_capacity_bytes"] = self.capacity_bytes
@@ -487,7 +488,7 @@ class OffloadConnector(KVConnector):
 
     def step_columns(self) -> dict[str, float | int]:
         cols: dict[str, float | int] = {
-            f"conn_tier_blocks_g{g}": len(self.tier.lru[g]) * self.entry_blocks[g] for g in range(self.ctx.num_groups)
+            f"conn_tier_blocks_g{g}": self._tier_blocks(g) for g in range(self.ctx.num_groups)
         }
         cols["conn_tier_bytes"] = sum(self.tier.used)
         cols["conn_loads_in_flight"] = self._loads_in_flight
