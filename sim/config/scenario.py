@@ -160,6 +160,7 @@ class HardwareOverrides(_Strict):
     memory_efficiency: Fraction | None = None
     kernel_floor_s: NonNegativeFloat | None = None
     transition_k: Annotated[float, Field(ge=1, le=64)] | None = None
+    gemm_row_tile: PositiveInt | None = None
     attn_prefill_efficiency: Fraction | None = None
     attn_context_efficiency: Fraction | None = None
     attn_prefill_token_s: NonNegativeFloat | None = None
@@ -174,7 +175,7 @@ class HardwareOverrides(_Strict):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-def _read_overrides_file(path: str) -> HardwareOverrides:
+def read_overrides_file(path: str) -> HardwareOverrides:
     """``hardware.overrides_path``: a YAML file with an ``overrides`` mapping (``hybridsim timing fit`` writes one)."""
     import yaml
     from pydantic import ValidationError
@@ -210,7 +211,7 @@ class HardwareSection(_Strict):
     @model_validator(mode="after")
     def _merge_overrides_file(self) -> "HardwareSection":
         if self.overrides_path:
-            from_file = _read_overrides_file(self.overrides_path).given()
+            from_file = read_overrides_file(self.overrides_path).given()
             self.overrides = HardwareOverrides(**{**from_file, **self.overrides.given()})
         return self
 

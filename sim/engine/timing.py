@@ -74,27 +74,32 @@ class TimingParams:
     (``bf16_flops``) or bandwidth (``memory_bandwidth``); floors are seconds
     per kernel. ``compute_efficiency`` / ``memory_efficiency`` /
     ``kernel_floor_s`` are the GEMMs'; ``transition_k`` is shared by every
-    kernel. ``step_overhead_s`` / ``per_request_overhead_s`` are CPU time
+    kernel. ``gemm_row_tile``: a GEMM over more token rows than one tile
+    computes whole tiles (cuBLAS's wave quantization: on the A100 profile 136
+    rows cost what 256 do); 1 turns it off. ``step_overhead_s`` / ``per_request_overhead_s`` are CPU time
     outside the GPU kernels (scheduling, input preparation, sampling
     bookkeeping) that a kernel profile cannot see: they are 0 / 5 µs unless
     you measure your own; vLLM v1 overlaps much of its CPU work with the GPU.
-    The defaults are the A100 calibration (:data:`A100_80G`).
+    The defaults are the A100 calibration (:data:`A100_80G`); ``state_floor_s``
+    (the Mamba state kernel's latency) has no public anchor and takes the
+    GEMM floor's order of magnitude.
     """
 
     step_overhead_s: float = 0.0
     per_request_overhead_s: float = 5e-6
-    compute_efficiency: float = 0.76
-    memory_efficiency: float = 0.85
-    kernel_floor_s: float = 5e-6
-    transition_k: float = 2.0
-    attn_prefill_efficiency: float = 0.6
-    attn_context_efficiency: float = 0.55
-    attn_prefill_token_s: float = 5.4e-8
-    attn_decode_memory_efficiency: float = 0.85
-    attn_floor_s: float = 2e-5
-    elementwise_memory_efficiency: float = 0.5
-    small_op_floor_s: float = 2.5e-6
-    state_memory_efficiency: float = 0.85
+    compute_efficiency: float = 0.7073
+    memory_efficiency: float = 0.8136
+    kernel_floor_s: float = 4.697e-6
+    transition_k: float = 2.029
+    gemm_row_tile: int = 64
+    attn_prefill_efficiency: float = 0.5622
+    attn_context_efficiency: float = 0.5518
+    attn_prefill_token_s: float = 3.842e-8
+    attn_decode_memory_efficiency: float = 0.8056
+    attn_floor_s: float = 1.824e-5
+    elementwise_memory_efficiency: float = 0.5732
+    small_op_floor_s: float = 3.777e-6
+    state_memory_efficiency: float = 0.8056
     state_floor_s: float = 5e-6
 
     def __post_init__(self) -> None:
@@ -106,38 +111,44 @@ class TimingParams:
             elif f.name == "transition_k":
                 if not 1 <= v <= 64:
                     raise ValueError(f"transition_k must be in [1, 64], got {v}")
+            elif f.name == "gemm_row_tile":
+                if not (isinstance(v, int) and v >= 1):
+                    raise ValueError(f"gemm_row_tile must be an integer >= 1, got {v!r}")
             elif v < 0:
                 raise ValueError(f"{f.name} must be >= 0, got {v}")
 
 
 A100_80G = TimingParams(
-    compute_efficiency=0.757, memory_efficiency=0.833, kernel_floor_s=4.9e-6, transition_k=2.0,
-    attn_prefill_efficiency=0.596, attn_context_efficiency=0.55, attn_prefill_token_s=5.4e-8,
-    attn_decode_memory_efficiency=0.85, attn_floor_s=2.0e-5,
-    elementwise_memory_efficiency=0.5, small_op_floor_s=2.5e-6,
-    state_memory_efficiency=0.85, state_floor_s=5e-6,
+    compute_efficiency=0.7073, memory_efficiency=0.8136, kernel_floor_s=4.697e-6, transition_k=2.029,
+    gemm_row_tile=64, elementwise_memory_efficiency=0.5732, small_op_floor_s=3.777e-6,
+    attn_decode_memory_efficiency=0.8056, attn_floor_s=1.824e-5,
+    attn_prefill_efficiency=0.5622, attn_context_efficiency=0.5518, attn_prefill_token_s=3.842e-8,
+    state_memory_efficiency=0.8056, state_floor_s=5e-6,
 )
 """A100-SXM4-80GB, fitted with ``hybridsim timing fit`` on Vidur's public profiles (MIT):
 
 * GEMMs and small ops: ``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
-  ``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` (TP 1 rows).
+  ``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` (all 451 TP-1 token counts).
 * attention (FlashInfer): the same profile's ``attention.csv``, absent from
   Vidur's snapshot (Git LFS), read from the fork ``sw5sh/cs378-assignment3`` @
   7ac2fe9fb6cea9d4630659a10c5cccfc9fbdd776 (same path, 9,155,341 bytes, the size
-  Vidur's LFS pointer records).
+  Vidur's LFS pointer records); the 54 rows we read are the extract in
+  ``tests/data/profiles/a100/meta-llama/Meta-Llama-3-8B/attention.csv``.
 * Mamba state terms: no public absolute kernel timings found; the state update
   is taken as a memory-bound streaming kernel at the attention-decode bandwidth
-  efficiency (vLLM PR #48018 reports that halving the state traffic speeds the
+  efficiency (``state_memory_efficiency = attn_decode_memory_efficiency``).
+  vLLM PR #48018 (ReplaySSM) reports that halving the state traffic speeds the
   standard kernel up 1.4-1.8x at batch 32-512 on H100, i.e. it runs near the
-  bandwidth roof there, and is latency-bound at batch 1-8). Weak anchor.
+  bandwidth roof there, and is latency-bound at batch 1-8. A weak anchor: it
+  fixes the regime (memory-bound), not the efficiency.
 
 Extracts and their licence: ``tests/data/profiles/README.md``.
 """
 
 H100_80G = replace(
     A100_80G,
-    compute_efficiency=0.66, memory_efficiency=0.80, kernel_floor_s=4.0e-6, transition_k=1.6,
-    elementwise_memory_efficiency=0.45, small_op_floor_s=2.5e-6,
+    compute_efficiency=0.7861, memory_efficiency=0.8935, kernel_floor_s=4.556e-6, transition_k=1.422,
+    gemm_row_tile=64, elementwise_memory_efficiency=0.7336, small_op_floor_s=2.256e-6,
 )
 """H100-SXM-80GB, fitted with ``hybridsim timing fit`` on the GEMMs and small ops of
 ``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
@@ -371,7 +382,9 @@ class StepTimeModel:
     def gemm_time(self, gemm: Gemm, rows: float) -> float:
         """One GEMM kernel over ``rows`` token rows (weights in the model dtype, bf16 activations)."""
         p = self.params
-        c = 2.0 * rows * gemm.weights / (self._peak * p.compute_efficiency)
+        tile = p.gemm_row_tile
+        computed = rows if rows <= tile else math.ceil(rows / tile) * tile
+        c = 2.0 * computed * gemm.weights / (self._peak * p.compute_efficiency)
         m = (gemm.weights * self.model.weight_dtype_bytes + rows * (gemm.din + gemm.dout) * ACT_BYTES) / (
             self._bw * p.memory_efficiency
         )
