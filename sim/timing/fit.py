@@ -19,7 +19,9 @@ The objective is the (weighted) mean squared log ratio of predicted to profiled 
 (relative error, symmetric). The search is coordinate descent: each parameter
 in turn tries a geometric fan of values around the current one inside its
 bounds (discrete parameters try every candidate), keeps the best, and the fan
-narrows every sweep. Deterministic; the Mamba terms are not fitted (a Vidur
+narrows every sweep; then a few Levenberg-Marquardt steps (numerical
+Jacobian, NumPy least squares) polish the continuous parameters, whose
+coordinate-wise search stalls where two of them trade off. Deterministic; the Mamba terms are not fitted (a Vidur
 profile has no Mamba layer).
 """
 
@@ -28,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Callable, Sequence
+
+import numpy as np
 
 from sim.config.presets import HardwarePreset, ModelPreset
 from sim.engine.timing import StepTimeModel, TimingParams, model_gemms
@@ -134,6 +138,46 @@ def _objective(model: ModelPreset, hardware: HardwarePreset, params: TimingParam
     return total / weights if weights else 0.0
 
 
+def _residuals(model: ModelPreset, hardware: HardwarePreset, params: TimingParams,
+               obs: Sequence[Observation]) -> np.ndarray:
+    st = StepTimeModel(model, hardware, params)
+    return np.array([math.sqrt(w) * math.log(predict(st) / seconds) for seconds, predict, w in obs if seconds > 0])
+
+
+def _refine(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, names: Sequence[str],
+            obs: Sequence[Observation], iterations: int = 12) -> TimingParams:
+    """Levenberg-Marquardt on the log residuals over the continuous ``names``, in log-parameter space,
+    clipped to :data:`BOUNDS` (numerical Jacobian, ``numpy.linalg.lstsq``)."""
+    cont = [n for n in names if n not in CHOICES]
+    if not cont:
+        return params
+    lo = np.log([BOUNDS[n][0] for n in cont])
+    hi = np.log([BOUNDS[n][1] for n in cont])
+
+    def at(x: np.ndarray) -> TimingParams:
+        return replace(params, **{n: float(math.exp(v)) for n, v in zip(cont, np.clip(x, lo, hi))})
+
+    x = np.log([getattr(params, n) for n in cont])
+    r = _residuals(model, hardware, at(x), obs)
+    damping = 1e-3
+    for _ in range(iterations):
+        jac = np.empty((len(r), len(cont)))
+        for j in range(len(cont)):
+            step = np.zeros(len(cont))
+            step[j] = 1e-6
+            jac[:, j] = (_residuals(model, hardware, at(x + step), obs) - r) / 1e-6
+        a = np.vstack([jac, math.sqrt(damping) * np.eye(len(cont))])
+        b = np.concatenate([-r, np.zeros(len(cont))])
+        delta = np.linalg.lstsq(a, b, rcond=None)[0]
+        x_new = np.clip(x + delta, lo, hi)
+        r_new = _residuals(model, hardware, at(x_new), obs)
+        if r_new @ r_new < r @ r:
+            x, r, damping = x_new, r_new, damping / 10
+        else:
+            damping *= 10
+    return at(x)
+
+
 def _search(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, names: Sequence[str],
             obs: Sequence[Observation], sweeps: int = 14) -> TimingParams:
     best = _objective(model, hardware, params, obs)
@@ -172,7 +216,7 @@ def fit_profile(profile: Profile, model: ModelPreset, hardware: HardwarePreset, 
         obs = data[name]
         if not obs:
             continue
-        params = _search(model, hardware, params, names, obs)
+        params = _refine(model, hardware, _search(model, hardware, params, names, obs), names, obs)
         groups.append(GroupFit(name, len(obs), math.sqrt(_objective(model, hardware, params, obs))))
     return FitResult(params, tuple(groups))
 
