@@ -1,7 +1,7 @@
 """The fit recovers the parameters a synthetic profile was generated with; check reports it exactly."""
 
 import pytest
-from conftest import LAYERS, TRUE, write_synthetic_profile
+from synthetic_profile import LAYERS, TRUE, write_synthetic_profile
 
 from sim.config.presets import hardware_preset
 from sim.engine.timing import StepTimeModel, TimingParams

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import yaml
-from conftest import TRUE
+from synthetic_profile import TRUE
 from typer.testing import CliRunner
 
 from sim.cli import app
