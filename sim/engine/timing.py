@@ -129,10 +129,11 @@ A100_80G = TimingParams(
 
 * GEMMs and small ops: ``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
   ``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` (all 451 TP-1 token counts).
-* attention (FlashInfer): the same profile's ``attention.csv``, absent from
-  Vidur's snapshot (Git LFS), read from the fork ``sw5sh/cs378-assignment3`` @
-  7ac2fe9fb6cea9d4630659a10c5cccfc9fbdd776 (same path, 9,155,341 bytes, the size
-  Vidur's LFS pointer records); the 54 rows we read are the extract in
+* attention (FlashInfer): the same profile's ``attention.csv``, absent from the
+  stored snapshot of Vidur (over 4 MiB), read from the fork
+  ``sw5sh/cs378-assignment3`` @ 7ac2fe9fb6cea9d4630659a10c5cccfc9fbdd776 (same
+  path, 9,155,341 bytes, the size a Git LFS pointer to it records in the fork
+  ``Nisarg-M-Patel/llm-fair-scheduling``); the 54 rows we read are the extract in
   ``tests/data/profiles/a100/meta-llama/Meta-Llama-3-8B/attention.csv``.
 * Mamba state terms: no public absolute kernel timings found; the state update
   is taken as a memory-bound streaming kernel at the attention-decode bandwidth
@@ -152,10 +153,11 @@ H100_80G = replace(
 )
 """H100-SXM-80GB, fitted with ``hybridsim timing fit`` on the GEMMs and small ops of
 ``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
-``data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv`` (TP 1). No public
-H100 attention profile was found (every copy of that ``attention.csv`` is a Git
-LFS pointer), so the attention and Mamba terms keep the A100 efficiencies and
-floors (fractions of the H100's own peak and bandwidth): unvalidated on H100.
+``data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv`` (all TP-1 rows).
+No H100 attention profile could be read (Vidur's snapshot lacks it, the one fork
+carrying it holds a Git LFS pointer), so the attention and Mamba terms keep the
+A100 efficiencies and floors (fractions of the H100's own peak and bandwidth):
+unvalidated on H100.
 """
 
 #: Calibrated constants per hardware preset name; other presets use :class:`TimingParams`' defaults.
