@@ -252,7 +252,7 @@ class StepTimeModel:
         "_num_experts", "_expert_pick", "_expert_weights", "_expert_width", "_moe_layers",
         "_mamba_layers", "_state_bytes", "_state_flops",
         "_small_kernels", "_small_bytes_per_token", "_small_step_kernels", "_small_step_bytes_per_token",
-        "_small_layer_kernels",
+        "_small_layer_kernels", "_gemm_consts", "_lm_consts", "_tile", "_inv_k",
     )
 
     def __init__(self, model: ModelPreset, hardware: HardwarePreset, params: TimingParams = TimingParams()):
@@ -305,6 +305,18 @@ class StepTimeModel:
         self._small_bytes_per_token = float(sum(n * b[1] for n, b in blocks))
         self._small_step_kernels = 2.0
         self._small_step_bytes_per_token = float((2 + 2) * h * ACT_BYTES)  # embedding row out, final norm r/w
+        self._tile = params.gemm_row_tile
+        self._inv_k = 1.0 / params.transition_k
+        self._gemm_consts = tuple((name, tuple((g.count,) + self._gemm_coefficients(g) for g in gs))
+                                  for name, gs in self._gemms)
+        self._lm_consts = self._gemm_coefficients(self._lm_head) if self._lm_head is not None else None
+
+    def _gemm_coefficients(self, gemm: Gemm) -> tuple[float, float, float]:
+        """``(compute s per computed row, memory s fixed, memory s per row)`` of one GEMM kernel."""
+        p = self.params
+        rate, bw = self._peak * p.compute_efficiency, self._bw * p.memory_efficiency
+        return (2.0 * gemm.weights / rate, gemm.weights * self.model.weight_dtype_bytes / bw,
+                (gemm.din + gemm.dout) * ACT_BYTES / bw)
 
     @classmethod
     def from_presets(
@@ -364,10 +376,10 @@ class StepTimeModel:
         """
         if num_requests == 0:
             return 0.0
-        terms = self._terms(num_requests, new_tokens, context_tokens, new_times_context, new_times_new_plus_one,
-                            decode_requests, decode_context)
         p = self.params
-        return p.step_overhead_s + p.per_request_overhead_s * num_requests + sum(terms.values())
+        return p.step_overhead_s + p.per_request_overhead_s * num_requests + self._gpu_seconds(
+            num_requests, new_tokens, context_tokens, new_times_context, new_times_new_plus_one,
+            decode_requests, decode_context)
 
     def breakdown(self, batch: Sequence[tuple[int, int]]) -> dict[str, float]:
         """Seconds per term of one step over ``batch`` (GPU terms, plus ``cpu``); they sum to :meth:`step_time`."""
@@ -383,14 +395,13 @@ class StepTimeModel:
 
     def gemm_time(self, gemm: Gemm, rows: float) -> float:
         """One GEMM kernel over ``rows`` token rows (weights in the model dtype, bf16 activations)."""
-        p = self.params
-        tile = p.gemm_row_tile
+        fc, m0, m1 = self._gemm_coefficients(gemm)
+        return self._gemm(fc, m0, m1, rows)
+
+    def _gemm(self, fc: float, m0: float, m1: float, rows: float) -> float:
+        tile = self._tile
         computed = rows if rows <= tile else math.ceil(rows / tile) * tile
-        c = 2.0 * computed * gemm.weights / (self._peak * p.compute_efficiency)
-        m = (gemm.weights * self.model.weight_dtype_bytes + rows * (gemm.din + gemm.dout) * ACT_BYTES) / (
-            self._bw * p.memory_efficiency
-        )
-        return kernel_time(c, m, p.kernel_floor_s, self._k)
+        return kernel_time(fc * computed, m0 + m1 * rows, self.params.kernel_floor_s, self._k)
 
     def attention_decode_time(self, requests: float, context: float) -> float:
         """One attention layer's decode kernel: ``requests`` decodes over ``context`` cached tokens in all."""
@@ -412,25 +423,66 @@ class StepTimeModel:
         m = (self._kv_bytes * (context + 2.0 * tokens) + self._q_bytes * tokens) / (self._bw * p.memory_efficiency)
         return kernel_time(c, m, p.attn_floor_s, self._k)
 
+    def _moe_time(self, t: float) -> float:
+        """Every MoE layer's routed experts: FLOPs of the active experts, bytes of the experts touched."""
+        p = self.params
+        touched = self._num_experts * (1.0 - self._expert_pick**t)
+        c = 2.0 * t * self._expert_weights * self._expert_width / (self._peak * p.compute_efficiency)
+        m = self._expert_weights / self._num_experts * touched * self.model.weight_dtype_bytes / (
+            self._bw * p.memory_efficiency)
+        return self._moe_layers * kernel_time(c, m, 2.0 * p.kernel_floor_s, self._k)
+
+    def _state_time(self, r: int, t: float) -> float:
+        """Every Mamba/GDN layer's state kernel: per-token FLOPs, state read + written per request."""
+        p = self.params
+        c = self._state_flops * t / (self._peak * p.attn_prefill_efficiency)
+        m = 2.0 * self._state_bytes * r / (self._bw * p.state_memory_efficiency)
+        return self._mamba_layers * kernel_time(c, m, p.state_floor_s, self._k)
+
     def small_ops_time(self, tokens: float) -> float:
         """Every small elementwise kernel of the step (per-layer ones, embedding, final norm)."""
         p = self.params
         nbytes = (self._small_bytes_per_token + self._small_step_bytes_per_token) * tokens
         return p.small_op_floor_s * self._small_kernels + nbytes / (self._bw * p.elementwise_memory_efficiency)
 
+    def _gpu_seconds(self, r: int, t: float, ctx: float, nc: float, nn1: float, dr: int, dctx: float) -> float:
+        """The sum of :meth:`_terms` without building the dict (the engine's once-per-step path).
+
+        Same expressions as :meth:`_terms`, GEMM loop inlined; equal to the sum of
+        the breakdown up to float rounding of the summation order.
+        """
+        k, inv_k, floor = self._k, self._inv_k, self.params.kernel_floor_s
+        tile = self._tile
+        computed = t if t <= tile else math.ceil(t / tile) * tile
+        total = 0.0
+        for _, consts in self._gemm_consts:
+            for count, fc, m0, m1 in consts:
+                c, m = fc * computed, m0 + m1 * t
+                total += count * (floor + (math.sqrt(c * c + m * m) if k == 2.0 else (c**k + m**k) ** inv_k))
+        if self._moe_layers:
+            total += self._moe_time(t)
+        if self._mamba_layers:
+            total += self._state_time(r, t)
+        if self._attn_layers:
+            if dr:
+                total += self._attn_layers * self.attention_decode_time(dr, dctx)
+            if r - dr:
+                total += self._attn_layers * self.attention_prefill_time(
+                    t - dr, ctx - dctx, nc - dctx, (nn1 - 2.0 * dr) * 0.5)
+        total += self.small_ops_time(t)
+        if self._lm_consts is not None:
+            total += self._gemm(*self._lm_consts, r)
+        return total
+
     def _terms(self, r: int, t: float, ctx: float, nc: float, nn1: float,
                dr: int = 0, dctx: float = 0) -> dict[str, float]:
         """GPU seconds per term from the batch totals (see :meth:`step_time_totals`)."""
         terms: dict[str, float] = {}
-        for name, gemms in self._gemms:
-            terms[name] = sum(g.count * self.gemm_time(g, t) for g in gemms)
+        gemm = self._gemm
+        for name, consts in self._gemm_consts:
+            terms[name] = sum(count * gemm(fc, m0, m1, t) for count, fc, m0, m1 in consts)
         if self._moe_layers:
-            touched = self._num_experts * (1.0 - self._expert_pick**t)
-            p = self.params
-            wb = self.model.weight_dtype_bytes
-            c = 2.0 * t * self._expert_weights * self._expert_width / (self._peak * p.compute_efficiency)
-            m = self._expert_weights / self._num_experts * touched * wb / (self._bw * p.memory_efficiency)
-            terms["moe"] = self._moe_layers * kernel_time(c, m, 2.0 * p.kernel_floor_s, self._k)
+            terms["moe"] = self._moe_time(t)
         if self._attn_layers:
             pr, pt = r - dr, t - dr
             if dr:
@@ -439,13 +491,10 @@ class StepTimeModel:
                 pctx, pnc, pnn1 = ctx - dctx, nc - dctx, nn1 - 2.0 * dr
                 terms["attn_prefill"] = self._attn_layers * self.attention_prefill_time(pt, pctx, pnc, pnn1 * 0.5)
         if self._mamba_layers:
-            p = self.params
-            c = self._state_flops * t / (self._peak * p.attn_prefill_efficiency)
-            m = 2.0 * self._state_bytes * r / (self._bw * p.state_memory_efficiency)
-            terms["mamba_state"] = self._mamba_layers * kernel_time(c, m, p.state_floor_s, self._k)
+            terms["mamba_state"] = self._state_time(r, t)
         terms["small_ops"] = self.small_ops_time(t)
-        if self._lm_head is not None:
-            terms["lm_head"] = self.gemm_time(self._lm_head, r)  # vLLM computes one logits row per request
+        if self._lm_consts is not None:
+            terms["lm_head"] = gemm(*self._lm_consts, r)  # vLLM computes one logits row per request
         return terms
 
 
