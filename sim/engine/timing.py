@@ -44,8 +44,9 @@ one pass (:meth:`StepTimeModel.step_time_totals`). Calibrated constants per GPU
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -246,13 +247,33 @@ class StepTimeModel:
     """Seconds per engine step as a function of the scheduled batch (see module docstring)."""
 
     __slots__ = (
-        "model", "hardware", "params",
-        "_gemms", "_lm_head", "_peak", "_bw", "_k",
-        "_attn_layers", "_pair_flops", "_kv_bytes", "_q_bytes",
-        "_num_experts", "_expert_pick", "_expert_weights", "_expert_width", "_moe_layers",
-        "_mamba_layers", "_state_bytes", "_state_flops",
-        "_small_kernels", "_small_bytes_per_token", "_small_step_kernels", "_small_step_bytes_per_token",
-        "_small_layer_kernels", "_gemm_consts", "_lm_consts", "_tile", "_inv_k",
+        "_attn_layers",
+        "_bw",
+        "_expert_pick",
+        "_expert_weights",
+        "_expert_width",
+        "_gemm_consts",
+        "_gemms",
+        "_inv_k",
+        "_k",
+        "_kv_bytes",
+        "_lm_consts",
+        "_lm_head",
+        "_mamba_layers",
+        "_moe_layers",
+        "_num_experts",
+        "_pair_flops",
+        "_peak",
+        "_q_bytes",
+        "_small_bytes_per_token",
+        "_small_kernels",
+        "_small_step_bytes_per_token",
+        "_state_bytes",
+        "_state_flops",
+        "_tile",
+        "hardware",
+        "model",
+        "params",
     )
 
     def __init__(self, model: ModelPreset, hardware: HardwarePreset, params: TimingParams = TimingParams()):
@@ -300,10 +321,8 @@ class StepTimeModel:
             (self._attn_layers, attn_block), (model.num_mlp_layers, mlp_block),
             (model.num_moe_layers, moe_block), (self._mamba_layers, mamba_block),
         )
-        self._small_layer_kernels = float(sum(n * b[0] for n, b in blocks))
-        self._small_kernels = self._small_layer_kernels + 2.0  # embedding lookup, final norm
+        self._small_kernels = float(sum(n * b[0] for n, b in blocks)) + 2.0  # + embedding lookup, final norm
         self._small_bytes_per_token = float(sum(n * b[1] for n, b in blocks))
-        self._small_step_kernels = 2.0
         self._small_step_bytes_per_token = float((2 + 2) * h * ACT_BYTES)  # embedding row out, final norm r/w
         self._tile = params.gemm_row_tile
         self._inv_k = 1.0 / params.transition_k
@@ -324,7 +343,7 @@ class StepTimeModel:
         model: str | ModelPreset,
         hardware: str | HardwarePreset,
         overrides: Mapping[str, Any] | None = None,
-    ) -> "StepTimeModel":
+    ) -> StepTimeModel:
         """Build from preset names (or preset objects) and YAML overrides.
 
         The timing constants start from the hardware's calibration in

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 import typer
 import yaml
@@ -52,7 +51,7 @@ def check(
     profile_dir: Path = typer.Argument(..., help="Directory with Vidur's mlp.csv (and attention.csv)."),
     hardware: str = _HARDWARE,
     layers: int = _LAYERS,
-    overrides: Optional[Path] = typer.Option(None, "--overrides", help="A hw.yaml written by `timing fit`."),
+    overrides: Path | None = typer.Option(None, "--overrides", help="A hw.yaml written by `timing fit`."),
     prefill_kv_save: bool = _KV_SAVE,
     summary: bool = typer.Option(False, "--summary", help="Print only the per-regime summary."),
 ) -> None:
@@ -84,9 +83,8 @@ def fit(
     prefill_kv_save: bool = _KV_SAVE,
 ) -> None:
     """Fit the efficiencies and floors to the profile; write a file for ``hardware.overrides_path``."""
-    from sim.engine.timing import CALIBRATED, TimingParams
+    from sim.engine.timing import CALIBRATED, StepTimeModel, TimingParams
     from sim.timing.check import compare, format_table, summarize
-    from sim.engine.timing import StepTimeModel
     from sim.timing.fit import fit_profile, override_document
 
     hw, profile, model, steps = _setup(profile_dir, hardware, layers, prefill_kv_save)

@@ -28,8 +28,8 @@ profile has no Mamba layer).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Sequence
 
 import numpy as np
 

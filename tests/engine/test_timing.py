@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from sim.config.presets import HardwarePreset, ModelPreset
-from sim.engine.timing import A100_80G, CALIBRATED, Gemm, StepTimeModel, TimingParams, kernel_time, model_gemms
+from sim.engine.timing import (
+    A100_80G,
+    CALIBRATED,
+    Gemm,
+    StepTimeModel,
+    TimingParams,
+    kernel_time,
+    model_gemms,
+)
 from sim.kv.shapes import AttentionLayerShape, MambaLayerShape, ModelShape
 from sim.timing.check import compare, predict, summarize
 from sim.timing.profiles import load_profile, profiled_steps
