@@ -239,10 +239,6 @@ def model_gemms(model: ModelPreset) -> dict[str, tuple[Gemm, ...]]:
     return out
 
 
-#: Breakdown terms a Vidur kernel profile measures (everything but the LM head, final norm and CPU).
-PROFILED_TERMS = ("attn_proj", "mlp", "attn_decode", "attn_prefill", "small_ops")
-
-
 class StepTimeModel:
     """Seconds per engine step as a function of the scheduled batch (see module docstring)."""
 
@@ -285,12 +281,13 @@ class StepTimeModel:
         self._k = params.transition_k
         gemms = model_gemms(model)
         self._gemms = tuple((name, tuple(g for g in gs)) for name, gs in gemms.items() if gs)
-        self._lm_head = Gemm(model.hidden_size, model.lm_head_params // model.hidden_size, 1) if model.lm_head_params else None
+        # Logits: hidden x vocab, also when tied to the embedding (``lm_head_params == 0``).
+        self._lm_head = Gemm(model.hidden_size, model.vocab_size, 1) if model.vocab_size else None
         attn = [layer for layer in model.shape.layers if isinstance(layer, AttentionLayerShape)]
         mamba = [layer for layer in model.shape.layers if isinstance(layer, MambaLayerShape)]
         self._attn_layers = len(attn)
         self._pair_flops = 4.0 * model.num_attention_heads * model.head_dim
-        self._kv_bytes = float(attn[0].bytes_per_token) if attn else 0.0
+        self._kv_bytes = float(sum(layer.bytes_per_token for layer in attn) / len(attn)) if attn else 0.0
         self._q_bytes = 2.0 * model.num_attention_heads * model.head_dim * ACT_BYTES  # q in, o out
         self._moe_layers = model.num_moe_layers
         self._num_experts = model.num_experts
