@@ -81,9 +81,8 @@ class TimingParams:
     outside the GPU kernels (scheduling, input preparation, sampling
     bookkeeping) that a kernel profile cannot see: they are 0 / 5 µs unless
     you measure your own; vLLM v1 overlaps much of its CPU work with the GPU.
-    The defaults are the A100 calibration (:data:`A100_80G`); ``state_floor_s``
-    (the Mamba state kernel's latency) has no public anchor and takes the
-    GEMM floor's order of magnitude.
+    The defaults are the A100 calibration (:data:`A100_80G`; its docstring
+    gives the Mamba state anchor).
     """
 
     step_overhead_s: float = 0.0
@@ -136,13 +135,18 @@ A100_80G = TimingParams(
   path, 9,155,341 bytes, the size a Git LFS pointer to it records in the fork
   ``Nisarg-M-Patel/llm-fair-scheduling``); the 54 rows we read are the extract in
   ``tests/data/profiles/a100/meta-llama/Meta-Llama-3-8B/attention.csv``.
-* Mamba state terms: no public absolute kernel timings found; the state update
-  is taken as a memory-bound streaming kernel at the attention-decode bandwidth
-  efficiency (``state_memory_efficiency = attn_decode_memory_efficiency``).
-  vLLM PR #48018 (ReplaySSM) reports that halving the state traffic speeds the
-  standard kernel up 1.4-1.8x at batch 32-512 on H100, i.e. it runs near the
-  bandwidth roof there, and is latency-bound at batch 1-8. A weak anchor: it
-  fixes the regime (memory-bound), not the efficiency.
+* Mamba state terms: FlashInfer's ``selective_state_update`` microbenchmark
+  (flashinfer PR #4616 on Blackwell: 0.0468 / 0.0873 / 0.1674 ms at batch 64 /
+  128 / 256 for the ``benchmarks/samples/sample_testlist.txt`` shape, 64 heads x
+  128 x 128 bf16 state, and 5.1 µs at batch 1) is, with a 5 µs floor, 0.80-0.83
+  of the 8 TB/s HBM: ``state_floor_s = 5e-6`` and ``state_memory_efficiency`` =
+  the attention-decode efficiency (0.81) agree with it. vLLM PR #48018
+  (ReplaySSM) confirms the regime on H100 (halving the state traffic speeds the
+  kernel up 1.4-1.8x at batch 32-512; latency-bound at batch 1-8). Quality: a
+  fraction-of-bandwidth transfer from another GPU generation, for one kernel;
+  vLLM's default Triton kernel can be slower (PR #48018: default vs tuned
+  configs differ by up to 1.4x on H100 fp16); the prefill scan FLOPs have no
+  anchor.
 
 Extracts and their licence: ``tests/data/profiles/README.md``.
 """
