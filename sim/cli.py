@@ -48,6 +48,9 @@ trace_app = typer.Typer(no_args_is_help=True, help="Compare result traces.")
 workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(workload_app, name="workload")
+from sim.timing.cli import timing_app  # noqa: E402  (the `timing check|fit` sub-app)
+
+app.add_typer(timing_app, name="timing")
 
 _state = {"debug": False}
 

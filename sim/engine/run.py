@@ -75,7 +75,8 @@ def _step_duration_fn(components: Components):
             new_ctx += n * c
             new_new1 += n * (n + 1)
         return model.step_time_totals(
-            decode + len(output.prefill_chunks), total_new, total_ctx, new_ctx, new_new1
+            decode + len(output.prefill_chunks), total_new, total_ctx, new_ctx, new_new1,
+            decode_requests=decode, decode_context=output.decode_context_tokens,
         )
 
     return duration
