@@ -22,6 +22,7 @@ A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from typing import Sequence
@@ -38,8 +39,12 @@ NONE_HASH: BlockHash = int.from_bytes(
 )
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> BlockHash:
-    """Hash of one full block given its parent's hash, token bytes and extra keys."""
+    """Hash of one full block given its parent's hash, token bytes and extra keys.
+
+    Pure, so memoized (bounded): requests sharing a prefix hash its blocks once.
+    """
     h = hashlib.blake2b(digest_size=8)
     h.update(_U64.pack(NONE_HASH if parent is None else parent))
     h.update(_U64.pack(len(content)))
