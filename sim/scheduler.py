@@ -362,7 +362,7 @@ class Scheduler:
         max_model_len = self.max_model_len
         need_split = self.need_mamba_split
         allocate_slots = self.kv.allocate_running_slots
-        # The kv manager's quiet horizons (sim.kv.quiet): inside one, allocate_slots is a proven no-op.
+        # The kv manager's quiet horizons (sim.kv.fastpath): inside one, allocate_slots is a proven no-op.
         quiet = self.kv.quiet
         take_decodes = quiet.take_decodes if quiet.enabled else None
         scheduled_running = out.scheduled_running_reqs

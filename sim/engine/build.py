@@ -151,7 +151,7 @@ def build_components(
     """Build (or, with ``dry_run``, only check) everything a run needs.
 
     ``fast_paths`` False builds the plain vLLM-mirroring path: no quiet horizons
-    (:mod:`sim.kv.quiet`) and no reuse of prefix lookups; the tables are identical.
+    (:mod:`sim.kv.fastpath`) and no reuse of prefix lookups; the tables are identical.
     """
     from sim.kv.manager import KVCacheManager
     from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker

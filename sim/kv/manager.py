@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 from sim.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
 from sim.kv.managers import MambaManager
 from sim.kv.pool import KVCacheBlock, KVEvent
-from sim.kv.quiet import QuietHorizons
+from sim.kv.fastpath import QuietHorizons
 from sim.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.request import Request, RequestStatus
 
@@ -48,7 +48,7 @@ class KVCacheManager:
     sliding-window admission cap (vLLM: concurrent batches x
     ``max_num_batched_tokens``; defaults to ``max_model_len``).
     ``corrected_mamba_accounting``: see :class:`~sim.kv.managers.MambaManager`.
-    ``fast_paths`` False turns the quiet horizons off (vLLM's plain path on every call).
+    ``fast_paths`` False turns the simulator's fast paths off (:mod:`sim.kv.fastpath`).
     """
 
     def __init__(
@@ -71,6 +71,7 @@ class KVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events,
             max_in_flight_tokens=max_in_flight_tokens,
             corrected_mamba_accounting=corrected_mamba_accounting,
+            fast_paths=fast_paths,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.groups)
@@ -157,7 +158,7 @@ class KVCacheManager:
     def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None:
         """``allocate_slots(request, num_new_tokens)`` (no hit, no external or
         lookahead tokens: the running loop's call); inside the request's quiet
-        horizon (:mod:`sim.kv.quiet`) it returns no blocks without the per-group work."""
+        horizon (:mod:`sim.kv.fastpath`) it returns no blocks without the per-group work."""
         if self.quiet.covers(request, num_new_tokens):
             return self.empty_kv_cache_blocks
         return self._allocate_slots_full(request, num_new_tokens)

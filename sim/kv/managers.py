@@ -280,7 +280,7 @@ class SingleTypeKVCacheManager:
         return None
 
     # ---------------------------------------------------------- quiet horizon
-    #: Whether this group type answers :meth:`quiet_horizon` (see :mod:`sim.kv.quiet`);
+    #: Whether this group type answers :meth:`quiet_horizon` (see :mod:`sim.kv.fastpath`);
     #: a layout with any other group type always takes the full path.
     has_quiet_horizon: bool = False
 

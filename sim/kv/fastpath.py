@@ -1,27 +1,32 @@
-"""Quiet horizons: the simulator's one fast path around ``allocate_slots`` (not a vLLM feature).
+"""The simulator's fast paths, in one place (none of them is a vLLM feature).
 
-Most ``allocate_slots`` calls of the scheduler's running loop give a running
-request a few more tokens inside blocks it already holds; then vLLM's
-per-group steps (skip, count, allocate, cache) change nothing and return no
-block. After each full call the KV manager asks :class:`QuietHorizons` to note,
-per request, a *quiet horizon*: bounds on ``computed + new`` and on the
-processed tokens under which the next plain call (no hit, no external or
-lookahead tokens) provably changes nothing in any group. Each single-type
-manager answers its own bound (``quiet_horizon()``); this class only takes the
-minimum over the groups and answers "is this call inside the horizon?".
+Each one skips work whose answer is already known exactly; with the switch off
+(``fast_paths: false``: ``RunOptions(fast_paths=False)``, ``HYBRIDSIM_PLAIN=1``,
+``hybridsim run --plain``) every call takes vLLM's plain path. Both paths give
+byte-identical tables (``tests/test_fastpath_differential.py``).
 
-Switch: a :class:`QuietHorizons` built with ``enabled=False`` notes nothing and
-covers nothing, so every call takes vLLM's plain path (``fast_paths: false``,
-``HYBRIDSIM_PLAIN=1``). Both paths give byte-identical tables
-(``tests/test_fastpath_differential.py``).
+* :class:`QuietHorizons` (around ``allocate_slots``). Most calls of the
+  scheduler's running loop give a running request a few more tokens inside
+  blocks it already holds; then vLLM's per-group steps (skip, count, allocate,
+  cache) change nothing and return no block. After each full call the KV
+  manager notes, per request, a *quiet horizon*: bounds on ``computed + new``
+  and on the processed tokens under which the next plain call (no hit, no
+  external or lookahead tokens) provably changes nothing in any group. Each
+  single-type manager answers its own bound (``quiet_horizon()``); this class
+  only takes the minimum over the groups. Supported layouts: full attention and
+  align-mode Mamba with one common block size; any other layout is plain.
+* :class:`LookupMemo` (around a group type's ``find_longest_cache_hit``). An
+  admission looks the same prefix up several times (the per-group hits of the
+  admissions table, then the policy's lookup, which repeats the full-attention
+  scan); while the pool's cache map is unchanged the answer is the same.
 
-Supported layouts: full attention and align-mode Mamba with one common block
-size; any other layout is silently plain.
+The scheduler's reuse of a head-of-line request's last lookup across steps
+(``Scheduler.reuse_prefix_lookups``) is switched with these.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from sim.request import Request, RequestStatus
 
@@ -154,3 +159,42 @@ class QuietHorizons:
             num_scheduled[request.request_id] = 1
             taken += 1
         return taken
+
+
+class LookupMemo:
+    """Remembers each group type's last ``find_longest_cache_hit`` answer, for one pool.
+
+    Key: the request's hash list (by identity, held so its id cannot be reused),
+    its length (it only grows), ``max_length``, the group ids, and the pool's
+    ``cache_generation`` (bumped on every cache-map change: while it is
+    unchanged every lookup reads the same map). Answers are copied both ways,
+    as callers trim the returned lists in place.
+    """
+
+    def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._pool = block_pool
+        self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list, ...], int]] = {}
+
+    def find_longest_cache_hit(
+        self, cls: Any, block_hashes: Sequence[int], max_length: int, group_ids: Sequence[int],
+        spec: Any, alignment_tokens: int,
+    ) -> tuple[tuple[list, ...], int]:
+        """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
+        pool = self._pool
+        if not self.enabled:
+            return cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
+        key = tuple(group_ids)
+        last = self._last.get(key)
+        generation = pool.cache_generation
+        if (
+            last is not None
+            and last[0] is block_hashes
+            and last[1] == len(block_hashes)
+            and last[2] == max_length
+            and last[3] == generation
+        ):
+            return tuple([*lst] for lst in last[4]), last[5]
+        found, hit = cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
+        self._last[key] = (block_hashes, len(block_hashes), max_length, generation, tuple([*lst] for lst in found), hit)
+        return found, hit
