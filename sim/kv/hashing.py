@@ -80,9 +80,15 @@ def extend_block_hashes(
     end_block = num_tokens // hash_block_size
     parent = hashes[-1] if hashes else None
     contents = block_contents(segments, start_block, end_block, hash_block_size)
+    append = hashes.append
+    if not lora_name and not (cache_salt and start_block == 0):
+        for content in contents:  # no extra keys on any of these blocks
+            parent = hash_block(parent, content, b"")
+            append(parent)
+        return end_block - start_block
     for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
-        hashes.append(parent)
+        append(parent)
     return end_block - start_block
 
 
