@@ -395,6 +395,18 @@ class Scenario(_Strict):
     outputs: OutputsSection = Field(default_factory=OutputsSection)
     check_invariants: bool = False
 
+    @field_validator("name")
+    @classmethod
+    def _path_safe_name(cls, name: str) -> str:
+        """The name is a folder name (``results/<name>``): one plain path component, printable, not hidden."""
+        bad = next((c for c in name if c in "/\\\0" or not c.isprintable()), None)
+        if bad is not None:
+            raise ValueError(f"{name!r} contains {bad!r}; a name is one folder name (letters, digits, '-', '_', '.')")
+        if name in (".", "..") or name.startswith((".", "-")) or name != name.strip() or len(name) > 128:
+            raise ValueError(f"{name!r} cannot be a folder name (no leading '.' or '-', no surrounding spaces, "
+                             "at most 128 characters)")
+        return name
+
     @model_validator(mode="after")
     def _resolve(self) -> "Scenario":
         self._check_model_and_clock()

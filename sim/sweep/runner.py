@@ -9,10 +9,11 @@ Layout of ``DIR``::
     DIR/sweep.parquet        one row per run (see :mod:`sim.sweep.table`)
     DIR/plots/<name>.png     the sweep's ``plots:`` figures
 
-Resume rule: a run whose ``summary.json`` is complete (see
+Resume rule: a run whose bundle is whole and complete (it matches its manifest, see
 :func:`~sim.sweep.executors.complete_summary`) and whose ``sweep-run.json`` matches
-is reused, not rerun; every other run directory is cleared and run again (so a
-failed run is retried). A run directory that belongs to a *different* definition
+is reused, not rerun; every other run is run again (so a failed run is retried) and
+its new bundle replaces the old one whole. A run folder holding anything hybridsim
+did not write is an error before anything runs: a sweep never deletes it. A run directory that belongs to a *different* definition
 (other base scenario content or overrides) is an error, raised before anything
 runs or is deleted. ``sweep.json`` and ``sweep.parquet`` are pure functions of the
 definition and the runs' outcomes: no timestamps, no executor, planned order.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +122,26 @@ def _read_identity(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _check_ours(run_dir: Path) -> None:
+    """Refuse (before anything runs or is removed) a run folder holding anything the sweep did not write."""
+    from sim.trace.atomic import OutputFolderError, check_output_folder
+
+    try:
+        check_output_folder(run_dir)
+    except OutputFolderError as exc:
+        raise SweepError(f"{exc}; a sweep never deletes a folder it did not write") from None
+
+
+def _clear_for_rerun(run_dir: Path) -> None:
+    """Make ``run_dir`` ready for a rerun without deleting anything foreign: drop a failed run's
+    ``error.txt``; the old bundle (if any) is replaced whole when the new one is written."""
+    from sim.sweep.executors import ERROR_FILE
+
+    _check_ours(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
 
 
 def _base_seed(spec: SweepSpec, load: LoadFn) -> int:
@@ -248,6 +268,7 @@ def run_sweep(
     reused: dict[str, dict[str, Any]] = {}
     for run in runs:
         run_dir = out_dir / run.run_id
+        _check_ours(run_dir)
         identity = _read_identity(run_dir)
         wanted = _identity(scenario_sha, run)
         if identity is not None and identity != wanted:
@@ -267,9 +288,7 @@ def run_sweep(
         if run.run_id in reused:
             continue
         run_dir = out_dir / run.run_id
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+        _clear_for_rerun(run_dir)
         (run_dir / IDENTITY_FILE).write_text(json.dumps(_identity(scenario_sha, run), indent=2) + "\n")
         tasks.append(RunTask(run.run_id, scenario_path, run.overrides, str(run_dir), load_fn, run_fn))
 

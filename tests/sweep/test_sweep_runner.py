@@ -80,6 +80,7 @@ def test_serial_sweep_writes_bundles_manifest_and_one_row_per_run(tmp_path, base
         "hit_rate_g0",
         "outcomes.crash",
         "outcomes.ok",
+        "partial",
         "preemptions",
         "requests",
     ]
@@ -118,11 +119,15 @@ def test_resume_reruns_only_incomplete_runs_and_keeps_the_table(tmp_path, base_s
     (out / partial / "stale.png").write_text("left over")
     call_log.unlink()
 
+    with pytest.raises(SweepError, match="stale.png, which hybridsim did not write"):
+        _sweep(spec, out)  # a file the sweep did not write is never deleted
+    assert (out / partial / "stale.png").exists() and not call_log.exists()
+    (out / partial / "stale.png").unlink()
+
     second = _sweep(spec, out)
     assert second.executed == [partial, victim]
     assert _log(call_log) == [partial, victim]
     assert len(second.reused) == 6
-    assert not (out / partial / "stale.png").exists()
     assert (out / "sweep.parquet").read_bytes() == table_bytes
 
     call_log.unlink()
