@@ -470,7 +470,7 @@ def workload_stats(
         base, seed, clock = Path.cwd(), 0, "time"
     if block_size is None:
         block_size = 512 if spec.trace is not None and spec.trace.format == "mooncake" else 16
-    requests = build_requests(spec, base_dir=base, rng=np.random.default_rng(seed), clock=clock)
+    requests = build_requests(spec, base_dir=base, rng=np.random.default_rng(seed), clock=clock, read_at_most=limit)
     stats = compute(requests, block_size)
     typer.echo(json.dumps(stats, indent=2, sort_keys=True))
 

@@ -19,7 +19,8 @@ import math
 from dataclasses import replace
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag, field_validator,
+                      model_validator)
 
 from sim.config.presets import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -47,6 +48,9 @@ EXPLICIT_GROUPS_MAX_MODEL_LEN = 8192
 
 
 class _Strict(BaseModel):
+    """Unknown keys are errors; booleans must be YAML booleans (``true``/``false``), never ``"yes please"``
+    or ``1``."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -83,7 +87,7 @@ class MambaLayerSpec(_Strict):
     state_shapes: list[list[PositiveInt]] = Field(min_length=1)
     state_dtype_bytes: list[PositiveInt] = Field(min_length=1)
     mixer: Literal["mamba1", "mamba2", "gdn", "short_conv"] = "mamba2"
-    prefill_checkpoints: bool = False
+    prefill_checkpoints: StrictBool = False
     count: PositiveInt = 1
 
     @model_validator(mode="after")
@@ -198,7 +202,7 @@ class SlidingWindowGroup(_Strict):
 
 class MambaGroup(_Strict):
     type: Literal["mamba"]
-    prefill_checkpoints: bool = False
+    prefill_checkpoints: StrictBool = False
     block_size: PositiveInt | None = None
 
 
@@ -238,11 +242,20 @@ class CacheSection(_Strict):
     block_size: PositiveInt = 16
     num_blocks: Annotated[int, Field(ge=2)] | None = None
     kv_memory_gb: PositiveFloat | None = None
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: StrictBool = True
     mamba_cache_mode: Literal["align", "none"] | None = None
     retention_interval: NonNegativeInt | None = 0
     groups: list[GroupSpec] | None = None
-    corrected_mamba_accounting: bool = False
+    corrected_mamba_accounting: StrictBool = False
+
+    @field_validator("num_blocks")
+    @classmethod
+    def _bounded_blocks(cls, value: int | None) -> int | None:
+        from sim.limits import limit, over
+
+        if value is not None and value > limit("num_blocks"):
+            raise ValueError(over("num_blocks", value, f"{value} blocks"))
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "CacheSection":
@@ -356,8 +369,8 @@ class SLOSection(_Strict):
 
 class OutputsSection(_Strict):
     tables_format: Literal["parquet", "csv"] = "parquet"
-    schedule_table: bool | None = None
-    plots: bool = True
+    schedule_table: StrictBool | None = None
+    plots: StrictBool = True
 
 
 # --------------------------------------------------------------------------- scenario
@@ -393,7 +406,7 @@ class Scenario(_Strict):
     on_crash: Literal["stop", "record"] = "stop"
     slo: SLOSection | None = None
     outputs: OutputsSection = Field(default_factory=OutputsSection)
-    check_invariants: bool = False
+    check_invariants: StrictBool = False
 
     @field_validator("name")
     @classmethod

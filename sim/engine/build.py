@@ -76,6 +76,15 @@ def build_kv_cache_config(scenario: Scenario) -> KVCacheConfig:
         raise _err("cache", str(exc)) from None
 
 
+def _check_block_limit(config: KVCacheConfig) -> KVCacheConfig:
+    from sim.limits import limit, over
+
+    if config.num_blocks > limit("num_blocks"):
+        raise _err("cache.kv_memory_gb", over("num_blocks", config.num_blocks,
+                                              f"the memory budget makes {config.num_blocks} blocks"))
+    return config
+
+
 def blocks_for_one_request(config: KVCacheConfig, num_tokens: int) -> int:
     """Blocks one request of ``num_tokens`` tokens needs at admission in an empty pool, over all groups.
 
@@ -152,7 +161,7 @@ def build_components(
     from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker
     from sim.scheduler import Scheduler, SchedulerConfig
 
-    config = build_kv_cache_config(scenario)
+    config = _check_block_limit(build_kv_cache_config(scenario))
     root = np.random.default_rng(scenario.seed)
     workload_rng, connector_rng = root.spawn(2)
     try:

@@ -17,17 +17,22 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     field_validator,
     model_validator,
 )
 
+from sim.limits import MAX_RATE, MAX_TIME_S, MIN_RATE, limit, over
 from sim.tokens import is_reserved_stream
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+# Finite and bounded (sim.limits): no 1e300 times, no 1e-300 rates; beyond these the arithmetic overflows.
+PositiveFloat = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)]
+RateOrZero = Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
@@ -244,7 +249,7 @@ class PoissonArrivals(_Model):
     """Exponential gaps with mean ``1 / rate``."""
 
     process: Literal["poisson"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class GammaArrivals(_Model):
@@ -252,7 +257,7 @@ class GammaArrivals(_Model):
     (``cv = 1`` is Poisson, larger is burstier)."""
 
     process: Literal["gamma"]
-    rate: PositiveFloat
+    rate: Rate
     cv: PositiveFloat
 
 
@@ -260,7 +265,7 @@ class ConstantArrivals(_Model):
     """Evenly spaced arrivals, ``1 / rate`` apart."""
 
     process: Literal["constant"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class OnOffArrivals(_Model):
@@ -268,7 +273,7 @@ class OnOffArrivals(_Model):
     seconds, repeated. (Not ``on``/``off``: YAML 1.1 reads those keys as booleans.)"""
 
     process: Literal["onoff"]
-    rate: PositiveFloat
+    rate: Rate
     on_time: PositiveFloat
     off_time: NonNegativeFloat
 
@@ -277,7 +282,7 @@ class RatePiece(_Model):
     """From ``start`` until the next piece's start, Poisson at ``rate`` (0 = silent)."""
 
     start: NonNegativeFloat
-    rate: NonNegativeFloat
+    rate: RateOrZero
 
 
 class ScheduleArrivals(_Model):
@@ -405,7 +410,19 @@ class GeneratorSpec(_Model):
     def _bounded(self) -> "GeneratorSpec":
         if self.count is None and self.duration is None:
             raise ValueError("generator: give 'count', 'duration' or both")
+        cap = limit("requests")
+        if self.count is not None and self.count > cap:
+            raise ValueError("@count: " + over("requests", self.count, f"count {self.count} arrivals"))
+        if self.count is None and self.duration is not None:
+            expected = self.duration * self._peak_rate()
+            if expected > cap:
+                raise ValueError("@duration: " + over("requests", expected, f"duration {self.duration:g} s at up to "
+                                                      f"{self._peak_rate():g}/s is about {expected:.3g} arrivals"))
         return self
+
+    def _peak_rate(self) -> float:
+        a = self.arrivals
+        return max(p.rate for p in a.pieces) if isinstance(a, ScheduleArrivals) else a.rate
 
 
 # --------------------------------------------------------------------------- traces
@@ -426,7 +443,7 @@ class TraceSpec(_Model):
 
     format: TraceFormat
     path: str = Field(min_length=1)
-    allow_merged_blocks: bool = False
+    allow_merged_blocks: StrictBool = False
 
     @model_validator(mode="after")
     def _merge_flag_applies(self) -> "TraceSpec":
@@ -468,6 +485,9 @@ class WorkloadSpec(_Model):
         if self.requests is not None:
             if not self.requests:
                 raise ValueError("workload: 'requests' must hold at least one request")
+            if len(self.requests) > limit("requests"):
+                raise ValueError("@requests: " + over("requests", len(self.requests),
+                                                      f"{len(self.requests)} requests"))
             seen: set[str] = set()
             for r in self.requests:
                 if r.id in seen:

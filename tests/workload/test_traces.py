@@ -138,7 +138,7 @@ def test_azure_csv(build, tmp_path):
     assert reqs[1].prompt == (StreamSegment("az:2", 0, 374),)
     assert (reqs[2].max_tokens, reqs[2].output_len) == (1, 1)
     (tmp_path / "bad.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,10,2\nyesterday,10,2\n")
-    with pytest.raises(WorkloadError, match=r"bad.csv:3: cannot parse"):
+    with pytest.raises(WorkloadError, match=r"bad.csv:3: TIMESTAMP: cannot parse 'yesterday'"):
         build({"trace": {"format": "azure", "path": "bad.csv"}})
     (tmp_path / "cols.csv").write_text("time,ContextTokens\n")
     with pytest.raises(WorkloadError, match=r"cols.csv:1: missing column\(s\) TIMESTAMP, GeneratedTokens"):
