@@ -392,9 +392,27 @@ def _batch_defaults(hardware: HardwarePreset | None) -> tuple[int, int]:
     return 2048, 256
 
 
+#: Connector options that map request ids to values; every id must name a request of the workload.
+CONNECTOR_ID_MAPS = ("matched_tokens", "holds", "load_async")
+
+
+def check_connector_request_ids(options: dict[str, Any], request_ids: list[str]) -> None:
+    """A typo in a connector's per-request map (``matched_tokens: {prob: 16}`` for ``probe``) would silently
+    change the run; like an action's ``prefix_of``, each id must be a request of the workload."""
+    known = set(request_ids)
+    for key in CONNECTOR_ID_MAPS:
+        table = options.get(key)
+        if not isinstance(table, dict):
+            continue
+        for rid in table:
+            if str(rid) not in known:
+                raise ValueError(f"@connector.{key}.{rid}: no request {str(rid)!r} in the workload"
+                                 f"{did_you_mean(str(rid), sorted(known))}")
+
+
 class Scenario(_Strict):
     name: str = Field(min_length=1)
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     clock: Literal["steps", "time"] = "steps"
     model: ModelSection | None = None
     hardware: HardwareSection | None = None
@@ -473,6 +491,8 @@ class Scenario(_Strict):
 
     def _check_actions(self) -> None:
         request_ids = [r.id for r in self.workload.requests] if self.workload.requests is not None else None
+        if request_ids is not None:
+            check_connector_request_ids(self.connector.options(), request_ids)
         groups = self.cache.groups
         for i, action in enumerate(self.actions):
             if self.clock == "steps" and action.at != int(action.at):

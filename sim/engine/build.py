@@ -9,7 +9,7 @@ so adding draws in one component never shifts another's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,9 @@ class Components:
     step_time_model: Any | None
     group_kinds: list[str]
     connector_rng: np.random.Generator
+    #: Requests longer than ``max_model_len`` under ``workload.too_long: reject``: never given to the
+    #: scheduler (vLLM's input processor refuses them), recorded with outcome ``rejected``.
+    rejected: list[Request] = field(default_factory=list)
 
 
 def _err(key: str, message: str) -> ScenarioError:
@@ -119,13 +122,26 @@ def _check_fits(config: KVCacheConfig, requests: list[Request], max_model_len: i
             f"({tokens} tokens need {need} blocks across {len(config.groups)} groups); "
             f"give at least num_blocks: {need + 1}",
         )
-    too_long = [r.request_id for r in requests if r.num_prompt_tokens > max_model_len]
-    if too_long:
+
+
+def _split_too_long(requests: list[Request], max_model_len: int, mode: str) -> tuple[list[Request], list[Request]]:
+    """(runnable, rejected): a prompt longer than ``max_model_len`` is rejected as vLLM rejects it
+    (``too_long: reject``) or is an error naming both fixes (``too_long: error``)."""
+    too_long = [r for r in requests if r.num_prompt_tokens > max_model_len]
+    if too_long and (mode == "error" or len(too_long) == len(requests)):
+        first = too_long[0]
+        why = "every request is" if len(too_long) == len(requests) else f"{len(too_long)} request(s) are"
         raise _err(
             "scheduler.max_model_len",
-            f"{max_model_len} is shorter than the prompt of request {too_long[0]!r} "
-            f"({len(too_long)} request(s) too long)",
+            f"{max_model_len} is shorter than the {first.num_prompt_tokens}-token prompt of request "
+            f"{first.request_id!r} ({why} too long); use a model with a longer context, or raise "
+            "scheduler.max_model_len" + ("" if mode == "error" else "; with workload.too_long: reject such "
+                                         "requests are rejected, but at least one must fit"),
         )
+    if not too_long:
+        return requests, []
+    ids = {r.request_id for r in too_long}
+    return [r for r in requests if r.request_id not in ids], too_long
 
 
 def _build_connector(scenario: Scenario, config: KVCacheConfig):
@@ -178,6 +194,14 @@ def build_components(
     if not requests:
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
     max_model_len = scenario.scheduler.max_model_len
+    if scenario.workload.requests is None:  # scripted workloads are checked by the scenario model
+        from sim.config.scenario import check_connector_request_ids
+
+        try:
+            check_connector_request_ids(scenario.connector.options(), [r.request_id for r in requests])
+        except ValueError as exc:
+            raise ScenarioError(str(exc).lstrip("@")) from None
+    requests, rejected = _split_too_long(requests, max_model_len, scenario.workload.too_long)
     _check_fits(config, requests, max_model_len)
     policy = _check_policy(scenario)
     connector = _build_connector(scenario, config)
@@ -226,4 +250,5 @@ def build_components(
         step_time_model=step_time_model,
         group_kinds=[g.spec.kind for g in config.groups],
         connector_rng=connector_rng,
+        rejected=rejected,
     )

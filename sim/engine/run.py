@@ -135,6 +135,12 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
             preemptions=request.num_preemptions,
             outcome=_request_outcome(request, worst, crashed, stopped) if arrived else "not_arrived",
         )
+    for request in components.rejected:
+        rec.record_request(
+            request_id=request.request_id, arrival_s=float(request.arrival_time), first_scheduled_s=None,
+            first_token_s=None, finished_s=None, prompt_tokens=request.num_prompt_tokens, output_tokens=0,
+            local_hit_tokens=0, external_hit_tokens=0, preemptions=0, outcome="rejected",
+        )
 
 
 def _replay_yaml(scenario: Scenario, crash_step: int) -> str:

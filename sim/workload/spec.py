@@ -433,21 +433,21 @@ TraceFormat = Literal["mooncake", "qwen", "azure", "requests"]
 class TraceSpec(_Model):
     """A trace file; ``path`` is relative to the scenario file.
 
-    ``allow_merged_blocks`` (hash-block formats only): by default a hash block
-    size that does not divide the trace's block size (512 for Mooncake, 16 for
-    Qwen) is refused, as the traces README asks. Token content is expanded
-    exactly, so a larger block (e.g. the 1040-token attention blocks of a hybrid
-    model) is still well defined: it just spans several trace blocks. Set this
-    to ``true`` to accept such sizes.
+    ``allow_merged_blocks`` (hash-block formats only, default ``true``): token
+    content is expanded exactly per token, so a hash block size that does not
+    divide the trace's block size (512 for Mooncake, 16 for Qwen), e.g. the
+    1040-token attention blocks of a hybrid model, is well defined: such a
+    block spans several trace blocks and is shared exactly when all its tokens
+    are. Set it to ``false`` to refuse such sizes, as the traces README asks.
     """
 
     format: TraceFormat
     path: str = Field(min_length=1)
-    allow_merged_blocks: StrictBool = False
+    allow_merged_blocks: StrictBool = True
 
     @model_validator(mode="after")
     def _merge_flag_applies(self) -> "TraceSpec":
-        if self.allow_merged_blocks and self.format not in ("mooncake", "qwen"):
+        if "allow_merged_blocks" in self.model_fields_set and self.format not in ("mooncake", "qwen"):
             raise ValueError(
                 f"trace: allow_merged_blocks applies to the mooncake and qwen formats, not {self.format!r}"
             )
@@ -463,7 +463,8 @@ class WorkloadSpec(_Model):
     Options apply in this order: ``time_window`` keeps ``start <= t < end`` and
     shifts time so ``start`` becomes 0; ``sample`` keeps each request with that
     probability (seeded); ``time_scale`` multiplies arrival times (2 = half the
-    rate); ``limit`` keeps the first N requests by arrival.
+    rate); ``limit`` keeps the first N requests by arrival. ``too_long`` says what
+    becomes of a prompt longer than ``max_model_len`` (``reject`` by default).
     """
 
     requests: list[ScriptRequestSpec] | None = None
@@ -473,6 +474,9 @@ class WorkloadSpec(_Model):
     time_scale: PositiveFloat = 1.0
     time_window: tuple[NonNegativeFloat, NonNegativeFloat] | None = None
     sample: float = Field(default=1.0, gt=0.0, le=1.0)
+    #: A prompt longer than ``scheduler.max_model_len``: ``reject`` it as vLLM does (outcome ``rejected``,
+    #: counted, the run goes on) or make it an ``error`` naming both fixes.
+    too_long: Literal["reject", "error"] = "reject"
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":

@@ -7,7 +7,7 @@ per-token work. Block ``k`` with id ``h`` becomes ``StreamSegment(prefix + h,
 first ``input_length - k * trace_block`` positions of its stream. Equal ids give
 equal streams, so blocks shared in the trace stay shared at every hash block
 size. A size that does not divide ``trace_block`` is refused unless the trace
-spec sets ``allow_merged_blocks`` (the README asks to refuse merging trace
+spec sets ``allow_merged_blocks: false`` (default true; the README asks to refuse merging trace
 blocks; our content is exact per token, so a block spanning several trace
 blocks is still well defined and shared exactly when its tokens are).
 """
@@ -111,7 +111,7 @@ def check_hash_block_size(path: Path, fmt: str, trace_block: int, hash_block_siz
             f"{path}: a {fmt} trace identifies content in {trace_block}-token blocks; the hash block "
             f"size {hash_block_size} does not divide {trace_block}, so its blocks would merge trace "
             f"blocks, which is not sound. Use a hash block size that divides {trace_block} "
-            f"(e.g. {', '.join(map(str, divisors))}), or set 'allow_merged_blocks: true' on the trace "
+            f"(e.g. {', '.join(map(str, divisors))}), or drop 'allow_merged_blocks: false' from the trace "
             "to accept blocks that span several trace blocks."
         )
 
