@@ -412,7 +412,7 @@ def check_connector_request_ids(options: dict[str, Any], request_ids: list[str])
 
 class Scenario(_Strict):
     name: str = Field(min_length=1)
-    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
     clock: Literal["steps", "time"] = "steps"
     model: ModelSection | None = None
     hardware: HardwareSection | None = None

@@ -72,6 +72,8 @@ def _read_azure(path: Path) -> list[RequestDraft]:
             fields = {c: row[i].strip() for c, i in index.items()}
             try:
                 stamp = parse_timestamp(fields["TIMESTAMP"])
+                if not abs(stamp) <= 1e12:  # also NaN and inf
+                    raise ValueError("out of range")
             except (ValueError, OverflowError):
                 raise WorkloadError(f"{loc}: TIMESTAMP: cannot parse {excerpt(fields['TIMESTAMP'])} "
                                     "(a datetime or a number of seconds)") from None
