@@ -311,7 +311,9 @@ def run_sweep(
     ]
     write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)
     manifest = _manifest(spec, scenario_sha, spec.seeds.resolve(base_seed), records)
-    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
+    tmp = out_dir / f".{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
+    os.replace(tmp, out_dir / MANIFEST_FILE)  # never half a sweep.json
 
     result = SweepResult(
         out_dir=out_dir,

@@ -256,6 +256,24 @@ class Stage:
             self.finished = True
 
 
+def _remove_dead_stages(target: Path) -> None:
+    """Remove stage folders ``.<name>.tmp-<pid>-...`` next to ``target`` left by a process that no longer
+    exists (a SIGKILL or an out-of-memory kill mid-write); a live writer's stage is left alone."""
+    prefix = f".{target.name}.tmp-"
+    for entry in os.scandir(target.parent):
+        if not entry.name.startswith(prefix) or entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+            continue
+        pid_text = entry.name[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except PermissionError:
+            pass  # alive, owned by someone else
+
+
 @contextmanager
 def staged_bundle(target: str | os.PathLike[str], *, force: bool = False) -> Iterator[Stage]:
     """Stage a bundle for ``target``; the caller writes into ``stage.path`` and calls :meth:`Stage.finish`.
@@ -267,6 +285,7 @@ def staged_bundle(target: str | os.PathLike[str], *, force: bool = False) -> Ite
     state = check_output_folder(target, force=force)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_stages(target)
         path = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
         path.mkdir()
     except OSError as exc:

@@ -130,6 +130,9 @@ def test_sigkill_before_the_swap_keeps_the_old_bundle(old_bundle) -> None:
     proc.kill()
     proc.communicate(timeout=60)
     assert snapshot(out) == before and check_bundle(out).ok
+    assert not no_stage_left(out)  # the killed writer's stage is there ...
+    assert invoke("run", BASE, "-o", out, "--no-plots", "-q").exit_code == 0
+    assert no_stage_left(out)  # ... until the next write clears it (its process is gone)
 
 
 def _limit_file_size() -> None:
