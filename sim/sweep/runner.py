@@ -211,6 +211,9 @@ def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
 
     frame = result.table()
     ok = frame[frame["status"] == "ok"]
+    if (out_dir / PLOTS_DIR).is_symlink():
+        result.plot_errors.append(f"{out_dir / PLOTS_DIR} is a symbolic link; links are never followed")
+        return
     for plot in spec.plots:
         if ok.empty:
             result.plot_errors.append(f"plot {plot.name!r}: no successful runs to plot")
@@ -312,6 +315,7 @@ def run_sweep(
     write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)
     manifest = _manifest(spec, scenario_sha, spec.seeds.resolve(base_seed), records)
     tmp = out_dir / f".{MANIFEST_FILE}.tmp"
+    tmp.unlink(missing_ok=True)  # a planted link is removed, never written through
     tmp.write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
     os.replace(tmp, out_dir / MANIFEST_FILE)  # never half a sweep.json
 
