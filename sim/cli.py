@@ -355,6 +355,9 @@ def compare(
     _console().print(table)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        for name in ("latency_cdfs.png", "outcomes.png"):
+            if out.is_symlink() or (out / name).is_symlink():
+                _fail(f"-o/--out {out}: {name} or the folder is a symbolic link; links are never followed")
         typer.echo(str(compare_latency_cdfs(results, out / "latency_cdfs.png")))
         typer.echo(str(compare_outcomes(results, out / "outcomes.png")))
 
