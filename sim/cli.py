@@ -3,7 +3,8 @@
 Exit codes (documented in docs/cli.md):
 
 * 0 — success (``trace diff``: the traces are identical);
-* 1 — ``trace diff`` found a difference;
+* 1 — ``trace diff`` found a difference; ``replay``: the crash was not reproduced; any command: the result
+  bundle could not be written (disk full, I/O error; the previous bundle is untouched);
 * 2 — bad input: a scenario, trace, override or path that cannot be used
   (one line on stderr naming the file, key or line; ``--debug`` shows the
   traceback);
@@ -13,7 +14,8 @@ Exit codes (documented in docs/cli.md):
   bundle is written and marked partial);
 * 5 — the run stalled (requests left that can never be scheduled);
 * 6 — ``sweep``: some runs failed (each is recorded with its error in the sweep's table);
-* 130 — interrupted (Ctrl-C); the bundle is written and marked partial.
+* 130 — interrupted (Ctrl-C or SIGTERM); the bundle is written whole and marked partial (or, when the
+  signal came before the run started, nothing is written).
 """
 
 from __future__ import annotations
@@ -93,28 +95,67 @@ def _naming_file(path: Path) -> Iterator[None]:
         raise ScenarioError(f"{path}: {exc}") from exc
 
 
-def _prepare_out_dir(target: Path) -> None:
-    """Create the output directory before running, so an unusable ``-o`` fails in a second, not after the run."""
+def _prepare_out_dir(target: Path, force: bool = False) -> None:
+    """Check ``-o`` before running, so an unusable output folder fails in a second, not after the run:
+    not a link or a file, holding nothing hybridsim did not write (unless ``force``), parent writable."""
     from sim.config import ScenarioError
+    from sim.trace.atomic import OutputFolderError, check_output_folder
 
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        check_output_folder(Path(os.path.abspath(target)), force=force)
+    except OutputFolderError as exc:
+        raise ScenarioError(f"-o/--out {exc}") from None
+    parent = Path(os.path.abspath(target)).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ScenarioError(f"-o/--out {target}: cannot create the output directory ({exc.strerror}); "
                             "give a writable directory path") from exc
-    if not os.access(target, os.W_OK):
+    if not os.access(parent, os.W_OK):
         raise ScenarioError(f"-o/--out {target}: the output directory is not writable; give a writable directory path")
 
 
+def _run_targets(scenarios: List[Path], names: List[str], out: Optional[Path]) -> List[Path]:
+    """One output folder per scenario; names are path-safe (checked by the scenario model); two scenarios
+    with the same name in one invocation are refused (they would overwrite each other)."""
+    from sim.config import ScenarioError
+
+    seen: dict[str, Path] = {}
+    for path, name in zip(scenarios, names):
+        if name in seen and (out is None or len(scenarios) > 1):
+            raise ScenarioError(f"{path}: name: {name!r} is also the name of {seen[name]}; two runs in one "
+                                "invocation would write the same folder (rename one)")
+        seen[name] = path
+    if out is None:
+        return [Path("results") / name for name in names]
+    if len(scenarios) > 1:
+        return [out / name for name in names]
+    return [out]
+
+
 def handles_errors(fn: Callable) -> Callable:
-    """Turn known bad-input errors into one line + exit 2 (``--debug``: traceback)."""
+    """Turn known bad-input errors into one line + exit 2 (``--debug``: traceback); a bundle that cannot be
+    written (disk full) into one line + exit 1; SIGINT/SIGTERM into one line + exit 130."""
+    from sim.interrupts import interrupts_raise
+    from sim.trace.atomic import BundleWriteError
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with interrupts_raise():
+                return fn(*args, **kwargs)
         except typer.Exit:
             raise
+        except KeyboardInterrupt as exc:
+            _fail(f"{exc or 'interrupted'}; output folders hold whole bundles only (old or new)", EXIT_INTERRUPTED)
+        except BundleWriteError as exc:
+            if _state["debug"]:
+                traceback.print_exc()
+            _fail(exc.strerror or str(exc), 1)
+        except RecursionError:
+            if _state["debug"]:
+                traceback.print_exc()
+            _fail("input nested too deeply (see docs/limits.md)")
         except _bad_input_types() as exc:
             if _state["debug"]:
                 traceback.print_exc()
@@ -151,8 +192,10 @@ def run(
     check_invariants: bool = typer.Option(False, "--check-invariants", help="Verify cache invariants after every step."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary table."),
     plain: bool = typer.Option(False, "--plain", hidden=True, help="No simulator fast paths (same tables, slower)."),
+    force: bool = typer.Option(False, "--force", help="Use an output folder holding files hybridsim did not "
+                               "write (its old contents are kept aside as <folder>.old)."),
 ) -> None:
-    """Run scenario(s) and write a result bundle for each."""
+    """Run scenario(s) and write a result bundle for each (whole: a previous bundle is replaced in one step)."""
     from sim.config import load_scenario
     from sim.engine.run import RunOptions, run_scenario
 
@@ -164,23 +207,22 @@ def run(
     if no_plots:
         overrides.append("outputs.plots=false")
     loaded = [load_scenario(path, overrides) for path in scenarios]
+    targets = _run_targets(scenarios, [s.name for s in loaded], out)
+    for target in targets:
+        _prepare_out_dir(target, force)
     worst = 0
-    for path, scenario in zip(scenarios, loaded):
-        if out is None:
-            target = Path("results") / scenario.name
-        elif len(loaded) > 1:
-            target = out / scenario.name
-        else:
-            target = out
+    for path, scenario, target in zip(scenarios, loaded, targets):
         options = RunOptions(
             progress=_show_progress() and not quiet,
             check_invariants=check_invariants or scenario.check_invariants,
             plot_format="svg" if svg else "png",
             fast_paths=False if plain else None,
+            force=force,
         )
-        _prepare_out_dir(target)
         with _naming_file(path):
             result = run_scenario(scenario, target, options=options)
+        for note in result.notes:
+            typer.echo(f"note: {note}", err=True)
         if not quiet:
             print_summary(result.summary, title=f"{scenario.name}  →  {target}")
         worst = max(worst, result.exit_code)
@@ -250,11 +292,19 @@ def scenarios(directory: Optional[Path] = typer.Option(None, "--dir", help="Dire
 @app.command()
 @handles_errors
 def show(result_dir: Path = typer.Argument(..., help="A result bundle directory.")) -> None:
-    """Print a result bundle's summary again."""
+    """Print a result bundle's summary again (refused when the bundle does not match its manifest)."""
+    from sim.trace.atomic import BundleError, check_bundle
     from sim.trace.bundle import load_result
 
-    result = load_result(result_dir)
-    print_summary(result.summary, title=str(result_dir))
+    check = check_bundle(result_dir) if result_dir.is_dir() else None
+    if check is not None and check.has_manifest and not check.ok:
+        raise BundleError(check.describe())
+    result = load_result(result_dir, verify=False)
+    if check is not None and not check.has_manifest:
+        typer.echo(f"warning: {result_dir}: unverified bundle ({check.problems[0]})", err=True)
+    elif result.partial:
+        typer.echo(f"warning: {check.describe() if check else result_dir}", err=True)
+    print_summary(result.summary, title=f"{result_dir}  (PARTIAL)" if result.partial else str(result_dir))
 
 
 # --------------------------------------------------------------------- plot
@@ -268,11 +318,18 @@ def plot(
     from sim.analysis.plots import plot_all
     from sim.trace.bundle import load_result
 
+    from sim.trace.atomic import rewrite_bundle
+
     for directory in result_dirs:
-        result = load_result(directory)
-        paths = plot_all(result, directory / "plots", fmt="svg" if svg else "png",
-                         group_kinds=result.group_kinds or None)
-        for p in paths:
+        result = load_result(directory, verify=False)
+        drawn: list[Path] = []
+
+        def draw(stage: Path) -> None:
+            paths = plot_all(result, stage / "plots", fmt="svg" if svg else "png", group_kinds=result.group_kinds or None)
+            drawn.extend(directory / p.relative_to(stage) for p in paths)
+
+        rewrite_bundle(directory, draw)  # the bundle is replaced whole; links in plots/ are never followed
+        for p in drawn:
             typer.echo(str(p))
 
 
@@ -307,6 +364,9 @@ def compare(
     _console().print(table)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        for name in ("latency_cdfs.png", "outcomes.png"):
+            if out.is_symlink() or (out / name).is_symlink():
+                _fail(f"-o/--out {out}: {name} or the folder is a symbolic link; links are never followed")
         typer.echo(str(compare_latency_cdfs(results, out / "latency_cdfs.png")))
         typer.echo(str(compare_outcomes(results, out / "outcomes.png")))
 
@@ -319,11 +379,14 @@ def trace_diff(
     b: Path = typer.Argument(..., help="Result bundle or golden directory B."),
     tables: str = typer.Option(",".join(DEFAULT_TABLES), "--tables", help="Comma-separated tables to compare."),
     context: int = typer.Option(3, "--context", help="Rows of context around the first difference."),
+    allow_partial: bool = typer.Option(False, "--allow-partial", help="Compare partial or unverified bundles "
+                                       "(an inconsistent bundle is always refused)."),
 ) -> None:
     """First differing KV event / admission with context; exit 1 when they differ."""
     from sim.trace.diff import diff_traces
 
-    report = diff_traces(a, b, tables=tuple(t.strip() for t in tables.split(",") if t.strip()), context=context)
+    report = diff_traces(a, b, tables=tuple(t.strip() for t in tables.split(",") if t.strip()), context=context,
+                         allow_partial=allow_partial)
     typer.echo(report.format())
     if not report.identical:
         raise typer.Exit(EXIT_DIFF)
@@ -336,7 +399,7 @@ def replay(
     bundle: Path = typer.Argument(..., help="A replay bundle (directory with replay.yaml) written on a crash."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Output directory."),
 ) -> None:
-    """Re-run a crash replay bundle and check that the same crash happens."""
+    """Re-run a crash replay bundle and check that the same crash happens (exit 1 when it does not)."""
     from sim.config import load_scenario
     from sim.engine.run import RunOptions, run_scenario
 
@@ -344,17 +407,47 @@ def replay(
     if not scenario_file.is_file():
         _fail(f"{bundle}: no replay.yaml (a replay bundle is written next to crash.json when a run crashes)")
     expected_file = scenario_file.parent / "crash.json"
+    expected = _read_crash_json(expected_file)
+    _check_enclosing_bundle(scenario_file.parent)
     scenario = load_scenario(scenario_file)
     target = out or scenario_file.parent / "replayed"
+    _prepare_out_dir(target)
     result = run_scenario(scenario, target, options=RunOptions(progress=False))
     crash = result.crash
     typer.echo(f"crash: {json.dumps(crash, sort_keys=True)}")
-    if expected_file.is_file():
-        expected = json.loads(expected_file.read_text(encoding="utf-8"))
-        same = crash is not None and all(crash.get(k) == expected.get(k) for k in ("step", "request_id", "reason"))
-        typer.echo("reproduced" if same else "NOT reproduced")
-        if not same:
-            raise typer.Exit(EXIT_DIFF)
+    same = crash is not None and all(crash.get(k) == expected.get(k) for k in ("step", "request_id", "reason"))
+    typer.echo("reproduced" if same else "NOT reproduced")
+    if not same:
+        raise typer.Exit(EXIT_DIFF)
+
+
+def _read_crash_json(path: Path) -> dict:
+    """The expected crash of a replay bundle: a JSON object with step, request_id and reason."""
+    from sim.config import ScenarioError
+
+    if path.is_symlink() or not path.is_file():
+        raise ScenarioError(f"{path}: crash.json is missing; a replay bundle holds replay.yaml and crash.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{path}: crash.json is not valid JSON ({type(exc).__name__})") from None
+    missing = [k for k in ("step", "request_id", "reason") if not isinstance(data, dict) or k not in data]
+    if not isinstance(data, dict) or missing:
+        got = type(data).__name__ if not isinstance(data, dict) else f"missing {', '.join(missing)}"
+        raise ScenarioError(f"{path}: crash.json must be a JSON object with step, request_id and reason ({got})")
+    return data
+
+
+def _check_enclosing_bundle(replay_dir: Path) -> None:
+    """A replay folder inside a run bundle (``RUN/replay``) must belong to a whole bundle that matches its
+    manifest: a stale or tampered copy is refused rather than 'reproduced'."""
+    from sim.trace.atomic import BundleError, check_bundle
+
+    parent = replay_dir.resolve().parent
+    if replay_dir.name == "replay" and (parent / "summary.json").is_file():
+        check = check_bundle(parent)
+        if not check.ok:
+            raise BundleError(check.describe())
 
 
 # ---------------------------------------------------------- workload stats
@@ -389,7 +482,7 @@ def workload_stats(
         base, seed, clock = Path.cwd(), 0, "time"
     if block_size is None:
         block_size = 512 if spec.trace is not None and spec.trace.format == "mooncake" else 16
-    requests = build_requests(spec, base_dir=base, rng=np.random.default_rng(seed), clock=clock)
+    requests = build_requests(spec, base_dir=base, rng=np.random.default_rng(seed), clock=clock, read_at_most=limit)
     stats = compute(requests, block_size)
     typer.echo(json.dumps(stats, indent=2, sort_keys=True))
 

@@ -8,6 +8,8 @@ asked for, and must load a subclass of the registry's base class.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
@@ -49,17 +51,42 @@ class Registry(Generic[T]):
             return cls
         plugin = self._plugins().get(name)
         if plugin is None:
-            raise ValueError(f"{self.key}: unknown {self.what} {name!r}; valid: {', '.join(self.names())}")
+            raise ValueError(f"{self.key}: unknown {self.what} {name!r}{_did_you_mean(name, self.names())}; "
+                             f"valid: {', '.join(self.names())}")
         loaded = plugin.load()
         if not (isinstance(loaded, type) and issubclass(loaded, self.base)):
             raise ValueError(f"{self.key}: entry point {name!r} does not load a {self.base.__name__} subclass")
         return loaded
 
     def create(self, name: str, **options: Any) -> T:
-        """Instantiate ``name`` with ``options``; bad options raise a ValueError naming them."""
+        """Instantiate ``name`` with ``options``; an unknown option lists the valid keys, an option declared
+        ``bool`` must be a boolean, other bad options raise a ValueError naming them."""
         cls = self.get_class(name)
+        _check_options(cls, options, f"{self.key.rsplit('.', 1)[0]}")
         try:
             return cls(**options)
         except TypeError as exc:
             given = ", ".join(sorted(options)) or "none"
             raise ValueError(f"{self.what} {name!r} ({self.key}): {exc} (options given: {given})") from None
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(str(word), options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_options(cls: type, options: dict[str, Any], section: str) -> None:
+    """Options against ``cls.__init__``'s keyword parameters (skipped when it takes ``**kwargs``)."""
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = sorted(n for n, p in params.items() if n != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL)
+    for key, value in options.items():
+        if key not in valid:
+            raise ValueError(f"{section}.{key}: unknown option{_did_you_mean(key, valid)} "
+                             f"(valid: type, {', '.join(valid)})")
+        if params[key].annotation in (bool, "bool") and not isinstance(value, bool):
+            raise ValueError(f"{section}.{key}: must be true or false, got {value!r}"[:200])

@@ -70,6 +70,9 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
     by_group = _get(summary, "evictions.by_group") or {}
     rows.append(("evictions per group", ", ".join(f"{g}={_fmt(v.get('total'))}" for g, v in by_group.items()) or "-"))
+    rejected = (_get(summary, "requests.by_outcome") or {}).get("rejected")
+    if rejected:
+        rows.append(("rejected (prompt > max_model_len)", _fmt(rejected)))
     crash = summary.get("crash")
     if crash:
         rows.append(("CRASH", f"step {crash.get('step')} request {crash.get('request_id')}: {crash.get('reason')}"))

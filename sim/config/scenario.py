@@ -19,7 +19,8 @@ import math
 from dataclasses import replace
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag, field_validator,
+                      model_validator)
 
 from sim.config.presets import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -47,6 +48,9 @@ EXPLICIT_GROUPS_MAX_MODEL_LEN = 8192
 
 
 class _Strict(BaseModel):
+    """Unknown keys are errors; booleans must be YAML booleans (``true``/``false``), never ``"yes please"``
+    or ``1``."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -83,7 +87,7 @@ class MambaLayerSpec(_Strict):
     state_shapes: list[list[PositiveInt]] = Field(min_length=1)
     state_dtype_bytes: list[PositiveInt] = Field(min_length=1)
     mixer: Literal["mamba1", "mamba2", "gdn", "short_conv"] = "mamba2"
-    prefill_checkpoints: bool = False
+    prefill_checkpoints: StrictBool = False
     count: PositiveInt = 1
 
     @model_validator(mode="after")
@@ -245,7 +249,7 @@ class SlidingWindowGroup(_Strict):
 
 class MambaGroup(_Strict):
     type: Literal["mamba"]
-    prefill_checkpoints: bool = False
+    prefill_checkpoints: StrictBool = False
     block_size: PositiveInt | None = None
 
 
@@ -285,11 +289,20 @@ class CacheSection(_Strict):
     block_size: PositiveInt = 16
     num_blocks: Annotated[int, Field(ge=2)] | None = None
     kv_memory_gb: PositiveFloat | None = None
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: StrictBool = True
     mamba_cache_mode: Literal["align", "none"] | None = None
     retention_interval: NonNegativeInt | None = 0
     groups: list[GroupSpec] | None = None
-    corrected_mamba_accounting: bool = False
+    corrected_mamba_accounting: StrictBool = False
+
+    @field_validator("num_blocks")
+    @classmethod
+    def _bounded_blocks(cls, value: int | None) -> int | None:
+        from sim.limits import limit, over
+
+        if value is not None and value > limit("num_blocks"):
+            raise ValueError(over("num_blocks", value, f"{value} blocks"))
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "CacheSection":
@@ -403,8 +416,8 @@ class SLOSection(_Strict):
 
 class OutputsSection(_Strict):
     tables_format: Literal["parquet", "csv"] = "parquet"
-    schedule_table: bool | None = None
-    plots: bool = True
+    schedule_table: StrictBool | None = None
+    plots: StrictBool = True
 
 
 # --------------------------------------------------------------------------- scenario
@@ -426,9 +439,27 @@ def _batch_defaults(hardware: HardwarePreset | None) -> tuple[int, int]:
     return 2048, 256
 
 
+#: Connector options that map request ids to values; every id must name a request of the workload.
+CONNECTOR_ID_MAPS = ("matched_tokens", "holds", "load_async")
+
+
+def check_connector_request_ids(options: dict[str, Any], request_ids: list[str]) -> None:
+    """A typo in a connector's per-request map (``matched_tokens: {prob: 16}`` for ``probe``) would silently
+    change the run; like an action's ``prefix_of``, each id must be a request of the workload."""
+    known = set(request_ids)
+    for key in CONNECTOR_ID_MAPS:
+        table = options.get(key)
+        if not isinstance(table, dict):
+            continue
+        for rid in table:
+            if str(rid) not in known:
+                raise ValueError(f"@connector.{key}.{rid}: no request {str(rid)!r} in the workload"
+                                 f"{did_you_mean(str(rid), sorted(known))}")
+
+
 class Scenario(_Strict):
     name: str = Field(min_length=1)
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
     clock: Literal["steps", "time"] = "steps"
     model: ModelSection | None = None
     hardware: HardwareSection | None = None
@@ -440,7 +471,19 @@ class Scenario(_Strict):
     on_crash: Literal["stop", "record"] = "stop"
     slo: SLOSection | None = None
     outputs: OutputsSection = Field(default_factory=OutputsSection)
-    check_invariants: bool = False
+    check_invariants: StrictBool = False
+
+    @field_validator("name")
+    @classmethod
+    def _path_safe_name(cls, name: str) -> str:
+        """The name is a folder name (``results/<name>``): one plain path component, printable, not hidden."""
+        bad = next((c for c in name if c in "/\\\0" or not c.isprintable()), None)
+        if bad is not None:
+            raise ValueError(f"{name!r} contains {bad!r}; a name is one folder name (letters, digits, '-', '_', '.')")
+        if name in (".", "..") or name.startswith((".", "-")) or name != name.strip() or len(name) > 128:
+            raise ValueError(f"{name!r} cannot be a folder name (no leading '.' or '-', no surrounding spaces, "
+                             "at most 128 characters)")
+        return name
 
     @model_validator(mode="after")
     def _resolve(self) -> "Scenario":
@@ -495,6 +538,8 @@ class Scenario(_Strict):
 
     def _check_actions(self) -> None:
         request_ids = [r.id for r in self.workload.requests] if self.workload.requests is not None else None
+        if request_ids is not None:
+            check_connector_request_ids(self.connector.options(), request_ids)
         groups = self.cache.groups
         for i, action in enumerate(self.actions):
             if self.clock == "steps" and action.at != int(action.at):

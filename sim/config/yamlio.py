@@ -71,7 +71,17 @@ def _tag_name(tag: str) -> str:
 
 
 def parse_yaml(text: str, filename: str) -> YamlDoc:
-    """Parse one YAML document safely; errors are :class:`ScenarioError` with ``FILE:LINE``."""
+    """Parse one YAML document safely; errors are :class:`ScenarioError` with ``FILE:LINE``.
+
+    Bounded (:mod:`sim.limits`): the text's size, the nesting depth, and the number of values built, counted
+    as aliases are expanded (a "billion laughs" document fails after ``yaml_nodes`` values, in bounded memory).
+    """
+    from sim.limits import limit, over
+
+    if len(text) > limit("yaml_bytes"):
+        raise ScenarioError(f"{filename}:1: <file>: " + over("yaml_bytes", len(text), f"{len(text)} characters"))
+    max_depth, max_nodes = limit("yaml_depth"), limit("yaml_nodes")
+    built = [0]
     loader = SafeLoader(text)
     lines: dict[KeyPath, int] = {}
     try:
@@ -81,6 +91,14 @@ def parse_yaml(text: str, filename: str) -> YamlDoc:
         lines[()] = root.start_mark.line + 1
 
         def build(node: yaml.Node, path: KeyPath) -> Any:
+            built[0] += 1
+            if built[0] > max_nodes:
+                raise ScenarioError(f"{filename}:{node.start_mark.line + 1}: {format_path(path) or '<root>'}: "
+                                    + over("yaml_nodes", built[0], "the document expands (aliases included) to "
+                                           "more values"))
+            if len(path) > max_depth:
+                raise ScenarioError(f"{filename}:{node.start_mark.line + 1}: {format_path(path[:3])}...: "
+                                    + over("yaml_depth", len(path), f"nesting is {len(path)} levels deep or more"))
             if node.tag not in _ALLOWED_TAGS:
                 where = f"{filename}:{node.start_mark.line + 1}"
                 raise ScenarioError(
@@ -118,6 +136,8 @@ def parse_yaml(text: str, filename: str) -> YamlDoc:
         line = mark.line + 1 if mark is not None else 1
         problem = exc.problem or exc.context or "invalid YAML"
         raise ScenarioError(f"{filename}:{line}: <yaml>: {problem}") from None
+    except RecursionError:
+        raise ScenarioError(f"{filename}:1: <yaml>: " + over("yaml_depth", 0, "nesting is too deep to read")) from None
     finally:
         loader.dispose()
     return YamlDoc(data, lines, filename)

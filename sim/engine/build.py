@@ -10,7 +10,7 @@ so adding draws in one component never shifts another's.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,9 @@ class Components:
     step_time_model: Any | None
     group_kinds: list[str]
     connector_rng: np.random.Generator
+    #: Requests longer than ``max_model_len`` under ``workload.too_long: reject``: never given to the
+    #: scheduler (vLLM's input processor refuses them), recorded with outcome ``rejected``.
+    rejected: list[Request] = field(default_factory=list)
 
 
 def _err(key: str, message: str) -> ScenarioError:
@@ -75,6 +78,15 @@ def build_kv_cache_config(scenario: Scenario) -> KVCacheConfig:
         raise
     except ValueError as exc:
         raise _err("cache", str(exc)) from None
+
+
+def _check_block_limit(config: KVCacheConfig) -> KVCacheConfig:
+    from sim.limits import limit, over
+
+    if config.num_blocks > limit("num_blocks"):
+        raise _err("cache.kv_memory_gb", over("num_blocks", config.num_blocks,
+                                              f"the memory budget makes {config.num_blocks} blocks"))
+    return config
 
 
 class CapacityWarning(UserWarning):
@@ -147,14 +159,24 @@ def _warn_if_never_fits(config: KVCacheConfig, requests: list[Request], max_mode
         )
 
 
-def _check_too_long(requests: list[Request], max_model_len: int) -> None:
-    too_long = [r.request_id for r in requests if r.num_prompt_tokens > max_model_len]
-    if too_long:
+def _split_too_long(requests: list[Request], max_model_len: int, mode: str) -> tuple[list[Request], list[Request]]:
+    """(runnable, rejected): a prompt longer than ``max_model_len`` is rejected as vLLM rejects it
+    (``too_long: reject``) or is an error naming both fixes (``too_long: error``)."""
+    too_long = [r for r in requests if r.num_prompt_tokens > max_model_len]
+    if too_long and (mode == "error" or len(too_long) == len(requests)):
+        first = too_long[0]
+        why = "every request is" if len(too_long) == len(requests) else f"{len(too_long)} request(s) are"
         raise _err(
             "scheduler.max_model_len",
-            f"{max_model_len} is shorter than the prompt of request {too_long[0]!r} "
-            f"({len(too_long)} request(s) too long)",
+            f"{max_model_len} is shorter than the {first.num_prompt_tokens}-token prompt of request "
+            f"{first.request_id!r} ({why} too long); use a model with a longer context, or raise "
+            "scheduler.max_model_len" + ("" if mode == "error" else "; with workload.too_long: reject such "
+                                         "requests are rejected, but at least one must fit"),
         )
+    if not too_long:
+        return requests, []
+    ids = {r.request_id for r in too_long}
+    return [r for r in requests if r.request_id not in ids], too_long
 
 
 def _build_connector(scenario: Scenario, config: KVCacheConfig):
@@ -195,7 +217,7 @@ def build_components(
     from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker
     from sim.scheduler import Scheduler, SchedulerConfig
 
-    config = build_kv_cache_config(scenario)
+    config = _check_block_limit(build_kv_cache_config(scenario))
     root = np.random.default_rng(scenario.seed)
     workload_rng, connector_rng = root.spawn(2)
     try:
@@ -212,7 +234,14 @@ def build_components(
     if not requests:
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
     max_model_len = scenario.scheduler.max_model_len
-    _check_too_long(requests, max_model_len)
+    if scenario.workload.requests is None:  # scripted workloads are checked by the scenario model
+        from sim.config.scenario import check_connector_request_ids
+
+        try:
+            check_connector_request_ids(scenario.connector.options(), [r.request_id for r in requests])
+        except ValueError as exc:
+            raise ScenarioError(str(exc).lstrip("@")) from None
+    requests, rejected = _split_too_long(requests, max_model_len, scenario.workload.too_long)
     in_flight = SchedulerConfig.max_concurrent_batches * scenario.scheduler.max_num_batched_tokens
     _check_kv_cache_sizing(scenario, config, max_model_len, in_flight)
     _warn_if_never_fits(config, requests, max_model_len)
@@ -268,4 +297,5 @@ def build_components(
         step_time_model=step_time_model,
         group_kinds=[g.spec.kind for g in config.groups],
         connector_rng=connector_rng,
+        rejected=rejected,
     )

@@ -2,7 +2,8 @@
 
 ``run_scenario(scenario, out_dir)`` builds the components, drives the SimPy
 engine to the end of the workload (or to a crash, an invariant violation, a
-stall or Ctrl-C), then always writes what it has: ``scenario.resolved.yaml``,
+stall, Ctrl-C or SIGTERM), then always writes what it has, as one whole bundle
+(:func:`sim.trace.bundle.write_result`): ``scenario.resolved.yaml``,
 ``summary.json`` (``partial: true`` unless the run completed or stopped the
 way the scenario asked), the tables and the plots. A crash with
 ``on_crash: stop`` also writes ``crash.json`` and a replay bundle
@@ -25,6 +26,7 @@ from sim.config.scenario import Scenario
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
+from sim.interrupts import pause_hook
 from sim.request import Request, RequestStatus
 from sim.trace.bundle import LoadedResult
 
@@ -44,6 +46,7 @@ class RunOptions:
     plot_format: str = "png"
     write_plots: bool | None = None
     max_steps: int | None = None
+    force: bool = False  # replace an output folder holding files hybridsim did not write (kept aside)
     #: The simulator's fast paths (quiet horizons, lookup reuse); ``None``: on unless the
     #: environment sets ``HYBRIDSIM_PLAIN=1``. Off runs the plain vLLM-mirroring path
     #: (identical tables, slower), for differential tests and debugging.
@@ -62,6 +65,7 @@ class RunResult(LoadedResult):
 
     exit_code: int = EXIT_OK
     plots: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def crash(self) -> dict | None:
@@ -142,6 +146,12 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
             preemptions=request.num_preemptions,
             outcome=_request_outcome(request, worst, crashed, stopped) if arrived else "not_arrived",
         )
+    for request in components.rejected:
+        rec.record_request(
+            request_id=request.request_id, arrival_s=float(request.arrival_time), first_scheduled_s=None,
+            first_token_s=None, finished_s=None, prompt_tokens=request.num_prompt_tokens, output_tokens=0,
+            local_hit_tokens=0, external_hit_tokens=0, preemptions=0, outcome="rejected",
+        )
 
 
 def _replay_yaml(scenario: Scenario, crash_step: int) -> str:
@@ -203,7 +213,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
         on_crash=scenario.on_crash,
         check_invariants=check,
         step_columns=step_columns,
-        progress=progress.update if progress else None,
+        progress=progress.update if progress else pause_hook("run"),
         max_steps=options.max_steps,
     )
     status, exit_code, message = "complete", EXIT_OK, ""
@@ -221,8 +231,8 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             status = "stopped"
     except InvariantViolation as exc:
         status, exit_code, message = "invariant_violation", EXIT_INVARIANT, str(exc)
-    except KeyboardInterrupt:
-        status, exit_code, message = "interrupted", EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
+    except KeyboardInterrupt as exc:
+        status, exit_code, message = "interrupted", EXIT_INTERRUPTED, str(exc) or "interrupted (Ctrl-C)"
     finally:
         if progress:
             progress.stop()
@@ -265,23 +275,23 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     )
     if out_dir is not None:
         out = Path(out_dir)
-        write_result(
-            out,
-            scenario_yaml=resolved_yaml(scenario),
-            summary=summary,
-            tables=tables,
-            tables_format=scenario.outputs.tables_format,
-            partial=partial,
-        )
         result.summary["partial"] = partial
-        result.path = out
-        if crash is not None:
-            _write_crash(out, scenario, components, crash)
         plots = scenario.outputs.plots if options.write_plots is None else options.write_plots
-        if plots:
-            from sim.analysis.plots import plot_all
 
-            result.plots = plot_all(result, out / "plots", fmt=options.plot_format, group_kinds=components.group_kinds)
+        def extras(stage: Path) -> None:
+            if crash is not None:
+                _write_crash(stage, scenario, components, crash)
+            if plots:
+                from sim.analysis.plots import plot_all
+
+                drawn = plot_all(result, stage / "plots", fmt=options.plot_format, group_kinds=components.group_kinds)
+                result.plots = [out / p.relative_to(stage) for p in drawn]
+
+        write_result(out, scenario_yaml=resolved_yaml(scenario), summary=summary, tables=tables,
+                     tables_format=scenario.outputs.tables_format, partial=partial,
+                     reason=f"{status}: {message}" if partial else None, extras=extras, force=options.force,
+                     notes=result.notes)
+        result.path = out
     return result
 
 
@@ -338,5 +348,8 @@ class _Progress:
 
 
 def run(scenario: Scenario | str | Path, out_dir: str | Path | None = None, **kwargs: Any) -> RunResult:
-    """Notebook-friendly alias of :func:`run_scenario` (``sim.run``)."""
-    return run_scenario(scenario, out_dir, options=RunOptions(**kwargs) if kwargs else None)
+    """Notebook-friendly alias of :func:`run_scenario` (``sim.run``); SIGTERM stops it like Ctrl-C."""
+    from sim.interrupts import interrupts_raise
+
+    with interrupts_raise():
+        return run_scenario(scenario, out_dir, options=RunOptions(**kwargs) if kwargs else None)

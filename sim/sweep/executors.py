@@ -57,12 +57,19 @@ class RunOutcome:
 
 
 def complete_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The bundle's summary if the run completed: ``summary.json`` is a JSON mapping without ``"partial": true``."""
+    """The bundle's summary if the run completed and the bundle is whole: it matches its manifest
+    (:func:`sim.trace.atomic.check_bundle`: every table present with its row count and hash), is not
+    partial, and ``summary.json`` is a non-empty mapping."""
+    from sim.trace.atomic import check_bundle
+
     try:
+        check = check_bundle(run_dir)
+        if not check.ok or check.partial:
+            return None
         summary = json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(summary, dict) or summary.get("partial") is True:
+    if not isinstance(summary, dict) or not summary or summary.get("partial") is True:
         return None
     return summary
 

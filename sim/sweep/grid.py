@@ -217,6 +217,14 @@ def _yaml_value(raw: str, where: str) -> Any:
         raise SweepError(f"{where}: value {raw.strip()!r} is not valid YAML ({exc})") from None
 
 
+def _check_seed_count(count: int) -> None:
+    from sim.limits import limit, over
+
+    if count > limit("seeds"):
+        shown = str(count) if count < 10**12 else f"about 10^{len(str(count)) - 1}"
+        raise SweepError("seeds: " + over("seeds", count, f"{shown} seeds"))
+
+
 def parse_seeds(spec: str | int | Sequence[int] | None) -> SeedSpec:
     """``3`` (int or "3") means three seeds from the scenario's seed; ``"1,2,3"`` / ``[1, 2, 3]`` are explicit.
 
@@ -230,6 +238,7 @@ def parse_seeds(spec: str | int | Sequence[int] | None) -> SeedSpec:
     if isinstance(spec, int):
         if spec < 1:
             raise SweepError(f"seeds: a count must be >= 1, got {spec}")
+        _check_seed_count(spec)
         return SeedSpec(count=spec)
     if isinstance(spec, str):
         text = spec.strip()
@@ -242,8 +251,10 @@ def parse_seeds(spec: str | int | Sequence[int] | None) -> SeedSpec:
             items.pop()
         if not items or not all(re.fullmatch(r"\d+", t) for t in items):
             raise SweepError(f"seeds: expected non-negative integers separated by commas, got {spec!r}")
+        _check_seed_count(len(items))
         return parse_seeds([int(t) for t in items])
     values = list(spec)
+    _check_seed_count(len(values))
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         raise SweepError(f"seeds: expected a non-empty list of non-negative integers, got {values!r}")
     if len(set(values)) != len(values):
@@ -458,6 +469,13 @@ def run_id_for(values: Sequence[tuple[str, Any]], seed: int) -> str:
 
 def plan_runs(spec: SweepSpec, base_seed: int) -> list[RunSpec]:
     """Expand the sweep into runs: product of axes (first outermost) x seeds (innermost)."""
+    from sim.limits import limit, over
+
+    total = spec.seeds.count if spec.seeds.values is None else len(spec.seeds.values)
+    for axis in spec.axes:
+        total = (total or 0) * len(axis.points)
+    if (total or 0) > limit("sweep_runs"):
+        raise SweepError("grid: " + over("sweep_runs", total or 0, f"{total} runs (grid points x seeds)"))
     seeds = spec.seeds.resolve(base_seed)
     fixed = tuple(f"{k}={yaml_text(v)}" for k, v in spec.fixed)
     runs = []

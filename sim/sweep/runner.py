@@ -9,10 +9,11 @@ Layout of ``DIR``::
     DIR/sweep.parquet        one row per run (see :mod:`sim.sweep.table`)
     DIR/plots/<name>.png     the sweep's ``plots:`` figures
 
-Resume rule: a run whose ``summary.json`` is complete (see
+Resume rule: a run whose bundle is whole and complete (it matches its manifest, see
 :func:`~sim.sweep.executors.complete_summary`) and whose ``sweep-run.json`` matches
-is reused, not rerun; every other run directory is cleared and run again (so a
-failed run is retried). A run directory that belongs to a *different* definition
+is reused, not rerun; every other run is run again (so a failed run is retried) and
+its new bundle replaces the old one whole. A run folder holding anything hybridsim
+did not write is an error before anything runs: a sweep never deletes it. A run directory that belongs to a *different* definition
 (other base scenario content or overrides) is an error, raised before anything
 runs or is deleted. ``sweep.json`` and ``sweep.parquet`` are pure functions of the
 definition and the runs' outcomes: no timestamps, no executor, planned order.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +124,26 @@ def _read_identity(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _check_ours(run_dir: Path) -> None:
+    """Refuse (before anything runs or is removed) a run folder holding anything the sweep did not write."""
+    from sim.trace.atomic import OutputFolderError, check_output_folder
+
+    try:
+        check_output_folder(run_dir)
+    except OutputFolderError as exc:
+        raise SweepError(f"{exc}; a sweep never deletes a folder it did not write") from None
+
+
+def _clear_for_rerun(run_dir: Path) -> None:
+    """Make ``run_dir`` ready for a rerun without deleting anything foreign: drop a failed run's
+    ``error.txt``; the old bundle (if any) is replaced whole when the new one is written."""
+    from sim.sweep.executors import ERROR_FILE
+
+    _check_ours(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / ERROR_FILE).unlink(missing_ok=True)
+
+
 def _base_seed(spec: SweepSpec, load: LoadFn) -> int:
     """Load the base scenario with the fixed overrides once (fail fast on a bad file); return its ``seed``."""
     try:
@@ -191,6 +211,9 @@ def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
 
     frame = result.table()
     ok = frame[frame["status"] == "ok"]
+    if (out_dir / PLOTS_DIR).is_symlink():
+        result.plot_errors.append(f"{out_dir / PLOTS_DIR} is a symbolic link; links are never followed")
+        return
     for plot in spec.plots:
         if ok.empty:
             result.plot_errors.append(f"plot {plot.name!r}: no successful runs to plot")
@@ -248,6 +271,7 @@ def run_sweep(
     reused: dict[str, dict[str, Any]] = {}
     for run in runs:
         run_dir = out_dir / run.run_id
+        _check_ours(run_dir)
         identity = _read_identity(run_dir)
         wanted = _identity(scenario_sha, run)
         if identity is not None and identity != wanted:
@@ -267,9 +291,7 @@ def run_sweep(
         if run.run_id in reused:
             continue
         run_dir = out_dir / run.run_id
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
+        _clear_for_rerun(run_dir)
         (run_dir / IDENTITY_FILE).write_text(json.dumps(_identity(scenario_sha, run), indent=2) + "\n")
         tasks.append(RunTask(run.run_id, scenario_path, run.overrides, str(run_dir), load_fn, run_fn))
 
@@ -292,7 +314,10 @@ def run_sweep(
     ]
     write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)
     manifest = _manifest(spec, scenario_sha, spec.seeds.resolve(base_seed), records)
-    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
+    tmp = out_dir / f".{MANIFEST_FILE}.tmp"
+    tmp.unlink(missing_ok=True)  # a planted link is removed, never written through
+    tmp.write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
+    os.replace(tmp, out_dir / MANIFEST_FILE)  # never half a sweep.json
 
     result = SweepResult(
         out_dir=out_dir,

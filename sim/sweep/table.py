@@ -85,5 +85,6 @@ def build_table(grid_keys: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> 
 def write_table(table: pa.Table, path: Path) -> None:
     """Write Parquet atomically (temp file + rename); same table, same bytes."""
     tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)  # a planted link is removed, never written through
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)

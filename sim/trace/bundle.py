@@ -19,6 +19,11 @@ Reading never unpickles: Parquet through pyarrow, CSV as text coerced to the
 schema of :mod:`sim.trace.tables`. A bundle marked ``"partial": true`` in its
 summary was cut short (e.g. a run stopped by a crash or an interrupt); its
 tables hold what was recorded up to that point.
+
+A bundle is written whole (:mod:`sim.trace.atomic`): staged in a sibling
+folder, ``manifest.json`` (tables, row counts, SHA-256 of every file,
+``partial`` and its reason) written last, then renamed into place.
+:func:`load_result` checks the manifest before trusting the files.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 import numpy as np
 import pandas as pd
@@ -160,15 +165,26 @@ def write_result(
     tables: Mapping[str, pd.DataFrame],
     tables_format: TablesFormat = "parquet",
     partial: bool = False,
+    reason: str | None = None,
+    extras: Callable[[Path], None] | None = None,
+    force: bool = False,
+    notes: list[str] | None = None,
 ) -> Path:
-    """Write a result bundle into ``out_dir`` (created if needed) and return its path.
+    """Write a result bundle to ``out_dir`` whole (see :mod:`sim.trace.atomic`) and return its path.
 
     ``tables`` maps table names (:data:`~sim.trace.tables.TABLE_NAMES`) to
     DataFrames; they are normalized before writing. ``summary`` gains the key
-    ``partial``; a caller-given ``partial`` must agree with the argument. A table
-    file of the other format left by an earlier write is removed so that the
-    directory holds exactly one file per table.
+    ``partial``; a caller-given ``partial`` must agree with the argument;
+    ``reason`` says why a partial bundle was cut short (it goes into the
+    manifest). ``extras(stage_dir)`` writes further files (``crash.json``,
+    ``replay/``, ``plots/``) into the staged folder before its manifest is
+    written. The bundle replaces a previous bundle at ``out_dir`` whole; a
+    folder holding files hybridsim did not write is refused unless ``force``
+    (then it is kept aside and a line is appended to ``notes``).
     """
+    from sim.interrupts import pause_point
+    from sim.trace.atomic import staged_bundle
+
     if tables_format not in TABLE_FORMATS:
         raise ValueError(f"tables_format {tables_format!r} is not one of {TABLE_FORMATS}")
     unknown = [n for n in tables if n not in TABLE_NAMES]
@@ -176,23 +192,26 @@ def write_result(
         raise ValueError(f"unknown tables {unknown}; valid tables: {', '.join(TABLE_NAMES)}")
     if "partial" in summary and summary["partial"] is not partial:
         raise ValueError(f"summary['partial'] = {summary['partial']!r} contradicts partial={partial!r}")
-    directory = Path(out_dir)
-    if directory.exists() and not directory.is_dir():
-        raise ValueError(f"result path {directory} exists and is not a directory")
-    directory.mkdir(parents=True, exist_ok=True)
-
-    _inside(directory, SCENARIO_FILE).write_text(scenario_yaml, encoding="utf-8")
-    _inside(directory, SUMMARY_FILE).write_text(dumps_summary({**summary, "partial": partial}), encoding="utf-8")
-    for name in TABLE_NAMES:
-        if name not in tables:
-            continue
-        path = _inside(directory, f"{name}.{tables_format}")
-        write_table(normalize_table(name, tables[name]), path, tables_format)
-        for other in TABLE_FORMATS:
-            stale = _inside(directory, f"{name}.{other}")
-            if other != tables_format and stale.is_file():
-                stale.unlink()
-    return directory
+    summary_text = dumps_summary({**summary, "partial": partial})
+    with staged_bundle(out_dir, force=force) as stage:
+        stage.partial, stage.reason = partial, reason if partial else None
+        directory = stage.path
+        _inside(directory, SCENARIO_FILE).write_text(scenario_yaml, encoding="utf-8")
+        pause_point("write")
+        _inside(directory, SUMMARY_FILE).write_text(summary_text, encoding="utf-8")
+        for name in TABLE_NAMES:
+            if name not in tables:
+                continue
+            path = _inside(directory, f"{name}.{tables_format}")
+            frame = normalize_table(name, tables[name])
+            write_table(frame, path, tables_format)
+            stage.record_table(name, path, len(frame))
+        if extras is not None:
+            extras(directory)
+        stage.finish()
+        if notes is not None:
+            notes.extend(stage.notes)
+    return stage.target
 
 
 @dataclass
@@ -258,20 +277,36 @@ class LoadedResult:
         return cls(summary=summary, tables=full, scenario_yaml=scenario_yaml, group_kinds=kinds)
 
 
-def load_result(path: str | Path) -> LoadedResult:
-    """Read a bundle written by :func:`write_result` (Parquet or CSV tables)."""
+def load_result(path: str | Path, *, verify: bool = True) -> LoadedResult:
+    """Read a bundle written by :func:`write_result` (Parquet or CSV tables).
+
+    With ``verify`` (the default) the bundle must match its manifest (:func:`sim.trace.atomic.check_bundle`):
+    a missing manifest, a missing table, a row count or hash that differs raise
+    :class:`~sim.trace.atomic.BundleError`. A partial bundle loads, with ``partial`` true and the manifest's
+    reason in ``summary["partial_reason"]``.
+    """
+    from sim.trace.atomic import BundleError, check_bundle
+
     directory = Path(path)
     if not directory.is_dir():
         raise ValueError(f"result directory {directory} does not exist")
     summary_path = directory / SUMMARY_FILE
     if not summary_path.is_file():
         raise ValueError(f"{directory} is not a result bundle: {SUMMARY_FILE} is missing")
+    check = check_bundle(directory) if verify else None
+    if check is not None and not check.ok:
+        raise BundleError(check.describe())
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{summary_path}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{summary_path}: JSON nested too deeply") from None
     if not isinstance(summary, dict):
         raise ValueError(f"{summary_path}: expected a JSON object")
+    if check is not None and check.partial:
+        summary["partial"] = True
+        summary.setdefault("partial_reason", check.reason)
     scenario_path = directory / SCENARIO_FILE
     scenario_yaml = scenario_path.read_text(encoding="utf-8") if scenario_path.is_file() else ""
     tables = {}

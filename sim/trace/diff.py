@@ -10,8 +10,15 @@ the columns that differ in that row, and the row's key (``seq`` for
 ``kv_events``, ``step``/``request_id`` for ``admissions``, ...). When one table
 is a prefix of the other the first difference is the first extra row.
 
+A side that is a result bundle (it has ``summary.json`` or ``manifest.json``)
+is checked against its manifest first (:func:`sim.trace.atomic.check_bundle`):
+an inconsistent bundle (missing table, row count or hash that differs) is an
+error; a partial bundle, or one without a manifest, is an error unless
+``allow_partial`` (then the report says so above the verdict). A golden
+directory (tables only) is compared as it is.
+
 Exit codes of :func:`main`: 0 same, 1 differ, 2 error (missing directory or
-table, unreadable file).
+table, unreadable file, inconsistent or partial bundle).
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ class DiffReport:
     a: Path
     b: Path
     tables: list[TableDiff]
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
@@ -101,7 +109,8 @@ class DiffReport:
     def format(self) -> str:
         head = f"A: {self.a}\nB: {self.b}"
         verdict = "traces are identical" if self.identical else "traces differ"
-        return "\n".join([head] + [t.format() for t in self.tables] + [verdict]) + "\n"
+        notes = [f"warning: {w}" for w in self.warnings]
+        return "\n".join([head] + [t.format() for t in self.tables] + notes + [verdict]) + "\n"
 
 
 def _side_by_side(d: TableDiff) -> list[str]:
@@ -183,17 +192,41 @@ def _load_side(directory: Path, table: str) -> pd.DataFrame:
     return read_table(table, file)
 
 
+def _check_side(directory: Path, allow_partial: bool) -> str | None:
+    """Refuse an inconsistent bundle (and a partial or unverified one unless allowed); the warning to show."""
+    from sim.trace.atomic import MANIFEST_FILE, check_bundle
+
+    if not ((directory / MANIFEST_FILE).exists() or (directory / "summary.json").exists()):
+        return None  # a golden directory: tables only
+    check = check_bundle(directory)
+    hint = "; compare it anyway with --allow-partial"
+    if not check.has_manifest:
+        if not allow_partial:
+            raise TraceDiffError(f"{directory}: unverified bundle: {check.problems[0]}{hint}")
+        return f"{directory} is unverified (no manifest)"
+    if not check.ok:
+        raise TraceDiffError(check.describe())
+    if check.partial:
+        if not allow_partial:
+            raise TraceDiffError(check.describe() + hint)
+        return check.describe()
+    return None
+
+
 def diff_traces(
     a_dir: str | Path,
     b_dir: str | Path,
     tables: Sequence[str] = DEFAULT_TABLES,
     context: int = 3,
+    allow_partial: bool = False,
 ) -> DiffReport:
-    """Compare ``tables`` of two trace directories; raises :class:`TraceDiffError` if one cannot be read."""
+    """Compare ``tables`` of two trace directories; raises :class:`TraceDiffError` if one cannot be read
+    or is not a whole bundle (see the module docstring)."""
     a, b = Path(a_dir), Path(b_dir)
     for d in (a, b):
         if not d.is_dir():
             raise TraceDiffError(f"trace directory {d} does not exist")
+    warnings = [w for w in (_check_side(a, allow_partial), _check_side(b, allow_partial)) if w]
     if context < 0:
         raise TraceDiffError(f"context must be >= 0, got {context}")
     unknown = [t for t in tables if t not in TABLE_NAMES]
@@ -208,7 +241,7 @@ def diff_traces(
         except (ValueError, OSError) as exc:
             raise TraceDiffError(str(exc)) from None
         results.append(compare_tables(table, ta, tb, context))
-    return DiffReport(a=a, b=b, tables=results)
+    return DiffReport(a=a, b=b, tables=results, warnings=warnings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,9 +252,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tables", default=",".join(DEFAULT_TABLES),
                         help=f"comma-separated, from {', '.join(TABLE_NAMES)}")
     parser.add_argument("--context", type=int, default=3)
+    parser.add_argument("--allow-partial", action="store_true", help="compare partial or unverified bundles")
     args = parser.parse_args(argv)
     try:
-        report = diff_traces(args.a, args.b, [t for t in args.tables.split(",") if t], args.context)
+        report = diff_traces(args.a, args.b, [t for t in args.tables.split(",") if t], args.context,
+                             allow_partial=args.allow_partial)
     except TraceDiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

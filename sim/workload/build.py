@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -25,6 +27,7 @@ def build_requests(
     rng: np.random.Generator,
     hash_block_size: int | None = None,
     clock: str = "time",
+    read_at_most: int | None = None,
 ) -> list[Request]:
     """The workload's requests, sorted by ``(arrival_time, source order)``.
 
@@ -35,13 +38,15 @@ def build_requests(
     independent children, one for the generator and one for ``sample``, so
     sampling a trace does not depend on how many draws a generator used.
     Paths in the spec are relative to ``base_dir``. Bad input raises
-    :class:`WorkloadError`.
+    :class:`WorkloadError`. ``read_at_most`` stops reading a trace after that
+    many requests in file order (``workload stats --limit``); traces are
+    streamed, so reading costs memory only for the drafts kept.
     """
     if clock not in CLOCKS:
         raise WorkloadError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     gen_rng, sample_rng = rng.spawn(2)
     base_dir = Path(base_dir)
-    drafts: list[RequestDraft]
+    drafts: Iterable[RequestDraft]
     if spec.requests is not None:
         drafts = script_drafts(spec.requests, clock)
     elif spec.generator is not None:
@@ -49,9 +54,11 @@ def build_requests(
     else:
         assert spec.trace is not None
         drafts = read_trace(spec.trace, base_dir, hash_block_size)
-    drafts = apply_options(drafts, spec, sample_rng, clock)
-    _check_unique_ids(drafts)
-    return [d.to_request() for d in drafts]
+        if read_at_most is not None:
+            drafts = itertools.islice(drafts, read_at_most)
+    kept = apply_options(drafts, spec, sample_rng, clock)
+    _check_unique_ids(kept)
+    return [d.to_request() for d in kept]
 
 
 def _check_unique_ids(drafts: list[RequestDraft]) -> None:

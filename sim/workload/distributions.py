@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.workload.errors import WorkloadError
+from sim.workload.traces.common import excerpt
 from sim.workload.spec import (
     EmpiricalDist,
     ExponentialDist,
@@ -26,6 +27,14 @@ from sim.workload.spec import (
 )
 
 Dist = FixedDist | UniformDist | LognormalDist | ExponentialDist | EmpiricalDist
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def load_empirical_table(dist: EmpiricalDist, base_dir: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -39,21 +48,31 @@ def load_empirical_table(dist: EmpiricalDist, base_dir: Path) -> tuple[np.ndarra
         raise WorkloadError(f"{path}: empirical table not found")
     values_list: list[float] = []
     weights_list: list[float] = []
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None or "value" not in reader.fieldnames:
-            raise WorkloadError(f"{path}:1: empirical table needs a 'value' column (and optionally 'weight')")
-        has_weight = "weight" in reader.fieldnames
-        for line, row in enumerate(reader, start=2):
-            try:
-                value = float(row["value"])
-                weight = float(row["weight"]) if has_weight else 1.0
-            except (TypeError, ValueError):
-                raise WorkloadError(f"{path}:{line}: 'value'/'weight' must be numbers, got {row}") from None
-            if value < 0 or weight < 0 or not math.isfinite(value) or not math.isfinite(weight):
-                raise WorkloadError(f"{path}:{line}: 'value' and 'weight' must be finite and >= 0")
-            values_list.append(value)
-            weights_list.append(weight)
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
+            if "value" not in header:
+                raise WorkloadError(f"{path}:1: empirical table needs a 'value' column (and optionally 'weight'); "
+                                    f"the header has {len(header)} column(s), none named 'value'")
+            iv, iw = header.index("value"), header.index("weight") if "weight" in header else None
+            for line, row in enumerate(reader, start=2):
+                if not row:
+                    continue
+                if len(row) != len(header):
+                    raise WorkloadError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
+                try:
+                    value = float(row[iv])
+                    weight = float(row[iw]) if iw is not None else 1.0
+                except ValueError:
+                    bad = row[iv] if not _is_number(row[iv]) else row[iw] if iw is not None else ""
+                    raise WorkloadError(f"{path}:{line}: 'value'/'weight' must be numbers, got {excerpt(bad)}") from None
+                if value < 0 or weight < 0 or not math.isfinite(value) or not math.isfinite(weight):
+                    raise WorkloadError(f"{path}:{line}: 'value' and 'weight' must be finite and >= 0")
+                values_list.append(value)
+                weights_list.append(weight)
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: empirical table is not UTF-8 text (byte {exc.start})") from None
     if not values_list or sum(weights_list) <= 0:
         raise WorkloadError(f"{path}: empirical table has no rows with a positive weight")
     weights = np.asarray(weights_list)

@@ -16,7 +16,9 @@ Applied in this order to the drafts of any source (script, generator, trace):
 
 from __future__ import annotations
 
+import heapq
 import math
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -25,23 +27,33 @@ from sim.workload.spec import WorkloadSpec
 
 
 def apply_options(
-    drafts: list[RequestDraft], spec: WorkloadSpec, rng: np.random.Generator, clock: str
+    drafts: Iterable[RequestDraft], spec: WorkloadSpec, rng: np.random.Generator, clock: str
 ) -> list[RequestDraft]:
+    """The options applied to a stream of drafts; with ``limit`` only the ``limit`` earliest are ever held
+    (a bounded heap), so a long trace costs memory in the limit, not in its length."""
+    stream: Iterator[RequestDraft] = iter(drafts)
     if spec.time_window is not None:
-        start, end = spec.time_window
-        drafts = [d for d in drafts if start <= d.arrival < end]
-        for d in drafts:
-            d.arrival -= start
+        stream = _window(stream, *spec.time_window)
     if spec.sample < 1.0:
-        keep = rng.random(len(drafts)) < spec.sample
-        drafts = [d for d, k in zip(drafts, keep) if k]
-    if spec.time_scale != 1.0:
-        for d in drafts:
-            d.arrival *= spec.time_scale
-    if clock == "steps":
-        for d in drafts:
-            d.arrival = float(math.floor(d.arrival))
-    drafts = sorted(drafts, key=lambda d: (d.arrival, d.order))
+        stream = (d for d in stream if rng.random() < spec.sample)  # one draw per request, in source order
+    if spec.time_scale != 1.0 or clock == "steps":
+        stream = _retime(stream, spec.time_scale, clock == "steps")
+    key = lambda d: (d.arrival, d.order)  # noqa: E731
     if spec.limit is not None:
-        drafts = drafts[: spec.limit]
-    return drafts
+        return heapq.nsmallest(spec.limit, stream, key=key)
+    return sorted(stream, key=key)
+
+
+def _window(stream: Iterator[RequestDraft], start: float, end: float) -> Iterator[RequestDraft]:
+    for d in stream:
+        if start <= d.arrival < end:
+            d.arrival -= start
+            yield d
+
+
+def _retime(stream: Iterator[RequestDraft], scale: float, floor: bool) -> Iterator[RequestDraft]:
+    for d in stream:
+        d.arrival *= scale
+        if floor:
+            d.arrival = float(math.floor(d.arrival))
+        yield d

@@ -17,17 +17,22 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     field_validator,
     model_validator,
 )
 
+from sim.limits import MAX_RATE, MAX_TIME_S, MIN_RATE, limit, over
 from sim.tokens import is_reserved_stream
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
+# Finite and bounded (sim.limits): no 1e300 times, no 1e-300 rates; beyond these the arithmetic overflows.
+PositiveFloat = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)]
+RateOrZero = Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
@@ -244,7 +249,7 @@ class PoissonArrivals(_Model):
     """Exponential gaps with mean ``1 / rate``."""
 
     process: Literal["poisson"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class GammaArrivals(_Model):
@@ -252,7 +257,7 @@ class GammaArrivals(_Model):
     (``cv = 1`` is Poisson, larger is burstier)."""
 
     process: Literal["gamma"]
-    rate: PositiveFloat
+    rate: Rate
     cv: PositiveFloat
 
 
@@ -260,7 +265,7 @@ class ConstantArrivals(_Model):
     """Evenly spaced arrivals, ``1 / rate`` apart."""
 
     process: Literal["constant"]
-    rate: PositiveFloat
+    rate: Rate
 
 
 class OnOffArrivals(_Model):
@@ -268,7 +273,7 @@ class OnOffArrivals(_Model):
     seconds, repeated. (Not ``on``/``off``: YAML 1.1 reads those keys as booleans.)"""
 
     process: Literal["onoff"]
-    rate: PositiveFloat
+    rate: Rate
     on_time: PositiveFloat
     off_time: NonNegativeFloat
 
@@ -277,7 +282,7 @@ class RatePiece(_Model):
     """From ``start`` until the next piece's start, Poisson at ``rate`` (0 = silent)."""
 
     start: NonNegativeFloat
-    rate: NonNegativeFloat
+    rate: RateOrZero
 
 
 class ScheduleArrivals(_Model):
@@ -405,7 +410,19 @@ class GeneratorSpec(_Model):
     def _bounded(self) -> "GeneratorSpec":
         if self.count is None and self.duration is None:
             raise ValueError("generator: give 'count', 'duration' or both")
+        cap = limit("requests")
+        if self.count is not None and self.count > cap:
+            raise ValueError("@count: " + over("requests", self.count, f"count {self.count} arrivals"))
+        if self.count is None and self.duration is not None:
+            expected = self.duration * self._peak_rate()
+            if expected > cap:
+                raise ValueError("@duration: " + over("requests", expected, f"duration {self.duration:g} s at up to "
+                                                      f"{self._peak_rate():g}/s is about {expected:.3g} arrivals"))
         return self
+
+    def _peak_rate(self) -> float:
+        a = self.arrivals
+        return max(p.rate for p in a.pieces) if isinstance(a, ScheduleArrivals) else a.rate
 
 
 # --------------------------------------------------------------------------- traces
@@ -416,21 +433,21 @@ TraceFormat = Literal["mooncake", "qwen", "azure", "requests"]
 class TraceSpec(_Model):
     """A trace file; ``path`` is relative to the scenario file.
 
-    ``allow_merged_blocks`` (hash-block formats only): by default a hash block
-    size that does not divide the trace's block size (512 for Mooncake, 16 for
-    Qwen) is refused, as the traces README asks. Token content is expanded
-    exactly, so a larger block (e.g. the 1040-token attention blocks of a hybrid
-    model) is still well defined: it just spans several trace blocks. Set this
-    to ``true`` to accept such sizes.
+    ``allow_merged_blocks`` (hash-block formats only, default ``true``): token
+    content is expanded exactly per token, so a hash block size that does not
+    divide the trace's block size (512 for Mooncake, 16 for Qwen), e.g. the
+    1040-token attention blocks of a hybrid model, is well defined: such a
+    block spans several trace blocks and is shared exactly when all its tokens
+    are. Set it to ``false`` to refuse such sizes, as the traces README asks.
     """
 
     format: TraceFormat
     path: str = Field(min_length=1)
-    allow_merged_blocks: bool = False
+    allow_merged_blocks: StrictBool = True
 
     @model_validator(mode="after")
     def _merge_flag_applies(self) -> "TraceSpec":
-        if self.allow_merged_blocks and self.format not in ("mooncake", "qwen"):
+        if "allow_merged_blocks" in self.model_fields_set and self.format not in ("mooncake", "qwen"):
             raise ValueError(
                 f"trace: allow_merged_blocks applies to the mooncake and qwen formats, not {self.format!r}"
             )
@@ -446,7 +463,8 @@ class WorkloadSpec(_Model):
     Options apply in this order: ``time_window`` keeps ``start <= t < end`` and
     shifts time so ``start`` becomes 0; ``sample`` keeps each request with that
     probability (seeded); ``time_scale`` multiplies arrival times (2 = half the
-    rate); ``limit`` keeps the first N requests by arrival.
+    rate); ``limit`` keeps the first N requests by arrival. ``too_long`` says what
+    becomes of a prompt longer than ``max_model_len`` (``reject`` by default).
     """
 
     requests: list[ScriptRequestSpec] | None = None
@@ -456,6 +474,9 @@ class WorkloadSpec(_Model):
     time_scale: PositiveFloat = 1.0
     time_window: tuple[NonNegativeFloat, NonNegativeFloat] | None = None
     sample: float = Field(default=1.0, gt=0.0, le=1.0)
+    #: A prompt longer than ``scheduler.max_model_len``: ``reject`` it as vLLM does (outcome ``rejected``,
+    #: counted, the run goes on) or make it an ``error`` naming both fixes.
+    too_long: Literal["reject", "error"] = "reject"
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":
@@ -468,6 +489,9 @@ class WorkloadSpec(_Model):
         if self.requests is not None:
             if not self.requests:
                 raise ValueError("workload: 'requests' must hold at least one request")
+            if len(self.requests) > limit("requests"):
+                raise ValueError("@requests: " + over("requests", len(self.requests),
+                                                      f"{len(self.requests)} requests"))
             seen: set[str] = set()
             for r in self.requests:
                 if r.id in seen:

@@ -58,6 +58,7 @@ def expected_summary(num_blocks: int, policy: str, seed: int) -> dict[str, Any]:
         "outcomes": {"ok": 4 - seed % 2, "crash": seed % 2},
         "crash": None,
         "preemptions": 0,
+        "partial": False,
     }
 
 
@@ -71,6 +72,7 @@ def fake_run(scenario: FakeScenario, out_dir: Path) -> FakeResult:
     if policy == "explode":
         raise RuntimeError("boom: policy explode")
     summary = expected_summary(data["cache"]["num_blocks"], policy, data["seed"])
-    (out_dir / "scenario.resolved.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    from sim.trace.bundle import write_result
+
+    write_result(out_dir, scenario_yaml=yaml.safe_dump(data, sort_keys=False), summary=summary, tables={})
     return FakeResult(summary)

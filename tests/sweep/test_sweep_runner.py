@@ -9,6 +9,7 @@ import pytest
 
 from sweep_fakes import LOG_ENV, expected_summary, fake_load, fake_run
 from sim.sweep import SweepError, build_sweep, run_sweep
+from sim.sweep.grid import plan_runs
 
 POLICIES = ["pr48425", "max_per_group"]
 BLOCKS = [400, 800]
@@ -80,6 +81,7 @@ def test_serial_sweep_writes_bundles_manifest_and_one_row_per_run(tmp_path, base
         "hit_rate_g0",
         "outcomes.crash",
         "outcomes.ok",
+        "partial",
         "preemptions",
         "requests",
     ]
@@ -118,17 +120,50 @@ def test_resume_reruns_only_incomplete_runs_and_keeps_the_table(tmp_path, base_s
     (out / partial / "stale.png").write_text("left over")
     call_log.unlink()
 
+    with pytest.raises(SweepError, match="stale.png, which hybridsim did not write"):
+        _sweep(spec, out)  # a file the sweep did not write is never deleted
+    assert (out / partial / "stale.png").exists() and not call_log.exists()
+    (out / partial / "stale.png").unlink()
+
     second = _sweep(spec, out)
     assert second.executed == [partial, victim]
     assert _log(call_log) == [partial, victim]
     assert len(second.reused) == 6
-    assert not (out / partial / "stale.png").exists()
     assert (out / "sweep.parquet").read_bytes() == table_bytes
 
     call_log.unlink()
     third = _sweep(spec, out)
     assert third.executed == [] and _log(call_log) == []
     assert (out / "sweep.parquet").read_bytes() == table_bytes
+
+
+def test_resume_reruns_a_bundle_that_does_not_match_its_manifest(tmp_path, base_scenario, call_log):
+    spec = _spec(base_scenario)
+    out = tmp_path / "out"
+    first = _sweep(spec, out)
+    emptied, tampered, unverified = first.runs[0].run_id, first.runs[2].run_id, first.runs[4].run_id
+    (out / emptied / "summary.json").write_text("{}")
+    (out / tampered / "summary.json").write_text(json.dumps({**first.runs[2].summary, "divergences": -1}))
+    call_log.unlink()
+    second = _sweep(spec, out)
+    assert second.executed == [emptied, tampered] and _log(call_log) == second.executed
+    assert [r.summary for r in second.runs] == [r.summary for r in first.runs]
+    # Without its manifest a folder cannot be told from a user's: refused, not rerun over.
+    (out / unverified / "manifest.json").unlink()
+    with pytest.raises(SweepError, match="which hybridsim did not write"):
+        _sweep(spec, out)
+    assert (out / unverified / "summary.json").is_file()
+
+
+def test_a_user_folder_named_like_a_run_is_never_deleted(tmp_path, base_scenario, call_log):
+    spec = _spec(base_scenario)
+    out = tmp_path / "out"
+    run_id = plan_runs(spec, 7)[0].run_id
+    (out / run_id).mkdir(parents=True)
+    (out / run_id / "thesis.tex").write_text("mine\n")
+    with pytest.raises(SweepError, match="thesis.tex, which hybridsim did not write"):
+        _sweep(spec, out)
+    assert (out / run_id / "thesis.tex").read_text() == "mine\n"
 
 
 def test_failing_runs_are_recorded_and_retried_on_resume(tmp_path, base_scenario, call_log):

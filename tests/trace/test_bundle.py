@@ -19,7 +19,8 @@ def _write(path, recorder, fmt="parquet", **kw):
 def test_round_trip(tmp_path, recorder, fmt):
     _write(tmp_path / "run", recorder, fmt)
     files = sorted(p.name for p in (tmp_path / "run").iterdir())
-    assert files == sorted(["scenario.resolved.yaml", "summary.json"] + [f"{n}.{fmt}" for n in TABLE_NAMES])
+    assert files == sorted(["manifest.json", "scenario.resolved.yaml", "summary.json"]
+                          + [f"{n}.{fmt}" for n in TABLE_NAMES])
     loaded = load_result(tmp_path / "run")
     expected = tables_from_recorder(recorder)
     for name in TABLE_NAMES:
@@ -67,9 +68,11 @@ def test_refuses_to_write_outside(tmp_path, recorder):
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").symlink_to(outside / "summary.json")
-    with pytest.raises(ValueError, match="outside the bundle directory"):
+    with pytest.raises(ValueError, match="summary.json, which hybridsim did not write"):
         _write(run, recorder)
     assert not (outside / "summary.json").exists()
+    _write(run, recorder, force=True)  # the link is kept aside, never written through
+    assert not (outside / "summary.json").exists() and (tmp_path / "run.old" / "summary.json").is_symlink()
     with pytest.raises(ValueError, match="unknown tables"):
         write_result(tmp_path / "x", scenario_yaml="", summary={}, tables={"../kv_events": pd.DataFrame()})
 
@@ -79,8 +82,10 @@ def test_format_switch_leaves_one_file_per_table(tmp_path, recorder):
     _write(tmp_path / "run", recorder, "csv")
     assert not list((tmp_path / "run").glob("*.parquet"))
     (tmp_path / "run" / "steps.parquet").write_bytes(b"")
-    with pytest.raises(ValueError, match="both steps.parquet and steps.csv"):
+    with pytest.raises(ValueError, match="steps.parquet is not listed in manifest.json"):
         load_result(tmp_path / "run")
+    with pytest.raises(ValueError, match="both steps.parquet and steps.csv"):
+        load_result(tmp_path / "run", verify=False)
 
 
 def test_load_errors_and_missing_tables(tmp_path, recorder):

@@ -69,9 +69,17 @@ def test_mooncake_expansion_is_exact_and_keeps_shared_blocks_shared(build, tmp_p
 
 
 @pytest.mark.parametrize("bs", [48, 1024, 0])
-def test_mooncake_refuses_block_sizes_that_do_not_divide_512(build, tmp_path, bs):
+def test_mooncake_refuses_block_sizes_that_do_not_divide_512_when_merging_is_off(build, tmp_path, bs):
+    name = write_jsonl(tmp_path / "mc.jsonl", MOONCAKE)
+    spec = {"trace": {"format": "mooncake", "path": name, "allow_merged_blocks": False}}
     with pytest.raises(WorkloadError, match=f"hash block size {bs} does not divide 512"):
-        mooncake(build, tmp_path, hash_block_size=bs)
+        build(spec, hash_block_size=bs)
+
+
+def test_merged_blocks_are_accepted_by_default(build, tmp_path):
+    """A 1040-token block spans three 512-token trace blocks; the default accepts it (shared iff its tokens are)."""
+    reqs = mooncake(build, tmp_path, hash_block_size=1040)
+    assert len(reqs) == len(MOONCAKE)
 
 
 @pytest.mark.parametrize(
@@ -119,7 +127,7 @@ def test_qwen_blocks_parents_and_refusal(build, tmp_path):
     assert len(root.block_hashes) == 2 and len(child.block_hashes) == 4  # 40 // 16, 70 // 16
     assert root.block_hashes == child.block_hashes[:2]
     with pytest.raises(WorkloadError, match="does not divide 16"):
-        build({"trace": {"format": "qwen", "path": name}}, hash_block_size=32)
+        build({"trace": {"format": "qwen", "path": name, "allow_merged_blocks": False}}, hash_block_size=32)
     write_jsonl(tmp_path / "dup.jsonl", [QWEN[0], QWEN[0]])
     with pytest.raises(WorkloadError, match=r"dup.jsonl:2: chat_id 3 already used on line 1"):
         build({"trace": {"format": "qwen", "path": "dup.jsonl"}})
@@ -138,7 +146,7 @@ def test_azure_csv(build, tmp_path):
     assert reqs[1].prompt == (StreamSegment("az:2", 0, 374),)
     assert (reqs[2].max_tokens, reqs[2].output_len) == (1, 1)
     (tmp_path / "bad.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,10,2\nyesterday,10,2\n")
-    with pytest.raises(WorkloadError, match=r"bad.csv:3: cannot parse"):
+    with pytest.raises(WorkloadError, match=r"bad.csv:3: TIMESTAMP: cannot parse 'yesterday'"):
         build({"trace": {"format": "azure", "path": "bad.csv"}})
     (tmp_path / "cols.csv").write_text("time,ContextTokens\n")
     with pytest.raises(WorkloadError, match=r"cols.csv:1: missing column\(s\) TIMESTAMP, GeneratedTokens"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 from sim.workload.draft import RequestDraft
 from sim.workload.spec import TraceSpec
@@ -12,8 +13,9 @@ from sim.workload.traces.qwen import read_qwen
 from sim.workload.traces.records import read_records
 
 
-def read_trace(spec: TraceSpec, base_dir: Path, hash_block_size: int | None) -> list[RequestDraft]:
-    """Drafts of the trace ``spec.path`` (relative to ``base_dir``), in file order.
+def read_trace(spec: TraceSpec, base_dir: Path, hash_block_size: int | None) -> Iterable[RequestDraft]:
+    """Drafts of the trace ``spec.path`` (relative to ``base_dir``), in file order, streamed where the
+    format allows (JSONL: one line at a time; Azure CSV needs its earliest timestamp first).
 
     ``hash_block_size`` only validates formats that expand hash blocks (and is
     ignored with ``allow_merged_blocks``).

@@ -16,7 +16,7 @@ from pathlib import Path
 from sim.tokens import StreamSegment
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
-from sim.workload.traces.common import int_field, open_trace, output_tokens, where
+from sim.workload.traces.common import excerpt, int_field, open_trace, output_tokens, where
 
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
@@ -41,8 +41,18 @@ def parse_timestamp(text: str) -> float:
 
 
 def read_azure(path: Path) -> list[RequestDraft]:
+    try:
+        return _read_azure(path)
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def _read_azure(path: Path) -> list[RequestDraft]:
+    from sim.limits import limit, over
+
+    cap = limit("requests")
     rows: list[tuple[int, float, int, int]] = []
-    with open_trace(path).open(newline="") as fh:
+    with open_trace(path).open(newline="", encoding="utf-8") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
@@ -50,7 +60,8 @@ def read_azure(path: Path) -> list[RequestDraft]:
         header = [h.strip() for h in header]
         missing = [c for c in COLUMNS if c not in header]
         if missing:
-            raise WorkloadError(f"{path}:1: missing column(s) {', '.join(missing)}; header is {header}")
+            raise WorkloadError(f"{path}:1: missing column(s) {', '.join(missing)}; the header has "
+                                f"{len(header)} other column(s); expected {','.join(COLUMNS)}")
         index = {c: header.index(c) for c in COLUMNS}
         for line, row in enumerate(reader, start=2):
             if not row or not any(cell.strip() for cell in row):
@@ -61,9 +72,19 @@ def read_azure(path: Path) -> list[RequestDraft]:
             fields = {c: row[i].strip() for c, i in index.items()}
             try:
                 stamp = parse_timestamp(fields["TIMESTAMP"])
-                numbers = {c: int(fields[c]) for c in COLUMNS[1:]}
-            except ValueError as exc:
-                raise WorkloadError(f"{loc}: cannot parse {fields} ({exc})") from None
+                if not abs(stamp) <= 1e12:  # also NaN and inf
+                    raise ValueError("out of range")
+            except (ValueError, OverflowError):
+                raise WorkloadError(f"{loc}: TIMESTAMP: cannot parse {excerpt(fields['TIMESTAMP'])} "
+                                    "(a datetime or a number of seconds)") from None
+            numbers = {}
+            for c in COLUMNS[1:]:
+                try:
+                    numbers[c] = int(fields[c])
+                except ValueError:
+                    raise WorkloadError(f"{loc}: {c}: expected an integer, got {excerpt(fields[c])}") from None
+            if len(rows) >= cap:
+                raise WorkloadError(f"{loc}: " + over("requests", len(rows) + 1, "the trace has more requests"))
             context = int_field(numbers, "ContextTokens", loc, minimum=1)
             generated = output_tokens(numbers, "GeneratedTokens", loc)
             rows.append((line, stamp, context, generated))

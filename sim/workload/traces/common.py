@@ -7,7 +7,7 @@ per-token work. Block ``k`` with id ``h`` becomes ``StreamSegment(prefix + h,
 first ``input_length - k * trace_block`` positions of its stream. Equal ids give
 equal streams, so blocks shared in the trace stay shared at every hash block
 size. A size that does not divide ``trace_block`` is refused unless the trace
-spec sets ``allow_merged_blocks`` (the README asks to refuse merging trace
+spec sets ``allow_merged_blocks: false`` (default true; the README asks to refuse merging trace
 blocks; our content is exact per token, so a block spanning several trace
 blocks is still well defined and shared exactly when its tokens are).
 """
@@ -28,8 +28,24 @@ def open_trace(path: Path) -> Path:
     return path
 
 
+def excerpt(value: Any, width: int = 24) -> str:
+    """A short escaped excerpt of an offending token for an error message (never a whole line of the file)."""
+    if not isinstance(value, str):
+        text = repr(value)
+        return text[:width] + ("..." if len(text) > width else "")
+    return repr(value[:width]) + ("..." if len(value) > width else "")
+
+
 def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for each non-blank line; bad JSON raises ``FILE:LINE``."""
+    """``(line number, object)`` for each non-blank line, streamed (one line in memory at a time).
+
+    Bad JSON, bad UTF-8 or nesting too deep raise ``FILE:LINE``; more objects than the ``requests`` limit
+    (:mod:`sim.limits`) raise too, before memory runs out.
+    """
+    from sim.limits import limit, over
+
+    cap = limit("requests")
+    count = 0
     with open_trace(path).open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
             if not raw.strip():
@@ -38,8 +54,15 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
+            except UnicodeDecodeError as exc:
+                raise WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start} of the line)") from None
+            except RecursionError:
+                raise WorkloadError(f"{path}:{line_no}: JSON nested too deeply") from None
             if not isinstance(obj, dict):
                 raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+            count += 1
+            if count > cap:
+                raise WorkloadError(f"{path}:{line_no}: " + over("requests", count, "the trace has more requests"))
             yield line_no, obj
 
 
@@ -55,7 +78,7 @@ def int_field(obj: dict[str, Any], key: str, loc: str, minimum: int = 0) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise WorkloadError(f"{loc}: '{key}' must be an integer, got {value!r}")
+        raise WorkloadError(f"{loc}: '{key}' must be an integer, got {excerpt(value)}")
     if value < minimum:
         raise WorkloadError(f"{loc}: '{key}' must be >= {minimum}, got {value}")
     return value
@@ -66,8 +89,11 @@ def time_field(obj: dict[str, Any], key: str, loc: str) -> float:
     if key not in obj:
         raise WorkloadError(f"{loc}: missing field '{key}'")
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise WorkloadError(f"{loc}: '{key}' must be a finite number >= 0, got {value!r}")
+    from sim.limits import MAX_TIME_S
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TIME_S * 1000:
+        raise WorkloadError(f"{loc}: '{key}' must be a finite number >= 0 (and <= {MAX_TIME_S * 1000:g}), "
+                            f"got {excerpt(value)}")
     return float(value)
 
 
@@ -85,7 +111,7 @@ def check_hash_block_size(path: Path, fmt: str, trace_block: int, hash_block_siz
             f"{path}: a {fmt} trace identifies content in {trace_block}-token blocks; the hash block "
             f"size {hash_block_size} does not divide {trace_block}, so its blocks would merge trace "
             f"blocks, which is not sound. Use a hash block size that divides {trace_block} "
-            f"(e.g. {', '.join(map(str, divisors))}), or set 'allow_merged_blocks: true' on the trace "
+            f"(e.g. {', '.join(map(str, divisors))}), or drop 'allow_merged_blocks: false' from the trace "
             "to accept blocks that span several trace blocks."
         )
 

@@ -10,6 +10,7 @@ file; its output length is both its EOS point and its ``max_tokens``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
@@ -27,10 +28,10 @@ MOONCAKE_BLOCK = 512
 STREAM_PREFIX = "mc:"
 
 
-def read_mooncake(path: Path, hash_block_size: int | None = None) -> list[RequestDraft]:
+def read_mooncake(path: Path, hash_block_size: int | None = None) -> Iterator[RequestDraft]:
+    """The drafts of the trace, streamed line by line (nothing but the current line is held)."""
     check_hash_block_size(path, "mooncake", MOONCAKE_BLOCK, hash_block_size)
-    drafts: list[RequestDraft] = []
-    for line, obj in jsonl_objects(path):
+    for order, (line, obj) in enumerate(jsonl_objects(path)):
         loc = where(path, line)
         arrival = time_field(obj, "timestamp", loc) / 1000.0
         input_length = int_field(obj, "input_length", loc, minimum=1)
@@ -38,5 +39,4 @@ def read_mooncake(path: Path, hash_block_size: int | None = None) -> list[Reques
         if "hash_ids" not in obj:
             raise WorkloadError(f"{loc}: missing field 'hash_ids'")
         prompt = expand_hash_blocks(STREAM_PREFIX, obj["hash_ids"], input_length, MOONCAKE_BLOCK, loc)
-        drafts.append(RequestDraft(f"mc{line}", arrival, prompt, out, out, order=len(drafts)))
-    return drafts
+        yield RequestDraft(f"mc{line}", arrival, prompt, out, out, order=order)

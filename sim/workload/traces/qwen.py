@@ -18,6 +18,7 @@ a child does not hit blocks its parent cached while decoding.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
@@ -35,11 +36,11 @@ QWEN_BLOCK = 16
 STREAM_PREFIX = "qw:"
 
 
-def read_qwen(path: Path, hash_block_size: int | None = None) -> list[RequestDraft]:
+def read_qwen(path: Path, hash_block_size: int | None = None) -> Iterator[RequestDraft]:
+    """The drafts of the trace, streamed line by line (plus the set of chat ids seen, for duplicates)."""
     check_hash_block_size(path, "qwen", QWEN_BLOCK, hash_block_size)
-    drafts: list[RequestDraft] = []
     seen: dict[int, int] = {}
-    for line, obj in jsonl_objects(path):
+    for order, (line, obj) in enumerate(jsonl_objects(path)):
         loc = where(path, line)
         chat_id = int_field(obj, "chat_id", loc, minimum=0)
         if chat_id in seen:
@@ -58,7 +59,4 @@ def read_qwen(path: Path, hash_block_size: int | None = None) -> list[RequestDra
             "turn": obj.get("turn"),
             "type": obj.get("type"),
         }
-        drafts.append(
-            RequestDraft(f"q{chat_id}", arrival, prompt, out, out, order=len(drafts), metadata=metadata)
-        )
-    return drafts
+        yield RequestDraft(f"q{chat_id}", arrival, prompt, out, out, order=order, metadata=metadata)

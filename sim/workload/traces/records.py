@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -46,18 +46,16 @@ def _check_unique(request_id: str, loc: str, seen: dict[str, str]) -> None:
     seen[request_id] = loc
 
 
-def _read_jsonl(path: Path) -> list[RequestDraft]:
-    drafts: list[RequestDraft] = []
+def _read_jsonl(path: Path) -> Iterator[RequestDraft]:
     seen: dict[str, str] = {}
-    for line, obj in jsonl_objects(path):
+    for order, (line, obj) in enumerate(jsonl_objects(path)):
         loc = where(path, line)
         try:
             record = RecordSpec.model_validate(obj)
         except ValidationError as exc:
             raise WorkloadError(f"{loc}: {_explain(exc)}") from None
         _check_unique(record.id, loc, seen)
-        drafts.append(to_draft(record, len(drafts), record_prompt(record)))
-    return drafts
+        yield to_draft(record, order, record_prompt(record))
 
 
 def _token_id_column(column: pa.ChunkedArray, path: Path) -> list[np.ndarray | None]:
@@ -120,7 +118,7 @@ def _read_parquet(path: Path) -> list[RequestDraft]:
     return drafts
 
 
-def read_records(path: Path) -> list[RequestDraft]:
+def read_records(path: Path) -> Iterable[RequestDraft]:
     if path.suffix == ".parquet":
         return _read_parquet(path)
     return _read_jsonl(path)
