@@ -326,6 +326,7 @@ def trace_diff(
 def replay(
     bundle: Path = typer.Argument(..., help="A replay bundle (directory with replay.yaml) written on a crash."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Output directory."),
+    shrink: bool = typer.Option(False, "--shrink", help="Then shrink it (keeping the crash) into <bundle>/shrunk.yaml."),
 ) -> None:
     """Re-run a crash replay bundle and check that the same crash happens."""
     from sim.config import load_scenario
@@ -346,6 +347,30 @@ def replay(
         typer.echo("reproduced" if same else "NOT reproduced")
         if not same:
             raise typer.Exit(EXIT_DIFF)
+    if shrink:
+        shrink_cmd(source=scenario_file, out=scenario_file.parent / "shrunk.yaml", keep="crash-reason", set_=[],
+                   quiet=False)
+
+
+# ------------------------------------------------------------------- shrink
+@app.command("shrink")
+@handles_errors
+def shrink_cmd(
+    source: Path = typer.Argument(..., help="A scenario YAML, or a result/replay bundle (its replay.yaml is used)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The shrunk scenario YAML to write."),
+    keep: str = typer.Option("auto", "--keep", help="Property to keep: auto, crash-reason or outcome."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key of the input first: key.path=value."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+) -> None:
+    """Delta-debug a scenario down to a small one that keeps its crash reason or outcome (docs/shrink.md)."""
+    from sim.shrink.command import run_shrink
+
+    result = run_shrink(source, out, keep, set_, progress=_show_progress() and not quiet)
+    typer.echo(f"{out}: {result.property.describe()}")
+    typer.echo(f"  {result.before.line(result.after)}; {result.candidates} candidate runs, {result.wall_s:.1f}s")
+    if result.interrupted:
+        typer.echo(f"interrupted: wrote the smallest scenario found so far to {out}", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 # ---------------------------------------------------------- workload stats

@@ -307,6 +307,10 @@ def _write_crash(out: Path, scenario: Scenario, components: Components, crash: d
             detail["external_tokens"] = admissions["external_tokens"][i]
             detail["claimed_boundary"] = admissions["num_computed_tokens"][i]
             break
+    detail["next"] = (
+        f"hybridsim replay {out / 'replay'} reproduces it; hybridsim shrink {out} -o small.yaml reduces it to a "
+        "minimal scenario; hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
+    )
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"
     (out / "crash.json").write_text(text, encoding="utf-8")
     replay = out / "replay"

@@ -1,0 +1,101 @@
+"""The property a shrink keeps (``--keep``), fixed from the original scenario's run.
+
+* ``crash-reason``: the candidate crashes with exactly the original reason
+  string (e.g. ``AssertionError: num_new_tokens > 0``) at an admission of the
+  same kind (:class:`~sim.shrink.probe.AdmissionShape`: the admissions table's
+  ``kind`` — ``first``, ``after_async_load``, ... —, whether there was a local
+  hit, whether the connector supplied tokens, whether the per-group hits
+  diverged), or, when the original crash is not at an admission, also not at
+  one. The crashing request and step may change.
+* ``outcome``: the original's *target admission* is its first admission with
+  the worst outcome (``crash`` > ``corrupt`` > ``recompute``). The candidate
+  keeps the property when one of its admissions has the same
+  :class:`~sim.shrink.probe.AdmissionSignature` (outcome, the admission's
+  shape as above, tainted or direct) and, unless that outcome is ``crash``, the
+  candidate does not crash.
+* ``first-difference`` is not offered yet (it needs the vLLM comparison).
+
+The default (``auto``) is ``crash-reason`` when the original crashes, else ``outcome``.
+A run capped at the step limit that has not shown the property fails it, and
+the driver accepts a candidate only if it shows the property no later than
+the best scenario so far (steps are one of the sizes being reduced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sim.shrink.probe import AdmissionSignature, Observation
+
+KEEP_CHOICES = ("auto", "crash-reason", "outcome")
+_RANK = {"recompute": 1, "corrupt": 2, "crash": 3}
+
+
+class ShrinkError(ValueError):
+    """The input cannot be shrunk for the chosen property (no crash, nothing bad happens, ...)."""
+
+
+class Property(Protocol):
+    name: str
+
+    def holds(self, obs: Observation) -> bool: ...
+
+    def step(self, obs: Observation) -> int:
+        """The step at which ``obs`` shows the property (it holds)."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class CrashReason:
+    reason: str
+    site: str
+    name: str = "crash-reason"
+
+    def holds(self, obs: Observation) -> bool:
+        return obs.crash is not None and obs.crash.reason == self.reason and obs.crash.site == self.site
+
+    def step(self, obs: Observation) -> int:
+        assert obs.crash is not None
+        return obs.crash.step
+
+    def describe(self) -> str:
+        where = "outside an admission" if self.site == "step" else f"at an admission ({self.site})"
+        return f"crash {self.reason!r} {where}"
+
+
+@dataclass(frozen=True)
+class SameOutcome:
+    target: AdmissionSignature
+    name: str = "outcome"
+
+    def holds(self, obs: Observation) -> bool:
+        if self.target.outcome != "crash" and obs.crash is not None:
+            return False
+        return any(sig == self.target for _, sig in obs.admissions)
+
+    def step(self, obs: Observation) -> int:
+        return next(step for step, sig in obs.admissions if sig == self.target)
+
+    def describe(self) -> str:
+        t = self.target
+        return f"an admission with outcome {t.outcome!r} ({t.shape.label()}, {'tainted' if t.tainted else 'direct'})"
+
+
+def property_for(keep: str, original: Observation) -> Property:
+    """The property ``keep`` asks for, as the original run shows it; :class:`ShrinkError` if it shows none."""
+    if keep not in KEEP_CHOICES:
+        raise ShrinkError(f"--keep {keep!r}: valid: {', '.join(KEEP_CHOICES)}")
+    if keep == "auto":
+        keep = "crash-reason" if original.crash is not None else "outcome"
+    if keep == "crash-reason":
+        if original.crash is None:
+            raise ShrinkError("--keep crash-reason: the scenario does not crash")
+        return CrashReason(original.crash.reason, original.crash.site)
+    worst = max((sig for _, sig in original.admissions if sig.outcome in _RANK),
+                key=lambda sig: _RANK[sig.outcome], default=None)
+    if worst is None:
+        raise ShrinkError("--keep outcome: every admission is ok (no recompute, corrupt or crash to keep)")
+    return SameOutcome(worst)
