@@ -50,7 +50,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Callable, ClassVar, Iterable, Literal
 
 from sim.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
@@ -111,6 +111,17 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.policy: expected 'fcfs' or 'priority', got {self.policy!r}")
         if not (isinstance(self.watermark, (int, float)) and 0.0 <= self.watermark < 1.0):
             raise ValueError(f"scheduler.watermark: expected a fraction in [0, 1), got {self.watermark!r}")
+
+    #: Batches in flight at once: vLLM's ``VllmConfig.max_concurrent_batches`` is the
+    #: pipeline-parallel size, or 2 with async scheduling; hybridsim models neither, so 1.
+    max_concurrent_batches: ClassVar[int] = 1
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled (vLLM ``VllmConfig.max_in_flight_tokens``):
+        concurrent batches x ``max_num_batched_tokens``. The kv manager sizes the
+        sliding-window admission cap with it."""
+        return self.max_concurrent_batches * self.max_num_batched_tokens
 
 
 @dataclass

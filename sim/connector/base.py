@@ -87,6 +87,13 @@ class KVConnector:
         """``(finished_recving, finished_sending)`` request ids since the last call."""
         return set(), set()
 
+    def has_step_counted_loads(self) -> bool:
+        """Loads are in flight whose completion this connector counts in engine steps
+        (calls of :meth:`get_finished`), not through the transfer service. The engine
+        then keeps stepping instead of sleeping, as vLLM's engine keeps stepping while a
+        request waits for remote KV, until the load is reported in ``finished_recving``."""
+        return False
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         """GPU block ids whose load failed since the last call (none by default)."""
         return set()

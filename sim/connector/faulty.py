@@ -224,6 +224,9 @@ class FaultyConnector(KVConnector):
     def has_pending_block_frees(self) -> bool:
         return self.inner.has_pending_block_frees()
 
+    def has_step_counted_loads(self) -> bool:
+        return self.inner.has_step_counted_loads()
+
     def take_events(self) -> list:
         return self.inner.take_events()
 

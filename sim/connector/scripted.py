@@ -87,6 +87,9 @@ class ScriptedConnector(KVConnector):
         if self._is_async(request.request_id):
             self._loading[request.request_id] = self.async_load_steps
 
+    def has_step_counted_loads(self) -> bool:
+        return bool(self._loading)
+
     def get_finished(self) -> tuple[set[str], set[str]]:
         """Counts one engine step for every load in flight; returns those that completed.
 

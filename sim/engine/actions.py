@@ -3,8 +3,11 @@
 * ``evict: {prefix_of: R, group: G, blocks: [i, ...]}`` removes the cache
   entries of request R's prompt blocks ``i`` (indices at the group's block
   size; for Mamba: the state after block ``i``) in every group G names (a type
-  names all its groups, an integer one group), the way vLLM's
-  ``BlockPool.evict_blocks`` does: one ``removed`` event per entry, and the
+  names all its groups, an integer one group): every block cached under that
+  hash in that group (equal content computed twice sits in two blocks, and
+  vLLM does not de-duplicate), group by group, in the order of ``blocks``,
+  then by ascending block id, the way vLLM's ``BlockPool.evict_blocks`` does it with
+  those block ids: one ``removed`` event per entry, and the
   block does not move (a free block stays in place in the free queue, an
   owned block stays owned). An entry that is not cached is skipped.
 * ``reset_prefix_cache: true`` calls the pool's prefix-cache reset, which (as
@@ -67,9 +70,7 @@ def _evict_action(spec: Any, components: "Components", index: int) -> Action:
     def apply() -> None:
         ids: list[int] = []
         for block_hash, g in targets:
-            cached = pool.get_cached_block(block_hash, [g])
-            if cached:
-                ids.extend(b.block_id for b in cached)
+            ids.extend(b.block_id for b in pool.get_all_cached_blocks(block_hash, g) if b.block_id not in ids)
         if ids:
             pool.evict_blocks(ids, request_id=spec.prefix_of, cause="evict_action")
 

@@ -184,21 +184,24 @@ def build_components(
         return None
 
     sched_cfg = scenario.scheduler
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=sched_cfg.max_num_seqs,
+        max_num_batched_tokens=sched_cfg.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
+        policy=sched_cfg.policy,
+        watermark=sched_cfg.watermark,
+    )
+    # As vLLM's Scheduler does, hand the manager the in-flight token bound (sliding-window admission cap).
     kv_manager = KVCacheManager(
         config,
+        max_in_flight_tokens=scheduler_config.max_in_flight_tokens,
         watermark=sched_cfg.watermark,
         corrected_mamba_accounting=scenario.cache.corrected_mamba_accounting,
     )
     recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table))
     scheduler = Scheduler(
-        SchedulerConfig(
-            max_num_seqs=sched_cfg.max_num_seqs,
-            max_num_batched_tokens=sched_cfg.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
-            policy=sched_cfg.policy,
-            watermark=sched_cfg.watermark,
-        ),
+        scheduler_config,
         kv_manager,
         connector=connector,
         prefix_policy=policy,

@@ -22,7 +22,9 @@ Arrivals are fed by the engine loop itself from the time-sorted workload
 rather than by a separate SimPy process: SimPy orders simultaneous events by
 scheduling order, and "arrived just before step k" must not depend on that.
 When nothing is runnable the engine sleeps until the next arrival, the next
-due action or a connector wake-up, whichever is first; with ``clock: steps``
+due action or a connector wake-up, whichever is first (unless the connector
+counts an in-flight load in engine steps: then it keeps stepping, as vLLM's
+engine does until ``finished_recving`` arrives); with ``clock: steps``
 the step counter then jumps to the step of that arrival.
 
 Invariants: the step number strictly increases; simulated time never
@@ -164,7 +166,7 @@ class EngineLoop:
     def _run(self):
         env = self.env
         while True:
-            if not self._due_now() and (self._idle or not self._has_work()):
+            if not self._due_now() and not self._counting_loads() and (self._idle or not self._has_work()):
                 nxt = self._next_wakeup()
                 if nxt is None and not self._transfers_pending():
                     if self._has_work():
@@ -190,6 +192,10 @@ class EngineLoop:
         if self.step in self._actions_by_step:
             return True
         return bool(self._timed_actions and (self._timed_actions[0].at_s or 0.0) <= self.env.now)
+
+    def _counting_loads(self) -> bool:
+        """The connector counts an in-flight load in engine steps: keep stepping (no idle sleep)."""
+        return self.connector is not None and self.connector.has_step_counted_loads()
 
     def _transfers_pending(self) -> bool:
         """A transfer is in flight: its completion can make a waiting request runnable."""

@@ -254,6 +254,16 @@ class BlockPool:
             out.append(entry)  # type: ignore[arg-type]
         return out
 
+    def get_all_cached_blocks(self, block_hash: BlockHash, group_id: int) -> list[KVCacheBlock]:
+        """Every block cached under ``block_hash`` in ``group_id``, by ascending block id
+        (equal content computed twice is cached twice; vLLM does not de-duplicate). Read-only."""
+        entry = self.cached_block_hash_to_block.get(group_id, {}).get(block_hash)
+        if entry is None:
+            return []
+        if type(entry) is dict:
+            return sorted(entry.values(), key=lambda b: b.block_id)
+        return [entry]  # type: ignore[list-item]
+
     def num_cached_entries(self, group_id: int) -> int:
         """Cache entries (blocks findable by a key) of one group."""
         return self._num_cached.get(group_id, 0)

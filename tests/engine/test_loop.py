@@ -100,3 +100,35 @@ def test_time_clock_ttft_is_queueing_plus_the_steps_until_the_first_token():
         # TTFT = queueing + the durations of the steps from first scheduled to first token
         # (the engine never idles while a request is running).
         assert np.isclose(row.first_token_s - row.arrival_s, queueing + between)
+
+
+ASYNC_LOAD_ALONE = """
+name: async-load-alone
+clock: steps
+cache: {block_size: 16, num_blocks: 40, groups: [full_attention]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 64, prefix_policy: pr48425}
+connector: {type: scripted, matched_tokens: {r0: 32}, load_async: true, async_load_steps: 3}
+workload:
+  requests:
+    - {id: r0, at: 0, prompt: [{content: doc, tokens: 100}], max_tokens: 2}
+"""
+
+
+def test_engine_keeps_stepping_during_a_step_counted_async_load():
+    """vLLM 0.33's answer (its real Scheduler on CPU with a MockKVConnector-like
+    scripted connector, ``is_async``, and ``finished_recving`` reported in the
+    output of step 2, i.e. 3 steps after the load started): the load starts at
+    step 0, steps 1 and 2 schedule nothing, step 3 resumes r0 at 32 computed
+    tokens with 64, step 4 finishes the prefill (4 tokens), step 5 decodes 1."""
+    result = sim.run(sim.config.scenario_from_text(ASYNC_LOAD_ALONE, "async-load-alone.yaml"))
+    assert result.summary["status"] == "complete"
+    sched = result.schedule
+    assert list(sched["step"]) == [3, 4, 5]
+    assert list(sched["num_scheduled_tokens"]) == [64, 4, 1]
+    assert list(sched["num_computed_tokens"]) == [32, 96, 100]
+    adm = result.admissions
+    assert list(adm["step"]) == [0, 3]
+    assert list(adm["kind"]) == ["first", "after_async_load"]
+    assert list(adm["external_tokens"]) == [32, 0]
+    # The engine stepped through the load (vLLM steps while a request waits for remote KV).
+    assert list(result.steps["step"]) == [0, 1, 2, 3, 4, 5]

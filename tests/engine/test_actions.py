@@ -1,0 +1,42 @@
+"""Scripted actions: ``evict`` drops every cache entry of the named hash in the named group."""
+
+from __future__ import annotations
+
+import sim
+from sim.config import scenario_from_text
+
+EQUAL_CONTENT_TWICE = """
+name: evict-equal-content-twice
+clock: steps
+cache: {block_size: 16, num_blocks: 100, retention_interval: null, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 8192, prefix_policy: pr48425}
+workload:
+  requests:
+    - {id: r0, at: 0, prompt: [{content: doc, tokens: 64}], max_tokens: 1}
+    - {id: r1, at: 2, prompt: [{content: doc, tokens: 64}], max_tokens: 1}
+actions:
+  - {at: 2, evict: {prefix_of: r0, group: mamba, blocks: [2, 3]}}
+  - {at: 4, evict: {prefix_of: r0, group: full_attention, blocks: [0]}}
+"""
+
+
+def test_evict_drops_every_block_cached_under_the_hash():
+    """vLLM 0.33's answer, from its real Scheduler + BlockPool on CPU (same layout,
+    hand-built KVCacheConfig, dense retention, fabricated output; the evictions
+    through ``KVCacheManager.evict_blocks`` with the ids cached under the hash):
+    with r0's Mamba states (blocks 4, 6) evicted, r1's Mamba hit is 0, so it
+    recomputes the FA prefix and caches equal content again in blocks 7, 8, 9, 11
+    (r0's are 1, 2, 3, 5). Evicting FA block 0 then drops both blocks cached
+    under that hash, 1 and 7: two ``BlockRemoved`` events, the key is gone."""
+    result = sim.run(scenario_from_text(EQUAL_CONTENT_TWICE, "evict-equal-content-twice.yaml"))
+    ev = result.kv_events
+    stored_fa = ev[(ev["kind"] == "stored") & (ev["group"] == 0)]
+    assert list(stored_fa["block_id"]) == [1, 2, 3, 5, 7, 8, 9, 11]
+    # r1 stored the same FA hashes again (equal content, two blocks each).
+    assert list(stored_fa["block_hash"].iloc[:4]) == list(stored_fa["block_hash"].iloc[4:])
+    removed = ev[ev["kind"] == "removed"]
+    assert list(zip(removed["step"], removed["group"], removed["block_id"])) == [
+        (2, 1, 4), (2, 1, 6), (4, 0, 1), (4, 0, 7)
+    ]
+    assert set(removed["cause"]) == {"evict_action"}
+    assert removed["block_hash"].iloc[2] == removed["block_hash"].iloc[3] == stored_fa["block_hash"].iloc[0]
