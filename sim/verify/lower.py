@@ -156,7 +156,7 @@ def lower(scenario: Scenario, components: Components | None = None) -> LoweredSc
     stream_base: dict[str, int] = {}
     # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
     ordered = sorted((r for r in components.requests if r.num_prompt_tokens <= s.max_model_len),
-                     key=lambda r: (r.arrival_time, r.request_id))
+                     key=lambda r: r.arrival_time)  # stable: same-step arrivals in script order, as the engine adds them
     prompts = {r.request_id: _token_ids(r, stream_base) for r in ordered}
     first_output = len(stream_base) + 1
     requests: list[RequestScript] = []
