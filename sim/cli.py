@@ -373,6 +373,27 @@ def shrink_cmd(
         raise typer.Exit(EXIT_INTERRUPTED)
 
 
+# ------------------------------------------------------------------- export
+export_app = typer.Typer(no_args_is_help=True, help="Export a scenario for other tools.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("vllm-test")
+@handles_errors
+def export_vllm_test_cmd(
+    scenario: Path = typer.Argument(..., help="A step-clock scenario YAML (e.g. the output of hybridsim shrink)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The pytest module to write (test_*.py)."),
+) -> None:
+    """Write a self-contained pytest that replays SCENARIO in vLLM 0.33 and asserts what hybridsim observed."""
+    from sim.config import load_scenario
+    from sim.export.vllm_test import export_vllm_test
+
+    text = export_vllm_test(load_scenario(scenario), str(scenario))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    typer.echo(f"{out}: run it with: VLLM_TARGET_DEVICE=cpu python -m pytest {out}")
+
+
 # ---------------------------------------------------------- workload stats
 @workload_app.command("stats")
 @handles_errors
