@@ -358,7 +358,7 @@ def replay(
 def shrink_cmd(
     source: Path = typer.Argument(..., help="A scenario YAML, or a result/replay bundle (its replay.yaml is used)."),
     out: Path = typer.Option(..., "-o", "--out", help="The shrunk scenario YAML to write."),
-    keep: str = typer.Option("auto", "--keep", help="Property to keep: auto, crash-reason or outcome."),
+    keep: str = typer.Option("auto", "--keep", help="Property to keep: auto, crash-reason, outcome or first-difference (needs vLLM)."),
     set_: List[str] = typer.Option([], "--set", help="Override a key of the input first: key.path=value."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
 ) -> None:

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 from sim.config.scenario import Scenario
 from sim.engine.build import build_kv_cache_config
 from sim.shrink import convert, reducers
-from sim.shrink.probe import Observation, probe
+from sim.shrink.probe import Observation, probe, with_difference
 from sim.shrink.property import Property, ShrinkError, property_for
 
 
@@ -111,6 +111,8 @@ class _Search:
         try:
             scenario = Scenario.model_validate(candidate)
             obs = probe(scenario, self.cap)
+            if self.prop.needs_vllm:
+                obs = with_difference(scenario, obs)
         except ValueError:  # pydantic, scenario and workload errors: a malformed candidate
             ok = False
         else:
@@ -287,6 +289,8 @@ def _fix_num_blocks(data: dict, num_blocks: int) -> dict:
 def shrink(scenario: Scenario, keep: str = "auto", progress: ProgressFn | None = None) -> ShrinkResult:
     """Reduce ``scenario`` while it keeps the ``keep`` property (see the module docstring)."""
     original = probe(scenario)
+    if keep == "first-difference":
+        original = with_difference(scenario, original)
     prop = property_for(keep, original)
     prop_step = prop.step(original)
     before = figures(scenario, original)

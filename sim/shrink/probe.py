@@ -10,6 +10,7 @@ arrived at (what :mod:`sim.shrink.convert` turns into a step-clock script).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sim.config.scenario import Scenario
 from sim.engine.build import build_components
@@ -79,6 +80,23 @@ class Observation:
     arrivals: list[tuple[int, Request]]
     num_blocks: int
     capped: bool
+    #: First difference from vLLM (``hybridsim verify``'s compare); filled only for a property that needs it.
+    difference: Any = None
+
+
+def with_difference(scenario: Scenario, obs: Observation) -> Observation:
+    """``obs`` with the first difference between hybridsim and vLLM on ``scenario`` (``None`` if identical).
+
+    Raises :class:`ValueError` when the scenario is not verifiable or vLLM is missing.
+    """
+    from sim.verify.run import EXIT_NOT_VERIFIABLE, require_vllm, verify_scenario
+
+    require_vllm()
+    verdict = verify_scenario(scenario)
+    if verdict.exit_code == EXIT_NOT_VERIFIABLE:
+        raise ValueError(f"not verifiable: {verdict.reason}")
+    obs.difference = verdict.difference
+    return obs
 
 
 def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:

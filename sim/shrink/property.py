@@ -13,7 +13,12 @@
   :class:`~sim.shrink.probe.AdmissionSignature` (outcome, the admission's
   shape as above, tainted or direct) and, unless that outcome is ``crash``, the
   candidate does not crash.
-* ``first-difference`` is not offered yet (it needs the vLLM comparison).
+* ``first-difference``: ``hybridsim verify``'s comparison still finds a
+  difference between hybridsim and vLLM 0.33, in the same item: the
+  difference's ``what`` with list indices dropped (``kv_events[0].block_id``
+  and ``kv_events[3].block_id`` are the same item). The candidate must be
+  verifiable (step clock, a verifiable policy and connector); each candidate
+  runs vLLM's scheduler in process (:mod:`sim.verify.run`), so this is slower.
 
 The default (``auto``) is ``crash-reason`` when the original crashes, else ``outcome``.
 A run capped at the step limit that has not shown the property fails it, and
@@ -23,12 +28,13 @@ the best scenario so far (steps are one of the sizes being reduced).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
 from sim.shrink.probe import AdmissionSignature, Observation
 
-KEEP_CHOICES = ("auto", "crash-reason", "outcome")
+KEEP_CHOICES = ("auto", "crash-reason", "outcome", "first-difference")
 _RANK = {"recompute": 1, "corrupt": 2, "crash": 3}
 
 
@@ -38,6 +44,8 @@ class ShrinkError(ValueError):
 
 class Property(Protocol):
     name: str
+    #: The property reads ``Observation.difference`` (the driver then runs vLLM for each candidate).
+    needs_vllm: bool
 
     def holds(self, obs: Observation) -> bool: ...
 
@@ -53,6 +61,7 @@ class CrashReason:
     reason: str
     site: str
     name: str = "crash-reason"
+    needs_vllm: bool = False
 
     def holds(self, obs: Observation) -> bool:
         return obs.crash is not None and obs.crash.reason == self.reason and obs.crash.site == self.site
@@ -70,6 +79,7 @@ class CrashReason:
 class SameOutcome:
     target: AdmissionSignature
     name: str = "outcome"
+    needs_vllm: bool = False
 
     def holds(self, obs: Observation) -> bool:
         if self.target.outcome != "crash" and obs.crash is not None:
@@ -84,12 +94,38 @@ class SameOutcome:
         return f"an admission with outcome {t.outcome!r} ({t.shape.label()}, {'tainted' if t.tainted else 'direct'})"
 
 
+def difference_item(what: str) -> str:
+    """A difference's item without list indices: ``admissions[2].local`` -> ``admissions[].local``."""
+    return re.sub(r"\[\d+\]", "[]", what)
+
+
+@dataclass(frozen=True)
+class FirstDifference:
+    item: str
+    name: str = "first-difference"
+    needs_vllm: bool = True
+
+    def holds(self, obs: Observation) -> bool:
+        return obs.difference is not None and difference_item(obs.difference.what) == self.item
+
+    def step(self, obs: Observation) -> int:
+        assert obs.difference is not None
+        return obs.difference.step if obs.difference.step is not None else obs.steps
+
+    def describe(self) -> str:
+        return f"hybridsim and vLLM 0.33 first differ in {self.item}"
+
+
 def property_for(keep: str, original: Observation) -> Property:
     """The property ``keep`` asks for, as the original run shows it; :class:`ShrinkError` if it shows none."""
     if keep not in KEEP_CHOICES:
         raise ShrinkError(f"--keep {keep!r}: valid: {', '.join(KEEP_CHOICES)}")
     if keep == "auto":
         keep = "crash-reason" if original.crash is not None else "outcome"
+    if keep == "first-difference":
+        if original.difference is None:
+            raise ShrinkError("--keep first-difference: hybridsim and vLLM agree on this scenario (verify: identical)")
+        return FirstDifference(difference_item(original.difference.what))
     if keep == "crash-reason":
         if original.crash is None:
             raise ShrinkError("--keep crash-reason: the scenario does not crash")
