@@ -221,3 +221,27 @@ def test_ctrl_c_writes_the_best_scenario_so_far_and_exits_130(tmp_path: Path, mo
     assert prop.holds(probe(load_scenario(out)))
     original = yaml.safe_load((REPRO / "taint-propagation.yaml").read_text())
     assert len(yaml.safe_load(text)["workload"]["requests"]) <= len(original["workload"]["requests"])
+
+
+def test_first_difference_keeps_hybridsims_difference_from_vllm() -> None:
+    """Needs vLLM (skips without it unless HYBRIDSIM_REQUIRE_VLLM=1)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is None:
+        if os.environ.get("HYBRIDSIM_REQUIRE_VLLM") == "1":
+            pytest.fail("HYBRIDSIM_REQUIRE_VLLM=1 but vllm is not installed")
+        pytest.skip("vLLM is not installed")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from sim.shrink.probe import with_difference
+    from sim.shrink.property import difference_item
+
+    original = load_scenario(REPRO / "pr48425-mamba-deeper-ext16.yaml")
+    before = with_difference(original, probe(original))
+    if before.difference is None:
+        pytest.skip("hybridsim and vLLM now agree on this reproduction: no difference to shrink")
+    result = shrink(original, "first-difference")
+    after = with_difference(result.scenario, probe(result.scenario))
+    assert after.difference is not None
+    assert difference_item(after.difference.what) == difference_item(before.difference.what)
+    assert result.after.requests < result.before.requests
