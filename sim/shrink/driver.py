@@ -7,7 +7,8 @@ changes nothing:
 1. once: a ``clock: time`` replay becomes a step script, and a model preset's
    layout explicit ``cache.groups`` (:mod:`sim.shrink.convert`), each kept only
    if the property holds;
-2. drop requests (ddmin; first everything that arrives after the property's step),
+2. drop requests (ddmin; first everything that arrives after the property's step, then
+   everything that shares no content stream with the request showing the property),
    drop actions (ddmin), drop blocks from each ``evict`` (ddmin), drop explicit
    groups, drop the connector;
 3. shorten each prompt (whole scheduler blocks first, then tokens) and its
@@ -181,6 +182,12 @@ class _Search:
             early = [r for r in reqs if r["at"] <= step]
             if early and len(early) < len(reqs):
                 changed |= self.test(reducers.with_requests(self.best, early))
+        target = self.prop.request(self.best_obs)
+        if target is not None:  # a big jump first: only the requests that share content with the target
+            reqs = self.best["workload"]["requests"]
+            related = reducers.sharing_content(reqs, target)
+            if len(related) < len(reqs):
+                changed |= self.test(reducers.with_requests(self.best, related))
         base = self.best
         changed |= self.ddmin(base["workload"]["requests"], lambda rest: reducers.with_requests(base, rest), min_len=1)
         return changed

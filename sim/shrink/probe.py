@@ -73,8 +73,8 @@ class Observation:
     """What one capped run showed."""
 
     crash: CrashSite | None
-    #: One signature per admission attempt that was admitted (outcome ok/recompute/corrupt/crash), with its step.
-    admissions: list[tuple[int, AdmissionSignature]]
+    #: One (step, request id, signature) per admission attempt that was admitted (outcome ok/recompute/corrupt/crash).
+    admissions: list[tuple[int, str, AdmissionSignature]]
     steps: int
     #: Requests that arrived, in arrival order, with the step each arrived at.
     arrivals: list[tuple[int, Request]]
@@ -112,7 +112,7 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
     except (StopRun, InvariantViolation):  # a crash, a stall, the step cap: what was recorded is the observation
         pass
     cols = components.recorder.admissions.data
-    admissions: list[tuple[int, AdmissionSignature]] = []
+    admissions: list[tuple[int, str, AdmissionSignature]] = []
     crash_site = "step"
     for i, outcome in enumerate(cols["outcome"]):
         if outcome == "not_admitted":
@@ -122,7 +122,8 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
             kind=cols["kind"][i], local=cols["local_tokens"][i] > 0, external=cols["external_tokens"][i] > 0,
             diverged=len(hits) > 1,
         )
-        admissions.append((cols["step"][i], AdmissionSignature(outcome, shape, bool(cols["taint_origin"][i]))))
+        admissions.append((cols["step"][i], cols["request_id"][i],
+                           AdmissionSignature(outcome, shape, bool(cols["taint_origin"][i]))))
         c = loop.crash
         if c is not None and outcome == "crash" and cols["request_id"][i] == c.request_id and cols["step"][i] == c.step:
             crash_site = shape.label()

@@ -53,6 +53,10 @@ class Property(Protocol):
         """The step at which ``obs`` shows the property (it holds)."""
         ...
 
+    def request(self, obs: Observation) -> str | None:
+        """The request that shows the property in ``obs`` (it holds), if one does."""
+        ...
+
     def describe(self) -> str: ...
 
 
@@ -70,6 +74,10 @@ class CrashReason:
         assert obs.crash is not None
         return obs.crash.step
 
+    def request(self, obs: Observation) -> str | None:
+        assert obs.crash is not None
+        return obs.crash.request_id
+
     def describe(self) -> str:
         where = "outside an admission" if self.site == "step" else f"at an admission ({self.site})"
         return f"crash {self.reason!r} {where}"
@@ -84,10 +92,13 @@ class SameOutcome:
     def holds(self, obs: Observation) -> bool:
         if self.target.outcome != "crash" and obs.crash is not None:
             return False
-        return any(sig == self.target for _, sig in obs.admissions)
+        return any(sig == self.target for _, _, sig in obs.admissions)
 
     def step(self, obs: Observation) -> int:
-        return next(step for step, sig in obs.admissions if sig == self.target)
+        return next(step for step, _, sig in obs.admissions if sig == self.target)
+
+    def request(self, obs: Observation) -> str | None:
+        return next(rid for _, rid, sig in obs.admissions if sig == self.target)
 
     def describe(self) -> str:
         t = self.target
@@ -112,6 +123,9 @@ class FirstDifference:
         assert obs.difference is not None
         return obs.difference.step if obs.difference.step is not None else obs.steps
 
+    def request(self, obs: Observation) -> str | None:
+        return None
+
     def describe(self) -> str:
         return f"hybridsim and vLLM 0.33 first differ in {self.item}"
 
@@ -130,7 +144,7 @@ def property_for(keep: str, original: Observation) -> Property:
         if original.crash is None:
             raise ShrinkError("--keep crash-reason: the scenario does not crash")
         return CrashReason(original.crash.reason, original.crash.site)
-    worst = max((sig for _, sig in original.admissions if sig.outcome in _RANK),
+    worst = max((sig for _, _, sig in original.admissions if sig.outcome in _RANK),
                 key=lambda sig: _RANK[sig.outcome], default=None)
     if worst is None:
         raise ShrinkError("--keep outcome: every admission is ok (no recompute, corrupt or crash to keep)")

@@ -53,6 +53,16 @@ def _filter_connector(connector: dict, original: set[str], kept: set[str]) -> di
     return out
 
 
+def _streams(request: dict) -> set[str]:
+    return {seg.get("content") or f"output of {seg['output_of']}" for seg in request["prompt"]}
+
+
+def sharing_content(requests: Sequence[dict], target: str) -> list[dict]:
+    """The requests whose prompts share a content stream with request ``target`` (it included), in order."""
+    wanted = next((_streams(r) for r in requests if r["id"] == target), set())
+    return [r for r in requests if r["id"] == target or _streams(r) & wanted]
+
+
 def with_actions(data: dict, actions: Sequence[dict]) -> dict:
     out = copy.deepcopy({k: v for k, v in data.items() if k != "actions"})
     out["actions"] = copy.deepcopy(list(actions))
