@@ -67,7 +67,13 @@ Decision trace (:class:`DecisionTrace`, returned by :func:`run_script`)
   ``message`` (its text; for a bare ``assert`` the asserted expression)).
 * ``finished``: request id -> number of generated tokens, for finished requests.
 * ``num_steps``: steps run; ``stopped``: ``""`` or why the run stopped early
-  (``crash``, ``max_steps``).
+  (``crash``, ``max_steps``, ``stalled``).
+
+Idle steps: after a step that scheduled nothing and preempted nothing, with
+no async load in flight or finished in it, the harness skips to the next step with an arrival
+or an action (the skipped steps would repeat the same failed attempts on an
+unchanged cache), as hybridsim's engine sleeps; with none left and requests
+remaining, the run stops as ``stalled``.
 
 ``run_script(script, record=False)`` only steps (no trace is built; for
 ``make bench``).
@@ -208,6 +214,8 @@ def _load_vllm() -> dict[str, Any]:
     if _VLLM:
         return _VLLM
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         import torch
         from vllm.config import CacheConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -696,7 +704,10 @@ def _apply_action(scheduler: Any, action: ActionScript, prompts: dict[str, Any],
     # what it is given, so it gets this order (a list, not a set).
     ids: dict[int, None] = {}
     for group in action["groups"]:
-        ratio = script["groups"][group]["block_size"] // script["hash_block_size"]
+        group_bs = script["groups"][group]["block_size"]
+        if group_bs % script["hash_block_size"]:
+            continue  # no hash at this group's granularity (e.g. caching off): nothing cached
+        ratio = group_bs // script["hash_block_size"]
         for i in action["block_indices"]:
             j = (i + 1) * ratio - 1
             if j >= len(fine):
@@ -788,6 +799,17 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
         if record and trace is not None:
             steps.append(trace)
         step += 1
+        idle = not out.num_scheduled_tokens and not out.preempted_req_ids
+        if idle and not recving and not (connector is not None and connector.loading):
+            # Nothing ran, nothing is loading or just loaded: the next steps would repeat this one
+            # until an arrival or an action changes something, so go there (as
+            # hybridsim's engine sleeps); with none left, requests that remain are stuck.
+            future = [k for k in (*arrivals, *actions) if k >= step]
+            if not future:
+                if scheduler.has_requests():
+                    stopped = "stalled"
+                break
+            step = min(future)
     return {"steps": steps, "crash": crash, "finished": finished, "num_steps": step, "stopped": stopped}
 
 
