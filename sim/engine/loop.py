@@ -34,7 +34,6 @@ decreases; every request given to the engine ends in exactly one
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -173,10 +172,6 @@ class EngineLoop:
                         raise StopRun("stalled: requests are waiting but none can be scheduled and nothing is pending")
                     return
                 self.wake_event = env.event()
-                if nxt is not None and self.clock == "steps":
-                    # Steps happen at whole step numbers: a request arriving at 214.3 is
-                    # added just before step 215, whether the engine was busy or idle.
-                    nxt = float(math.ceil(nxt))
                 if nxt is not None and nxt > env.now:
                     yield env.timeout(nxt - env.now) | self.wake_event
                 elif nxt is None:

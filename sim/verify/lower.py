@@ -19,7 +19,6 @@ token or another request's output, as DESIGN.md §6 requires.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from sim.config.scenario import Scenario
@@ -169,13 +168,14 @@ def lower(scenario: Scenario, components: Components | None = None) -> LoweredSc
     prompts = {r.request_id: _token_ids(r, stream_base) for r in ordered}
     requests: list[RequestScript] = []
     for r in ordered:
+        if r.arrival_time != int(r.arrival_time):
+            raise NotVerifiable(f"request {r.request_id}: arrival {r.arrival_time} is not a whole step")
         for lora in (r.lora_name, r.cache_salt):
             if lora:
                 raise NotVerifiable(f"request {r.request_id}: LoRA names and cache salts are not lowered")
         requests.append({
             "id": r.request_id,
-            # Added just before the first step at or after its arrival time (sim.engine.loop).
-            "arrival_step": math.ceil(r.arrival_time),
+            "arrival_step": int(r.arrival_time),
             "prompt_token_ids": prompts[r.request_id],
             "max_tokens": int(r.output_len),
             "priority": int(r.priority),
