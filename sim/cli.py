@@ -55,6 +55,10 @@ _state = {"debug": False}
 @app.callback()
 def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors.")) -> None:
     _state["debug"] = debug
+    import warnings
+
+    # Scenario warnings (e.g. a pool that cannot hold a request) as one "warning: ..." line.
+    warnings.formatwarning = lambda message, category, *rest: f"warning: {message}\n"
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
