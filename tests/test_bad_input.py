@@ -21,7 +21,7 @@ CASES: dict[str, tuple[str, ...]] = {
     "wrong-type.yaml": ("wrong-type.yaml:3:", "cache.block_size", "valid integer"),
     "negative-blocks.yaml": ("negative-blocks.yaml:3:", "cache.num_blocks", ">= 2", "-5"),
     "zero-block-size.yaml": ("zero-block-size.yaml:3:", "cache.block_size", ">= 1"),
-    "too-few-blocks.yaml": ("cache.num_blocks", "'r0'", "give at least num_blocks: 29"),
+    "too-little-kv-memory.yaml": ("cache.kv_memory_gb", "max seq len (8192)", "443023360 bytes", "startup check"),
     "unknown-preset.yaml": ("unknown-preset.yaml:2:", "model.preset", "did you mean 'nemotron-h-8b'?"),
     "unknown-policy.yaml": ("scheduler.prefix_policy", "'reconcilled'", "valid: max_per_group, pr48425, reconciled"),
     "unknown-connector.yaml": ("connector.type", "'lmcachee'", "valid: faulty, none, offload, remote, scripted"),

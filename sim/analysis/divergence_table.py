@@ -104,20 +104,38 @@ full-attention (FA) prefix and the Mamba states of one document can reach
 different depths (vLLM issue #46453). The scheduler must choose one resume
 boundary; the prefix-boundary policy (DESIGN.md §3) decides it, the connector
 may add external tokens, and the truth checker (`sim/policy/truth.py`)
-classifies the admission:
+classifies the admission.
 
-* **ok**: every claimed FA block is resident with the right hash, a valid
-  Mamba state sits exactly at the resume boundary (local, or shipped by the
-  connector with its external tokens), and no deeper valid boundary existed;
-* **recompute (−N)**: valid, but a deeper valid boundary existed (the local
-  fixed point, or the FA hit plus what the connector answers when shown it);
+## The validity rule
+
+One rule, applied in one place (`resident_block_range` in `sim/policy/truth.py`).
+To continue at `b = local + external`, a real model reads, per KV-cache group:
+
+| group | reads | the connector writes (when `external > 0`) | must be resident |
+|---|---|---|---|
+| full attention | KV of `[0, b)` | `[local, b)` (NIXL-like `pulls_unhashed_blocks`: also the positions below `local` no claimed block backs) | `[0, local)` |
+| sliding window `W` | KV of `[b - W + 1, b)` | `[local, b)` (same) | `[b - W + 1, local)` |
+| Mamba | the state at exactly `b` | the state at `b` if `supplies_mamba_state` | the state at `b`, unless written |
+
+*Resident* means: a claimed, real block cached under the request's hash for
+that position in that group, at the moment of the allocation (claimed blocks
+are touched by it, so it cannot evict them). Blocks below `b - W + 1` are out
+of the window: `allocate_slots` frees them and, in a tight pool, may evict and
+reuse them in the same allocation, which is harmless. A connector that answers
+0 writes nothing. A Mamba state off a block boundary cannot be resident.
+
+* **ok**: the rule holds and no deeper valid boundary existed;
+* **recompute (−N)**: valid, but a deeper valid boundary existed (a local
+  boundary, up to the FA hit, that the same rule accepts, or the FA hit plus
+  what the connector answers when shown it, asked side-effect free);
   N tokens are recomputed for nothing;
-* **corrupt**: the real engine would go on with wrong state, silently:
-  FA positions below the boundary backed by fresh, never-computed blocks
-  (#44243, "dirty KV"), or no Mamba state at the boundary (vLLM derives
-  `has_initial_states` from the scalar `num_computed_tokens`: #43090,
-  LMCache #4674). The blocks such a request caches past its bad point are
-  tainted, and whoever reuses them is corrupt too;
+* **corrupt**: the rule fails and the real engine would go on with wrong
+  state, silently: FA positions below the boundary backed by fresh,
+  never-computed blocks (#44243, "dirty KV"), a window position missing, or
+  no Mamba state at the boundary (vLLM derives `has_initial_states` from the
+  scalar `num_computed_tokens`: #43090, LMCache #4674). The blocks such a
+  request caches past its bad point are tainted, and whoever reuses them is
+  corrupt too;
 * **crash**: an assert of vLLM's scheduler fires (local + external reaches
   the end of the prompt: `assert num_new_tokens > 0`).
 
@@ -127,9 +145,9 @@ one at a time) leave FA blocks and Mamba states at 16, 32, 48 and 64; then an
 `evict` action removes some; then `r`, 96 tokens of the same document,
 arrives. The scripted connector (opted in to
 `supports_divergent_local_hybrid_hits`) answers 16 external tokens beyond
-the hit it is shown ("supplies 16") or 0 ("supplies none"); a connector that
-answers supplies every group's KV for those tokens and the Mamba state at
-the resume boundary.
+the hit it is shown ("supplies 16") or 0 ("supplies none"); by the rule above,
+a connector that answers writes every group's KV for those tokens and the
+Mamba state at the resume boundary.
 
 * **mamba_deeper**: FA blocks 2–3 and Mamba states 1–2 evicted: per-group
   hits FA 32, Mamba 64 (states left at 16 and 64).

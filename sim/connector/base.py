@@ -52,6 +52,16 @@ class KVConnector:
     supports_hma: bool = True
     supports_divergent_local_hybrid_hits: bool = False
 
+    #: What a load of ``external > 0`` tokens writes, for the truth checker
+    #: (``sim.policy.truth``): every group's KV for ``[local, local + external)``
+    #: always; the Mamba state at ``local + external`` when ``supplies_mamba_state``
+    #: (vLLM's NIXL ships the last state unconditionally); and, when
+    #: ``pulls_unhashed_blocks`` (NIXL pulls every block of the request that holds
+    #: no cache entry), the attention positions below ``local`` that no claimed
+    #: block backs.
+    supplies_mamba_state: bool = True
+    pulls_unhashed_blocks: bool = False
+
     #: The context given by :meth:`bind` (``None`` until bound).
     ctx: Any = None
 
@@ -65,6 +75,14 @@ class KVConnector:
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens available beyond ``num_computed_tokens`` (block-aligned local hit)."""
         raise NotImplementedError
+
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """What :meth:`get_num_new_matched_tokens` would answer now (its first element), with no
+        side effect at all: no counters, no random draws, no remembered state. The truth checker
+        asks it hypothetical questions (what would a load at another boundary have saved).
+        ``None``: not answerable now (the real call would say "not ready"), or this connector
+        cannot answer hypothetically (the default for third-party connectors that do not override it)."""
+        return None
 
     def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
         """Blocks were allocated for ``request``; ``num_external_tokens`` > 0 means load them."""
@@ -118,3 +136,6 @@ class NoConnector(KVConnector):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return 0, False
+
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        return 0

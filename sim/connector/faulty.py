@@ -109,6 +109,8 @@ class FaultyConnector(KVConnector):
                 raise ValueError(f"connector.slow.{k}: expected a factor >= 1, got {v!r}")
         self.supports_hma = self.inner.supports_hma
         self.supports_divergent_local_hybrid_hits = self.inner.supports_divergent_local_hybrid_hits
+        self.supplies_mamba_state = self.inner.supplies_mamba_state
+        self.pulls_unhashed_blocks = self.inner.pulls_unhashed_blocks
         self._factor = 1.0
         self._slow_factor: dict[str, float] = {}
         self._last_local: dict[str, int] = {}
@@ -162,6 +164,10 @@ class FaultyConnector(KVConnector):
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._last_local[request.request_id] = num_computed_tokens
         return self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """The wrapped connector's answer (faults are drawn at load time, not here)."""
+        return self.inner.peek_num_new_matched_tokens(request, num_computed_tokens)
 
     # ------------------------------------------------------------------ faults
     def _plan(self, request: Request, blocks: Any, num_external_tokens: int) -> _PlannedFault | None:

@@ -323,6 +323,14 @@ class OffloadConnector(KVConnector):
         self._last_local[request.request_id] = num_computed_tokens
         return ext, ext > 0
 
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """The tier's answer without counting a query (``lookup`` reads the tier only)."""
+        state = self._reqs.get(request.request_id)
+        if state is not None and state.pending_stores:
+            return None
+        end, _ = self.lookup(request, num_computed_tokens)
+        return max(0, end - num_computed_tokens) if end else 0
+
     def _state(self, request: Request) -> _ReqState:
         state = self._reqs.get(request.request_id)
         if state is None:

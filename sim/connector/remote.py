@@ -95,6 +95,8 @@ class RemoteConnector(KVConnector):
     supports_divergent_local_hybrid_hits = True
     #: NIXL pulls every block of the request without a cache entry (the truth checker relies on it).
     pulls_unhashed_blocks = True
+    #: NIXL ships the last Mamba state with every load.
+    supplies_mamba_state = True
 
     def __init__(
         self,
@@ -170,6 +172,15 @@ class RemoteConnector(KVConnector):
             self.counters["hit_tokens"] += count
             return count, True
         return 0, False
+
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """NIXL's answer without counting a query."""
+        remote = self._remote.get(request.request_id)
+        if remote is None or remote.consumed:
+            return 0
+        if not remote.prefill_done:
+            return None
+        return max(0, remote.remote_tokens - num_computed_tokens)
 
     def _clip(self, ids: list[list[int]]) -> list[list[int]]:
         """NIXL ``get_exchange_clipped_blocks``: window tails, the state-bearing Mamba slot."""

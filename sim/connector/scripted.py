@@ -67,6 +67,12 @@ class ScriptedConnector(KVConnector):
         return bool(self.load_async.get(request_id, False))
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        ext = self.peek_num_new_matched_tokens(request, num_computed_tokens)
+        assert ext is not None
+        return ext, ext > 0 and self._is_async(request.request_id)
+
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """The scripted answer (pure: the script and the request only)."""
         rid = request.request_id
         if rid in self.matched_tokens:
             ext = self.matched_tokens[rid]
@@ -78,7 +84,7 @@ class ScriptedConnector(KVConnector):
             ext = max(0, held - num_computed_tokens)
         else:
             ext = 0
-        return ext, ext > 0 and self._is_async(rid)
+        return ext
 
     def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:

@@ -75,6 +75,10 @@ class FullAttentionSpec:
     def kind(self) -> str:
         return "full_attention"
 
+    def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request may hold (vLLM ``max_memory_usage_bytes`` / page): ``cdiv(max_model_len, B)``."""
+        return cdiv(max_model_len, self.block_size)
+
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindowSpec:
@@ -98,6 +102,10 @@ class SlidingWindowSpec:
         num_tokens = min(self.window - 1 + max_in_flight_tokens, max_model_len)
         return cdiv(num_tokens, self.block_size) + 1
 
+    def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request may hold (vLLM ``max_memory_usage_bytes`` / page): the admission cap."""
+        return self.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+
 
 @dataclass(frozen=True, slots=True)
 class MambaSpec:
@@ -118,6 +126,13 @@ class MambaSpec:
     @property
     def kind(self) -> str:
         return "mamba"
+
+    def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request may hold (vLLM ``max_memory_usage_bytes`` / page): in ``align``
+        mode 2 (+1 prefill checkpoint block), else 1 (no speculative blocks modelled)."""
+        if self.mamba_cache_mode == "align":
+            return 2 + int(self.prefill_checkpoints)
+        return 1
 
 
 KVCacheSpec = Union[FullAttentionSpec, SlidingWindowSpec, MambaSpec]

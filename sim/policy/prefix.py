@@ -32,8 +32,15 @@ class PrefixLookup:
 
     ``blocks`` is a ``KVCacheBlocks`` (one block list per group) for the hit;
     ``shared_prefix_boundary`` is the junction the scheduler stores on the
-    request (0 if none); ``hit_diverged`` says the groups disagree and the hit
-    is only valid if the connector supplies the lagging state.
+    request (0 if none); ``hit_diverged`` says the groups disagree, so the hit
+    is valid only if the connector's external tokens supply what a lagging
+    group lacks. What that means is the truth checker's one rule
+    (``sim.policy.truth``): to continue at ``b = local_tokens + external`` a
+    group reads full attention ``[0, b)``, sliding window ``[b - W + 1, b)``,
+    or the Mamba state at ``b``; a connector answering ``external > 0``
+    writes every attention group's ``[local_tokens, b)`` and, if its
+    ``supplies_mamba_state`` says so, the state at ``b``; the rest must be
+    resident in the claimed blocks.
     """
 
     blocks: Any

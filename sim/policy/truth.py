@@ -4,57 +4,62 @@ The scheduler calls the checker (its ``admission_checker`` hook) after every
 successful ``allocate_slots`` of a waiting request, with the policy's claimed
 blocks and the ``local`` / ``external`` tokens it was given. The checker
 compares that claim with what the block pool really holds and returns
-``(outcome, tokens_lost, taint_origin)``:
+``(outcome, tokens_lost, taint_origin)``.
 
-* ``corrupt`` — the real engine would go on with wrong state, silently:
-  a full-attention position below ``local`` that no claimed, resident block
-  with the right hash backs (vLLM #44243 claims such positions and
-  ``allocate_slots`` fills them with fresh, never-computed blocks: "dirty
-  KV"); a sliding-window group missing a block of its window before
-  ``local``; or no valid Mamba state exactly at the resume boundary
-  ``R = local + external`` (vLLM derives ``has_initial_states`` from the
-  scalar ``num_computed_tokens``, so it starts from whatever the slot holds:
-  #43090, LMCache #4674). Reusing a *tainted* block is corrupt too.
-* ``recompute`` — valid, but the local cache alone held a deeper valid
-  boundary; ``tokens_lost`` = that boundary − ``R``.
-* ``ok`` — valid and no shallower than the best local choice.
+**The validity rule** (one rule, applied by :func:`resident_block_range`):
+to continue at ``b = local + external`` a real model reads, per group,
+
+* full attention: the KV of every position in ``[0, b)``;
+* sliding window ``W``: the KV of ``[b - W + 1, b)`` (older positions are out
+  of the window; ``allocate_slots`` frees their blocks, and with a tight pool
+  the same allocation may evict and reuse them, which is harmless);
+* Mamba: the state at exactly ``b`` (vLLM derives ``has_initial_states``
+  from the scalar ``num_computed_tokens``, so it starts from whatever the
+  slot holds: #43090, LMCache #4674).
+
+A connector that answers ``external > 0`` writes, by its declared
+capabilities (:class:`~sim.connector.base.KVConnector`): every attention
+group's KV for ``[local, b)``; the Mamba state at ``b`` when
+``supplies_mamba_state``; and, when ``pulls_unhashed_blocks`` (NIXL), the
+attention positions below ``local`` that no claimed block backs. A
+connector answering 0 writes nothing. Everything read and not written must
+be *resident*: a claimed, real block cached under the request's hash for that
+position in that group, at the moment of the allocation (claimed blocks are
+touched by it, so they cannot be evicted by it). Connector data is assumed
+clean (no taint is tracked through a connector's own store).
+
+Outcomes:
+
+* ``corrupt`` — the rule fails somewhere (e.g. vLLM #44243 claims
+  full-attention positions that ``allocate_slots`` then fills with fresh,
+  never-computed blocks: "dirty KV"), or a resident block is *tainted*.
+* ``recompute`` — valid, but a deeper valid boundary existed;
+  ``tokens_lost`` = that boundary − ``b``.
+* ``ok`` — valid and no shallower than the best valid boundary.
 * ``crash`` is recorded by the scheduler itself (an assert fired before
   the admission completed); the checker never sees those.
-
-**What a connector supplies.** A connector that answers ``external > 0``
-supplies everything it claims: every group's KV for tokens ``[local, R)``
-and the Mamba state at ``R`` (vLLM's NIXL ships the last Mamba state
-unconditionally; the ``scripted`` connector is truthful by construction).
-A connector may opt out with a ``supplies_mamba_state = False`` attribute
-(then its Mamba state at ``R`` must be local, like a non-HMA-aware store).
-A connector answering 0 supplies nothing. Connector data is assumed clean
-(the checker does not track taint through a connector's own store). A
-connector with a true ``pulls_unhashed_blocks`` attribute (the NIXL-like
-``remote``: NIXL pulls every block of the request that holds no cache entry,
-paired from the tail) also refills attention positions below ``local`` that
-the policy claimed but that no claimed block backs, when it answers
-``external > 0``: those positions are then correct.
 
 **Taint.** A request admitted ``corrupt`` has a *bad point* ``p`` (the first
 token position whose KV or state is wrong). Every block it caches whose
 cache entry covers more than ``p`` tokens gets ``block.taint = origin``
 (the first corrupt request of the chain); the blocks it already cached in
 ``allocate_slots`` are tainted at once, later ones through the block pool's
-``cache_listener``. A later admission whose claimed blocks include a tainted
+``cache_listener``. A later admission whose resident blocks include a tainted
 block is ``corrupt`` with ``taint_origin`` = that origin. The pool clears
 the taint when the block's cache entry is evicted.
 
-**Best valid boundary** (for ``recompute``): the deeper of two candidates.
-(1) Local: the deepest boundary ``b > R``, aligned to the scheduler block
-size, with full attention contiguous to ``b`` at lookup time (the
-admission's per-group hits), every Mamba group holding a clean cached state
-at ``b`` now, and ``b`` within every sliding-window group's independent hit.
-(2) Connector: the full-attention hit ``F`` plus what the connector answers
-when shown ``F`` (what #48425 does when Mamba lags), if that answer is
-positive and stops short of the prompt's end. Deliberate approximation: a
-Mamba state this very allocation evicted is not seen.
+**Best valid boundary** (for ``recompute``), the deepest of, by the same rule:
+(1) local: an aligned ``c > b`` up to every full-attention group's hit (at
+lookup time) with every sliding-window block of ``[c - W + 1, c)`` and every
+Mamba state at ``c`` cached (clean, and not cached by this very request);
+(2) connector: shown ``s`` (the full-attention hit), the boundary
+``s + peek(s)`` when the connector's side-effect-free
+:meth:`~sim.connector.base.KVConnector.peek_num_new_matched_tokens` answers
+a positive count that stops short of the prompt's end, with what it does not
+write resident. Deliberate approximation: a cache entry this very
+allocation evicted is not seen.
 
-Cost per admission: O(claimed blocks), plus O(blocks between ``R`` and the
+Cost per admission: O(claimed blocks), plus O(blocks between ``b`` and the
 full-attention hit) when the chosen boundary is shallower than that hit.
 """
 
@@ -63,18 +68,29 @@ from __future__ import annotations
 from typing import Any
 
 from sim.kv.hash_view import block_hashes_at
+from sim.kv.specs import cdiv
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 
-#: Connectors whose ``get_num_new_matched_tokens`` may be asked a hypothetical
-#: question (vLLM requires it to be side-effect free, but e.g. the ``faulty``
-#: wrapper draws random numbers there). Others opt in with a true
-#: ``side_effect_free_lookup`` attribute.
-SIDE_EFFECT_FREE_CONNECTORS = frozenset({"scripted"})
 
+def resident_block_range(kind: str, block_size: int, window: int, boundary: int, local: int,
+                         state_supplied: bool) -> tuple[int, int] | None:
+    """The block indices ``[start, stop)`` of one group that must be resident to continue at ``boundary``.
 
-def _side_effect_free(connector: Any) -> bool:
-    return getattr(connector, "side_effect_free_lookup", False) or getattr(connector, "name", "") in SIDE_EFFECT_FREE_CONNECTORS
+    ``local`` is where the connector's writes start (``local == boundary``
+    when it supplies nothing); ``state_supplied`` says it writes the Mamba
+    state at ``boundary``. ``None``: no block can hold what is read (a
+    Mamba state off a block boundary). This is the module's validity rule;
+    everything else only looks the blocks up.
+    """
+    if kind == "mamba":
+        if boundary == 0 or state_supplied:
+            return (0, 0)
+        if boundary % block_size:
+            return None
+        return (boundary // block_size - 1, boundary // block_size)
+    first = 0 if kind == "full_attention" else max(0, boundary - window + 1)
+    return (first // block_size, cdiv(local, block_size))
 
 
 class TruthChecker:
@@ -87,18 +103,18 @@ class TruthChecker:
     def __init__(self, kv_manager: Any, connector: Any | None = None) -> None:
         self.kv = kv_manager
         self.pool = kv_manager.block_pool
-        if connector is not None and getattr(connector, "name", "") == "none":
+        if connector is not None and connector.name == "none":
             connector = None
         self.connector = connector
         self.align = kv_manager.kv_cache_config.scheduler_block_size
         #: ``Request.block_hashes`` granularity; each group is checked against its own view.
         self.hash_block_size = kv_manager.kv_cache_config.hash_block_size
-        #: (group id, kind, block size, blocks a sliding window needs).
+        #: (group id, kind, block size, window; 0 unless sliding window).
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
             spec = group.spec
-            need = spec.blocks_for_hit if spec.kind == "sliding_window" else 0
-            self.groups.append((gid, spec.kind, spec.block_size, need))
+            window = spec.window if spec.kind == "sliding_window" else 0
+            self.groups.append((gid, spec.kind, spec.block_size, window))
         #: request id -> (taint origin, bad point in tokens) while it may still cache blocks.
         self.bad: dict[str, tuple[str, int]] = {}
         #: request id -> verdict of its async-load admission, repeated at the resume.
@@ -135,47 +151,31 @@ class TruthChecker:
             self._async_verdicts[rid] = (outcome, origin)
         return outcome, lost, origin
 
-    def _supplies_mamba(self, ext: int) -> bool:
-        return ext > 0 and self.connector is not None and getattr(self.connector, "supplies_mamba_state", True)
+    def _writes_state(self, ext: int) -> bool:
+        return ext > 0 and self.connector is not None and self.connector.supplies_mamba_state
 
     def _classify(self, adm: Any) -> tuple[str, int, str]:
         request = adm.request
         local, ext = adm.local_tokens, adm.external_tokens
         resume = local + ext
         claimed = adm.blocks.blocks if adm.blocks is not None else ()
-        mamba_supplied = self._supplies_mamba(ext)
-        refilled = ext > 0 and self.connector is not None and getattr(self.connector, "pulls_unhashed_blocks", False)
+        state_supplied = self._writes_state(ext)
+        refilled = ext > 0 and self.connector is not None and self.connector.pulls_unhashed_blocks
         bad: int | None = None
         origin = ""
 
-        def note(point: int, taint: str | None) -> None:
-            nonlocal bad, origin
-            if bad is None or point < bad:
-                bad, origin = point, taint or ""
-
-        for gid, kind, bs, need in self.groups:
+        for gid, kind, bs, window in self.groups:
             lst = claimed[gid] if gid < len(claimed) else ()
             hashes = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
-            if kind == "mamba":
-                if resume == 0 or mamba_supplied:
-                    continue
-                idx = resume // bs - 1
-                if resume % bs or idx >= len(lst) or not _holds(lst[idx], hashes, idx, gid):
-                    note(resume, None)
-                elif lst[idx].taint is not None:
-                    note(resume, lst[idx].taint)
-                continue
-            end = local // bs
-            start = 0 if kind == "full_attention" else max(0, end - need)
-            for i in range(start, end):
-                if i >= len(lst) and refilled:
-                    break  # unclaimed positions get fresh blocks, which the pull fills
-                if i >= len(lst) or not _holds(lst[i], hashes, i, gid):
-                    note(i * bs, None)
-                    break
-                if lst[i].taint is not None:
-                    note(i * bs, lst[i].taint)
-                    break
+            need = resident_block_range(kind, bs, window, resume, local, state_supplied)
+            if need is None:
+                point, taint = resume, None
+            else:
+                point, taint = self._first_unbacked(lst, hashes, gid, bs, need, refilled and kind != "mamba")
+                if point is not None and kind == "mamba":
+                    point = resume  # a wrong state is read at the boundary, so tokens from there on are wrong
+            if point is not None and (bad is None or point < bad):
+                bad, origin = point, taint or ""
 
         if bad is not None:
             root = origin or request.request_id
@@ -185,54 +185,80 @@ class TruthChecker:
         best = max(self._best_local_boundary(adm, resume), self._best_connector_boundary(adm))
         return (RECOMPUTE, best - resume, "") if best > resume else (OK, 0, "")
 
-    def _best_connector_boundary(self, adm: Any) -> int:
-        """Resume boundary had the connector been shown the full-attention hit (0 if none).
+    @staticmethod
+    def _first_unbacked(lst: Any, hashes: Any, gid: int, bs: int, need: tuple[int, int],
+                        refilled: bool) -> tuple[int | None, str | None]:
+        """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
+        for i in range(*need):
+            if i >= len(lst) and refilled:
+                return None, None  # unclaimed positions get fresh blocks, which the pull fills
+            if i >= len(lst) or not _holds(lst[i], hashes, i, gid):
+                return i * bs, None
+            if lst[i].taint is not None:
+                return i * bs, lst[i].taint
+        return None, None
 
-        Valid when the connector would supply external tokens (and with them
-        the Mamba state) without reaching the end of the prompt. Only asked of
-        connectors whose ``get_num_new_matched_tokens`` is known to be free of
-        side effects (see :data:`SIDE_EFFECT_FREE_CONNECTORS`).
-        """
-        conn = self.connector
-        if conn is None or adm.request.skip_reading_prefix_cache or not _side_effect_free(conn):
-            return 0
-        if not getattr(conn, "supplies_mamba_state", True) and any(k == "mamba" for _, k, _, _ in self.groups):
-            return 0
-        hits = [adm.hits[gid] for gid, kind, _, _ in self.groups if kind == "full_attention"]
-        if not hits:
-            return 0
-        shown = min(hits) // self.align * self.align
-        ext, _ = conn.get_num_new_matched_tokens(adm.request, shown)
-        if not ext or shown + ext >= adm.request.num_tokens:
-            return 0
-        return shown + ext
+    # ------------------------------------------------- best valid boundary
+    def _cached_clean(self, request: Any, own: Any, gid: int, bs: int, index: int) -> bool:
+        """Block ``index`` of group ``gid`` is cached, untainted, and was not cached by this request."""
+        hashes = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
+        if index >= len(hashes):
+            return False
+        mine = own[gid][index] if index < len(own[gid]) else None
+        return any(blk is not mine and blk.taint is None for blk in self.pool.get_all_cached_blocks(hashes[index], gid))
+
+    def _resident_for(self, adm: Any, own: Any, boundary: int, local: int, state_supplied: bool) -> bool:
+        """The rule for a hypothetical admission at ``boundary`` (connector writes from ``local``),
+        looked up in the cache; full attention is taken from the admission's per-group hits."""
+        for gid, kind, bs, window in self.groups:
+            if kind == "full_attention":
+                if adm.hits[gid] < local:
+                    return False
+                continue
+            need = resident_block_range(kind, bs, window, boundary, local, state_supplied)
+            if need is None or not all(self._cached_clean(adm.request, own, gid, bs, i) for i in range(*need)):
+                return False
+        return True
 
     def _best_local_boundary(self, adm: Any, resume: int) -> int:
-        """Deepest clean boundary the local cache offered beyond ``resume`` (0 if none)."""
-        hits = adm.hits
+        """Deepest valid boundary the local cache offered beyond ``resume`` (0 if none)."""
         cap = adm.request.num_tokens - 1
-        mamba: list[tuple[int, int]] = []
-        for gid, kind, bs, _ in self.groups:
-            if kind == "mamba":
-                mamba.append((gid, bs))
-            else:
-                cap = min(cap, hits[gid])
-        if cap <= resume:
+        for gid, kind, _, _ in self.groups:
+            if kind == "full_attention":
+                cap = min(cap, adm.hits[gid])
+        b = cap // self.align * self.align
+        if b <= resume:
             return 0
-        if not mamba:
-            return cap
-        hashes = adm.request.block_hashes
-        hbs = self.hash_block_size
-        get = self.pool.get_cached_block
         own = self.kv.coordinator.get_blocks(adm.request.request_id)
-        align = self.align
+        while b > resume:
+            if self._resident_for(adm, own, b, b, False):
+                return b
+            b -= self.align
+        return 0
+
+    def _best_connector_boundary(self, adm: Any) -> int:
+        """Deepest valid boundary with a connector load (0 if none).
+
+        Shown the full-attention hit, the connector's side-effect-free answer
+        counts when positive, short of the prompt's end, and what it does not
+        write is resident.
+        """
+        conn = self.connector
+        request = adm.request
+        if conn is None or request.skip_reading_prefix_cache:
+            return 0
+        fa_hits = [adm.hits[gid] for gid, kind, _, _ in self.groups if kind == "full_attention"]
+        shown_at = set()
+        if fa_hits:
+            shown_at.add(min(fa_hits) // self.align * self.align)
+        own = self.kv.coordinator.get_blocks(request.request_id)
         best = 0
-        b = resume + align
-        while b <= cap:
-            # The state ending at b is keyed by the fine hash at b (b is a hash-block boundary).
-            if all(_clean_state(get(hashes[b // hbs - 1], (gid,)), own[gid], b // bs - 1) for gid, bs in mamba):
-                best = b
-            b += align
+        for shown in sorted(shown_at):
+            ext = conn.peek_num_new_matched_tokens(request, shown)
+            if not ext or shown + ext >= request.num_tokens:
+                continue
+            if self._resident_for(adm, own, shown + ext, shown, conn.supplies_mamba_state):
+                best = max(best, shown + ext)
         return best
 
 
@@ -241,16 +267,6 @@ def _holds(block: Any, hashes: Any, index: int, group_id: int) -> bool:
     (``hashes`` viewed at the group's block size)."""
     key = block.block_hash
     return not block.is_null and key is not None and key[1] == group_id and index < len(hashes) and key[0] == hashes[index]
-
-
-def _clean_state(found: list | None, own_table: Any, index: int) -> bool:
-    """A cached, untainted state that was there before this request cached its own."""
-    if found is None:
-        return False
-    blk = found[0]
-    if blk.taint is not None:
-        return False
-    return not (index < len(own_table) and own_table[index] is blk)
 
 
 def make_truth_checker(kv_manager: Any, connector: Any | None = None) -> TruthChecker:

@@ -118,3 +118,82 @@ def test_readmission_forgets_the_old_bad_point_and_async_resume_repeats_the_verd
     assert got == ("ok", 0, "") and "a" not in check.bad
     resume = Admission(r, "after_async_load", None, kv.empty_kv_cache_blocks, 0, 0, False, False, (0, 0))
     assert check(resume) == ("ok", 0, "")
+
+
+def _seeded_swa(fa_blocks, swa_blocks, window=32):
+    """FA + sliding-window pool; the document's FA / SWA blocks are cached (each in its own block)."""
+    kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", {"type": "sliding_window", "window": window}],
+                                                    block_size=B, num_blocks=40, retention_interval=None))
+    hashes = _req("probe", 160).block_hashes
+    pool = kv.block_pool
+    out = {}
+    for gid, idxs in ((0, fa_blocks), (1, swa_blocks)):
+        for i in idxs:
+            blk = pool.get_new_blocks(1)[0]
+            pool.cache_full_blocks("seed", [pool.null_block] * i + [blk], hashes, i, i + 1, B, gid)
+            pool.free_blocks([blk])
+            out[gid, i] = blk
+    return kv, out
+
+
+def test_sliding_window_reads_only_the_window_of_the_resume_boundary():
+    """The rule: to continue at b = local + external a W=32 window reads [b - 31, b);
+    the connector writes [local, b); only the rest must be resident."""
+    kv, b = _seeded_swa(range(5), (2, 3))
+    null = kv.block_pool.null_block
+    fa = [b[0, i] for i in range(5)]
+    conn = ScriptedConnector()
+    # No external tokens, b = 64: blocks 2-3 (positions 32-63) read and resident: ok.
+    assert make_truth_checker(kv, conn)(
+        _admit(kv, _req("a", 160), (fa[:4], [null, null, b[1, 2], b[1, 3]]), 64, hits=(80, 64)))[:2] == ("ok", 0)
+    # Block 3 missing (a real unbacked case): corrupt at position 48.
+    check = make_truth_checker(kv, conn)
+    assert check(_admit(kv, _req("c", 160), (fa[:4], [null, null, b[1, 2], null]), 64, hits=(80, 64)))[0] == "corrupt"
+    assert check.bad["c"] == ("c", 48)
+    # With 16 external tokens, b = 80: block 2 is out of the window, block 4 is written by the
+    # connector; block 3 is still read from the cache.
+    assert make_truth_checker(kv, conn)(
+        _admit(kv, _req("d", 160), (fa[:4], [null, null, null, b[1, 3]]), 64, ext=16, hits=(80, 64)))[:2] == ("ok", 0)
+    check = make_truth_checker(kv, conn)
+    assert check(_admit(kv, _req("e", 160), (fa[:4], [null, null, b[1, 2], null]), 64, ext=16, hits=(80, 64)))[0] \
+        == "corrupt"
+    assert check.bad["e"] == ("e", 48)
+
+
+SWA_EXTERNAL = """
+name: swa-external-window
+clock: steps
+cache: {block_size: 16, num_blocks: 15, retention_interval: null, groups: [full_attention, {type: sliding_window, window: 32}]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 8192, prefix_policy: pr48425}
+connector: {type: scripted, matched_tokens: {r1: 32}}
+workload:
+  requests:
+    - {id: r0, at: 0, prompt: [{content: doc, tokens: 96}], max_tokens: 1}
+    - {id: r1, at: 1, prompt: [{content: doc, tokens: 160}], max_tokens: 1}
+"""
+
+
+def test_valid_sliding_window_admission_with_external_tokens_is_ok():
+    """vLLM 0.33's decisions for this run, from its real Scheduler on CPU (hand-built
+    KVCacheConfig, a MockKVConnector-like connector answering 32, fabricated output):
+    r1's lookup claims FA [1..6] and SWA [0, 0, 0, 0, 11, 12]; the connector is asked at
+    96 and answers 32, so b = 128 and the window reads [97, 128), all external.
+    allocate_slots leaves SWA hits 0-5 untouched (out of the window of 128) and, in a
+    pool of 14 usable blocks, evicts and reuses them in the same allocation: removed
+    10, 9, 8, 7, 12, 11; r1's tables end as FA [1..6, 13, 14, 8, 7] and SWA
+    [0 x 6, 10, 9, 12, 11]. The reused claimed blocks 11 and 12 are not read, so the
+    admission is valid: ``ok`` (it was ``corrupt`` when the window was checked before
+    ``local``)."""
+    import sim
+    from sim.config import scenario_from_text
+
+    result = sim.run(scenario_from_text(SWA_EXTERNAL, "swa-external-window.yaml"))
+    adm = result.admissions.set_index("request_id")
+    assert (adm.loc["r1", "local_tokens"], adm.loc["r1", "external_tokens"]) == (96, 32)
+    assert (adm.loc["r1", "outcome"], adm.loc["r1", "tokens_lost"]) == ("ok", 0)
+    ev = result.kv_events[result.kv_events["step"] == 1]
+    removed = ev[ev["kind"] == "removed"]
+    assert list(removed["block_id"]) == [10, 9, 8, 7, 12, 11]
+    stored = ev[ev["kind"] == "stored"]
+    assert list(zip(stored["group"], stored["block_id"])) == [(0, 13), (0, 14), (0, 8), (0, 7),
+                                                              (1, 10), (1, 9), (1, 12), (1, 11)]
