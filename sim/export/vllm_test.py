@@ -107,13 +107,14 @@ def _script_source(script: LoweredScript, scenario: Scenario, segments: dict[str
     action_lines = []
     for a in script["actions"]:
         if a["kind"] == "evict":
-            g = script["groups"][a["group"]]
-            size = g["block_size"]
-            blocks = ", ".join(f"block {i} (tokens {i * size}-{(i + 1) * size - 1})" for i in a["block_indices"])
-            action_lines.append(
-                f"        # before step {a['at_step']}: evict {a['request']}'s prompt {blocks} "
-                f"from group {a['group']} ({g['type']})"
-            )
+            for gi in a["groups"]:
+                g = script["groups"][gi]
+                size = g["block_size"]
+                blocks = ", ".join(f"block {i} (tokens {i * size}-{(i + 1) * size - 1})" for i in a["block_indices"])
+                action_lines.append(
+                    f"        # before step {a['at_step']}: evict {a['request']}'s prompt {blocks} "
+                    f"from group {gi} ({g['type']})"
+                )
         else:
             action_lines.append(f"        # before step {a['at_step']}: reset the prefix cache")
         action_lines.append(f"        {a!r},")

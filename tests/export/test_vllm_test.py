@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -46,6 +47,15 @@ def values_scenario():
     return _shrunk("pr48425-mamba-deeper-ext16.yaml", [])
 
 
+@pytest.fixture(scope="module")
+def fuzz_scenario():
+    """The shrunk crash of hybridsim fuzz's scenario (seed 1, index 80)."""
+    from sim.config.scenario import Scenario
+    from sim.verify.fuzz import generate
+
+    return scenario_from_text(scenario_yaml(shrink(Scenario.model_validate(generate(1, 80))).scenario))
+
+
 def test_the_module_embeds_the_harness_verbatim_and_imports_no_hybridsim(crash_scenario) -> None:
     text = export_vllm_test(crash_scenario, "crash.yaml")
     assert inspect.getsource(vllm_side) in text
@@ -62,7 +72,7 @@ def test_the_module_embeds_the_harness_verbatim_and_imports_no_hybridsim(crash_s
 
 def test_requests_are_named_and_evicted_blocks_commented(values_scenario) -> None:
     text = export_vllm_test(values_scenario, "values.yaml")
-    assert "DOC = 1 * TOKEN_STRIDE  # doc" in text
+    assert re.search(r"^DOC = \d+ \* TOKEN_STRIDE  # doc$", text, re.M)
     for request in values_scenario.workload.requests:
         assert f"'id': {request.id!r}" in text and f"# {request.id}: doc[0:" in text
     evict = values_scenario.actions[0]
@@ -100,7 +110,7 @@ def _edit_once(text: str, old: str, new: str) -> str:
 
 
 def test_exported_tests_pass_against_vllm_and_fail_when_edited(tmp_path: Path, crash_scenario,
-                                                              values_scenario) -> None:
+                                                              values_scenario, fuzz_scenario) -> None:
     _require_vllm()
     crash_file = tmp_path / "crash.yaml"
     crash_file.write_text(scenario_yaml(crash_scenario))
@@ -109,6 +119,7 @@ def test_exported_tests_pass_against_vllm_and_fail_when_edited(tmp_path: Path, c
     crash = (tmp_path / "test_crash.py").read_text()
     values = export_vllm_test(values_scenario, "values.yaml")
     (tmp_path / "test_values.py").write_text(values)
+    (tmp_path / "test_fuzz.py").write_text(export_vllm_test(fuzz_scenario, "fuzz-1-80.yaml"))
     # Edited expectations: another crash message; one admission's local tokens.
     (tmp_path / "test_crash_edited.py").write_text(
         _edit_once(crash, "'message': 'num_new_tokens > 0'}", "'message': 'num_new_tokens > 1'}"))
@@ -128,5 +139,5 @@ def test_exported_tests_pass_against_vllm_and_fail_when_edited(tmp_path: Path, c
     for case in ET.parse(report).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
         outcomes[case.get("classname")] = "failed" if failed else "passed"
-    assert outcomes == {"test_crash": "passed", "test_values": "passed",
+    assert outcomes == {"test_crash": "passed", "test_values": "passed", "test_fuzz": "passed",
                         "test_crash_edited": "failed", "test_values_edited": "failed"}, outcomes

@@ -166,6 +166,17 @@ def test_shrink_a_crash_found_by_a_seeded_random_search() -> None:
     assert len(small.workload.requests or []) < len(scenario.workload.requests or [])
 
 
+def test_shrink_a_crash_found_by_hybridsim_fuzz() -> None:
+    """Fuzz scenario (seed 1, index 80) crashes with num_computed_tokens <= request.num_tokens."""
+    from sim.verify.fuzz import generate
+
+    scenario = Scenario.model_validate(generate(1, 80))
+    crash = probe(scenario).crash
+    assert crash is not None and crash.reason == "AssertionError: num_computed_tokens <= request.num_tokens"
+    _, small = _check_shrunk(scenario)
+    assert len(small.workload.requests or []) < len(scenario.workload.requests or [])
+
+
 # ------------------------------------------------------------------ command line
 
 
