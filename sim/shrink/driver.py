@@ -11,13 +11,14 @@ changes nothing:
    everything that shares no content stream with the request showing the property),
    drop actions (ddmin), drop blocks from each ``evict`` (ddmin), drop explicit
    groups, drop the connector;
-3. shorten each prompt (whole scheduler blocks first, then tokens) and its
-   ``max_tokens``; close the gaps between arrival steps;
+3. whole-workload moves (every ``max_tokens`` to 1; every prompt halved, in
+   whole blocks); shorten each prompt (whole scheduler blocks first, then
+   tokens) and its ``max_tokens``; close the gaps between arrival steps;
 4. shrink ``num_blocks``, ``max_num_seqs`` and ``max_num_batched_tokens``.
 
 Each candidate is validated and run in process by :func:`~sim.shrink.probe.probe`,
 capped at ``cap`` steps (the original property step plus a margin); a
-candidate the validator or builder rejects fails. Results are memoised by the
+candidate the validator or builder rejects fails. Failures are memoised by the
 candidate's canonical JSON. Every choice is a function of the input alone (no
 clock, no randomness), so the same input gives the same output. Ctrl-C stops
 the search and keeps the best scenario found so far (``interrupted``).
@@ -99,15 +100,11 @@ class _Search:
         self.runs = 0
         self.pass_name = "start"
         self.progress = progress
-        self._memo: dict[str, bool] = {}
+        #: Candidates that failed (a success becomes the best, so it is never asked again).
+        self._failed: set[str] = set()
 
-    def test(self, candidate: dict | None) -> bool:
-        """Run ``candidate``; when it keeps the property it becomes the best."""
-        if candidate is None:
-            return False
-        key = json.dumps(candidate, sort_keys=True)
-        if key in self._memo:
-            return self._memo[key]
+    def evaluate(self, candidate: dict) -> Observation | None:
+        """Run ``candidate``: its observation if it keeps the property no later than the best, else ``None``."""
         self.runs += 1
         try:
             scenario = Scenario.model_validate(candidate)
@@ -115,16 +112,26 @@ class _Search:
             if self.prop.needs_vllm:
                 obs = with_difference(scenario, obs)
         except ValueError:  # pydantic, scenario and workload errors: a malformed candidate
-            ok = False
+            return None
+        if self.prop.holds(obs) and self.prop.step(obs) <= self.prop.step(self.best_obs):
+            return obs
+        return None
+
+    def test(self, candidate: dict | None) -> bool:
+        """Run ``candidate``; when it keeps the property it becomes the best. The best itself is no change."""
+        if candidate is None or candidate == self.best:
+            return False
+        key = json.dumps(candidate, sort_keys=True)
+        if key in self._failed:
+            return False
+        obs = self.evaluate(candidate)
+        if obs is None:
+            self._failed.add(key)
         else:
-            ok = self.prop.holds(obs) and self.prop.step(obs) <= self.prop.step(self.best_obs)
-        self._memo[key] = ok
-        if ok:
-            self.best = candidate
-            self.best_obs = obs
+            self.best, self.best_obs = candidate, obs
         if self.progress is not None:
             self.progress(self.pass_name, self.runs, self._sizes())
-        return ok
+        return obs is not None
 
     def _sizes(self) -> dict:
         reqs = self.best["workload"].get("requests") or []
@@ -240,6 +247,21 @@ class _Search:
             changed |= self.minimize(max_tokens, 1, lambda n, b=base, i=i: reducers.with_request_field(b, i, max_tokens=n))
         return changed
 
+    def shrink_all(self) -> bool:
+        """Whole-workload moves, cheap to try and big when they work: every ``max_tokens`` to 1, then every
+        prompt cut to half its length (in whole scheduler blocks) while that keeps the property."""
+        reqs = self.best["workload"].get("requests")
+        if not reqs or len(reqs) < 2:
+            return False
+        changed = self.test(reducers.with_all(self.best, lambda r: reducers.with_max_tokens(r, 1)))
+        block = build_kv_cache_config(Scenario.model_validate(self.best)).scheduler_block_size
+        while True:
+            halved = reducers.with_all(self.best, lambda r: reducers.with_prompt_length(
+                r, _half(reducers.prompt_length(r), block)))
+            if halved == self.best or not self.test(halved):
+                return changed
+            changed = True
+
     def compact_arrivals(self) -> bool:
         if self.best.get("clock") != "steps" or not self.best["workload"].get("requests"):
             return False
@@ -270,7 +292,7 @@ class _Search:
 
     def rounds(self) -> None:
         passes = [
-            ("requests", self.drop_requests), ("actions", self.drop_actions), ("evict blocks", self.drop_evict_blocks),
+            ("whole workload", self.shrink_all), ("requests", self.drop_requests), ("actions", self.drop_actions), ("evict blocks", self.drop_evict_blocks),
             ("groups", self.drop_groups), ("connector", self.drop_connector), ("prompts", self.shorten_requests),
             ("arrivals", self.compact_arrivals), ("limits", self.shrink_limits),
         ]
@@ -281,6 +303,11 @@ class _Search:
                 changed |= run()
             if not changed:
                 return
+
+
+def _half(length: int, block: int) -> int:
+    """Half of ``length`` in whole blocks (at least one token)."""
+    return max(1, (length // 2) // block * block or length // 2)
 
 
 def _fix_num_blocks(data: dict, num_blocks: int) -> dict:
@@ -310,8 +337,10 @@ def shrink(scenario: Scenario, keep: str = "auto", progress: ProgressFn | None =
     interrupted = False
     try:
         search.pass_name = "convert"
-        if not search.test(data):
+        first = search.evaluate(data)
+        if first is None:
             raise ShrinkError(f"the scenario does not keep its own property when run capped at {search.cap} steps")
+        search.best_obs = first
         step_script = convert.to_step_script(search.best, original.arrivals, original.num_blocks)
         if search.test(step_script):
             conversions.append("time-clock replay -> step-clock script")

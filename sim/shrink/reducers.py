@@ -10,7 +10,7 @@ maps and lists (``matched_tokens: {r: N}``, ``requests: [r]``, ...).
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 def request_ids(data: dict) -> list[str]:
@@ -92,16 +92,36 @@ def prompt_length(request: dict) -> int:
     return sum(seg["tokens"] for seg in request["prompt"])
 
 
+def with_prompt_length(request: dict, length: int) -> dict:
+    """``request`` (a new dict) with its prompt truncated to ``length`` tokens."""
+    return {**copy.deepcopy(request), "prompt": truncate_prompt(request["prompt"], length)}
+
+
+def with_max_tokens(request: dict, max_tokens: int) -> dict:
+    """``request`` (a new dict) with ``max_tokens`` lowered; ``output_len`` is capped at it."""
+    out = {**copy.deepcopy(request), "max_tokens": max_tokens}
+    if out.get("output_len") is not None:
+        out["output_len"] = min(out["output_len"], max_tokens)
+    return out
+
+
 def with_request_field(data: dict, index: int, **changes: Any) -> dict:
     """``data`` with request ``index`` changed (``prompt_length=N`` truncates; ``max_tokens`` caps ``output_len``)."""
     out = copy.deepcopy(data)
     request = out["workload"]["requests"][index]
     if "prompt_length" in changes:
-        request["prompt"] = truncate_prompt(request["prompt"], changes["prompt_length"])
+        request = with_prompt_length(request, changes["prompt_length"])
     if "max_tokens" in changes:
-        request["max_tokens"] = changes["max_tokens"]
-        if request.get("output_len") is not None:
-            request["output_len"] = min(request["output_len"], changes["max_tokens"])
+        request = with_max_tokens(request, changes["max_tokens"])
+    out["workload"]["requests"][index] = request
+    return out
+
+
+def with_all(data: dict, change: Callable[[dict], dict]) -> dict:
+    """``data`` with ``change`` applied to every request."""
+    out = copy.deepcopy({k: v for k, v in data.items() if k != "workload"})
+    out["workload"] = {**copy.deepcopy({k: v for k, v in data["workload"].items() if k != "requests"}),
+                       "requests": [change(r) for r in data["workload"]["requests"]]}
     return out
 
 
