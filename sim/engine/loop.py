@@ -50,6 +50,8 @@ class RequestTimes:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
+    #: The step just before whose ``schedule()`` the request was added (on either clock).
+    arrival_step: int = 0
 
 
 @dataclass
@@ -149,7 +151,7 @@ class EngineLoop:
         while self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= now:
             request = self.requests[self._next_request]
             self._next_request += 1
-            self.times[request.request_id] = RequestTimes()
+            self.times[request.request_id] = RequestTimes(arrival_step=self.step)
             self.scheduler.add_request(request)
 
     def _apply_actions(self) -> None:

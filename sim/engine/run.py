@@ -168,18 +168,20 @@ def _replay_yaml(scenario: Scenario, crash_step: int) -> str:
     return resolved_yaml(cut)
 
 
-def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = None, *,
-                 options: RunOptions | None = None) -> RunResult:
-    """Run ``scenario`` (a Scenario or a YAML path); write the bundle to ``out_dir`` if given."""
-    from sim.analysis.metrics import run_summary
-    from sim.trace.bundle import write_result
-    from sim.trace.tables import tables_from_recorder
+def build_engine(
+    scenario: Scenario,
+    components: Components,
+    *,
+    check_invariants: bool = False,
+    progress: Callable[[int, float, int], None] | None = None,
+    max_steps: int | None = None,
+) -> tuple[simpy.Environment, EngineLoop]:
+    """Wire built components into a SimPy environment and an :class:`EngineLoop`, ready to ``env.run``.
 
-    if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario)
-    options = options or RunOptions()
-    components = build_components(scenario, fast_paths=options.use_fast_paths())
-    assert components is not None
+    Binds the connector to the layout and the clock's transfer service. Shared by
+    :func:`run_scenario` and cheap in-process drivers (``hybridsim shrink``) that
+    read the loop and the recorder directly instead of writing a bundle.
+    """
     env = simpy.Environment()
     transfers = _transfer_service(env, scenario.clock)
     connector = components.connector
@@ -189,14 +191,13 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
         connector.bind(
             context_from_kv_cache_config(components.kv_cache_config, scenario.clock, components.connector_rng, transfers)
         )
-    progress = _Progress(scenario, len(components.requests)) if options.progress else None
     check: Callable[[], None] | None = None
-    if options.check_invariants or scenario.check_invariants:
+    if check_invariants or scenario.check_invariants:
         from functools import partial
 
-        from sim.kv.manager import check_invariants
+        from sim.kv.manager import check_invariants as check_manager
 
-        check = partial(check_invariants, components.kv_manager)
+        check = partial(check_manager, components.kv_manager)
 
     step_columns = getattr(connector, "step_columns", None) if connector is not None else None
     loop = EngineLoop(
@@ -213,9 +214,30 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
         on_crash=scenario.on_crash,
         check_invariants=check,
         step_columns=step_columns,
-        progress=progress.update if progress else pause_hook("run"),
-        max_steps=options.max_steps,
+        progress=progress,
+        max_steps=max_steps,
     )
+    return env, loop
+
+
+def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = None, *,
+                 options: RunOptions | None = None) -> RunResult:
+    """Run ``scenario`` (a Scenario or a YAML path); write the bundle to ``out_dir`` if given."""
+    from sim.analysis.metrics import run_summary
+    from sim.trace.bundle import write_result
+    from sim.trace.tables import tables_from_recorder
+
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    options = options or RunOptions()
+    components = build_components(scenario, fast_paths=options.use_fast_paths())
+    assert components is not None
+    progress = _Progress(scenario, len(components.requests)) if options.progress else None
+    env, loop = build_engine(
+        scenario, components, check_invariants=options.check_invariants,
+        progress=progress.update if progress else pause_hook("run"), max_steps=options.max_steps,
+    )
+    connector = components.connector
     status, exit_code, message = "complete", EXIT_OK, ""
     try:
         if progress:
@@ -306,6 +328,10 @@ def _write_crash(out: Path, scenario: Scenario, components: Components, crash: d
             detail["external_tokens"] = admissions["external_tokens"][i]
             detail["claimed_boundary"] = admissions["num_computed_tokens"][i]
             break
+    detail["next"] = (
+        f"hybridsim replay {out / 'replay'} reproduces it; hybridsim shrink {out} -o small.yaml reduces it to a "
+        "minimal scenario; hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
+    )
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"
     (out / "crash.json").write_text(text, encoding="utf-8")
     replay = out / "replay"

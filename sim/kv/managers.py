@@ -711,8 +711,11 @@ class MambaManager(SingleTypeKVCacheManager):
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         after = super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
-        if self._align and rid in self._checkpoints:
-            key = self._cache_checkpoint_block(request, retention_interval)
+        if self._align:
+            if rid in self._checkpoints:
+                key = self._cache_checkpoint_block(request, retention_interval)
+            else:
+                key = self._cache_prompt_boundary_block(request, num_tokens)
             if key is not None:
                 self.cached_blocks_this_step.add(key)
         if after > before:
@@ -727,12 +730,7 @@ class MambaManager(SingleTypeKVCacheManager):
     def _cache_checkpoint_block(self, request: Request, retention_interval: int | None) -> CacheKey | None:
         """vLLM ``MambaManager._cache_partial_tail_block``, checkpoint branch.
 
-        The non-checkpoint branch keys the block at the prompt's last hash
-        boundary. Without fine-grained hits the coordinator only caches up to
-        scheduler-block boundaries, so that boundary is reached exactly when it
-        is a scheduler-block boundary, where the full-block caching above (whose
-        retention mask keeps the replay and junction states) has keyed the same
-        block at the same position already: a no-op here.
+        The non-checkpoint branch is :meth:`_cache_prompt_boundary_block`.
         """
         checkpoint = self._checkpoints.get(request.request_id)
         if checkpoint is None:
@@ -758,6 +756,34 @@ class MambaManager(SingleTypeKVCacheManager):
         fine_index = position // self.block_pool.hash_block_size - 1
         return self.block_pool.cache_block_at(
             request.request_id, block, request.block_hashes[fine_index], position, self.kv_cache_group_id
+        )
+
+    def _cache_prompt_boundary_block(self, request: Request, num_tokens: int) -> CacheKey | None:
+        """vLLM ``MambaManager._cache_partial_tail_block``, non-checkpoint branch (no fine-grained hits).
+
+        When the cached prefix reaches the prompt's last hash boundary, the block
+        holding that state is keyed there unless it already is. The full-block
+        caching above normally did it in the same call (a no-op then); it matters
+        when the entry was dropped while the request still owns the block (a
+        forced eviction): vLLM keys the block again at the request's next
+        ``allocate_slots`` whose cacheable prefix is that boundary, and so do we.
+        """
+        hbs = self.block_pool.hash_block_size
+        if num_tokens <= 0 or num_tokens % hbs:
+            return None
+        if num_tokens != prefill_checkpoint_position(request.num_prompt_tokens, hbs):
+            return None
+        blocks = self.req_to_blocks[request.request_id]
+        idx = -(-num_tokens // self.block_size) - 1
+        if idx >= len(blocks):
+            return None
+        block = blocks[idx]
+        if block.is_null or block.block_hash_num_tokens == num_tokens:
+            return None
+        if block.block_hash is not None and (block.block_hash_num_tokens or 0) > num_tokens:
+            return None  # vLLM would add a second key to the block; not reached without fine-grained hits
+        return self.block_pool.cache_block_at(
+            request.request_id, block, request.block_hashes[num_tokens // hbs - 1], num_tokens, self.kv_cache_group_id
         )
 
     def new_step_starts(self) -> None:

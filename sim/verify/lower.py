@@ -7,12 +7,14 @@ ones hybridsim runs) and writes them down as a plain dict.
 
 Token ids: hybridsim's prompt content is ``(stream, position)`` pairs or
 explicit ids. Explicit ids are kept as they are (they must lie in
-``[0, TOKEN_STRIDE)``); stream ``k`` (numbered by first appearance over the
-requests in arrival order) maps position ``p`` to ``(k + 1) * TOKEN_STRIDE + p``;
-request ``i``'s ``j``-th output token is ``(num_streams + 1 + i) * TOKEN_STRIDE + j``.
-So equal content gives equal ids, a stream token never equals an explicit
-id, and an output never equals a prompt token or another request's output,
-as DESIGN.md §6 requires.
+``[0, TOKEN_STRIDE)``); request ``i`` (in arrival order) generates
+``(i + 1) * TOKEN_STRIDE + j`` as its ``j``-th token, which is also what a
+later prompt quoting that output (hybridsim's reserved output stream, e.g. a
+multi-turn chat's history) is lowered to; every other stream ``k`` (numbered
+after the outputs, by first appearance) maps position ``p`` to
+``(k + 1) * TOKEN_STRIDE + p``. So equal content gives equal ids, a stream
+token never equals an explicit id, and an output never equals a prompt
+token or another request's output, as DESIGN.md §6 requires.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
 from sim.engine.build import Components, build_components
 from sim.kv.specs import MambaSpec, SlidingWindowSpec
-from sim.tokens import IdsSegment, StreamSegment
+from sim.tokens import IdsSegment, StreamSegment, is_reserved_stream, output_stream
 from sim.verify.vllm_side import SCRIPT_VERSION, ActionScript, ConnectorScript, GroupScript, LoweredScript, RequestScript
 
 #: Token-id range of one stream (and of explicit ids).
@@ -71,10 +73,14 @@ class NotVerifiable(ValueError):
 
 
 def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
+    """Token ids of ``request``'s prompt; ``stream_base`` holds every stream's first id (grown here)."""
     ids: list[int] = []
     for seg in request.prompt:
         if isinstance(seg, StreamSegment):
             if seg.stream not in stream_base:
+                if is_reserved_stream(seg.stream):
+                    raise NotVerifiable(f"request {request.request_id}: prompt names the reserved stream "
+                                        f"{seg.stream!r} of a request not in the workload")
                 stream_base[seg.stream] = (len(stream_base) + 1) * TOKEN_STRIDE
             if seg.start + seg.length > TOKEN_STRIDE:
                 raise NotVerifiable(f"request {request.request_id}: stream {seg.stream!r} is longer than "
@@ -130,9 +136,8 @@ def _actions(scenario: Scenario, components: Components) -> list[ActionScript]:
         ev = action.evict
         assert ev is not None
         groups = [ev.group] if isinstance(ev.group, int) else [i for i, k in enumerate(kinds) if k == ev.group]
-        for g in groups:
-            out.append({"at_step": at, "kind": "evict", "request": ev.prefix_of, "group": g,
-                        "block_indices": list(ev.blocks)})
+        out.append({"at_step": at, "kind": "evict", "request": ev.prefix_of, "groups": groups,
+                    "block_indices": list(ev.blocks)})
     return out
 
 
@@ -153,14 +158,18 @@ def lower(scenario: Scenario, components: Components | None = None) -> LoweredSc
     config = components.kv_cache_config
     s = scenario.scheduler
     assert s.max_num_seqs is not None and s.max_num_batched_tokens is not None and s.max_model_len is not None
-    stream_base: dict[str, int] = {}
+    # Output streams first: request i's outputs start at (i + 1) * TOKEN_STRIDE; a later prompt that
+    # quotes them (a multi-turn chat's history) then names the very ids vLLM's request generated.
+    # (The engine's order: a stable sort by arrival time; requests arriving before one step join in it.)
+    everyone = sorted(components.requests, key=lambda r: r.arrival_time)
+    stream_base: dict[str, int] = {output_stream(r.request_id): (i + 1) * TOKEN_STRIDE for i, r in enumerate(everyone)}
     # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
-    ordered = sorted((r for r in components.requests if r.num_prompt_tokens <= s.max_model_len),
-                     key=lambda r: (r.arrival_time, r.request_id))
+    ordered = [r for r in everyone if r.num_prompt_tokens <= s.max_model_len]
     prompts = {r.request_id: _token_ids(r, stream_base) for r in ordered}
-    first_output = len(stream_base) + 1
     requests: list[RequestScript] = []
-    for i, r in enumerate(ordered):
+    for r in ordered:
+        if r.arrival_time != int(r.arrival_time):
+            raise NotVerifiable(f"request {r.request_id}: arrival {r.arrival_time} is not a whole step")
         for lora in (r.lora_name, r.cache_salt):
             if lora:
                 raise NotVerifiable(f"request {r.request_id}: LoRA names and cache salts are not lowered")
@@ -170,7 +179,7 @@ def lower(scenario: Scenario, components: Components | None = None) -> LoweredSc
             "prompt_token_ids": prompts[r.request_id],
             "max_tokens": int(r.output_len),
             "priority": int(r.priority),
-            "output_token_base": (first_output + i) * TOKEN_STRIDE,
+            "output_token_base": stream_base[output_stream(r.request_id)],
         })
     script: LoweredScript = {
         "version": SCRIPT_VERSION,

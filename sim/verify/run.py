@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from sim.config.scenario import Scenario
 from sim.engine.build import build_components
@@ -20,7 +21,7 @@ from sim.engine.run import RunOptions, run_scenario
 from sim.verify import vllm_side
 from sim.verify.compare import Difference, first_difference
 from sim.verify.decisions import decision_trace
-from sim.verify.lower import lower, not_verifiable_reason
+from sim.verify.lower import NotVerifiable, lower, not_verifiable_reason
 from sim.verify.vllm_side import DecisionTrace
 
 EXIT_IDENTICAL = 0
@@ -85,3 +86,118 @@ def verify_file(path: str | Path) -> Verdict:
     from sim.config import load_scenario
 
     return verify_scenario(load_scenario(path))
+
+
+def overall_exit(codes: list[int]) -> int:
+    """One exit code for several scenarios: bad input, else differ, else not verifiable, else identical."""
+    for code in (EXIT_BAD_INPUT, EXIT_DIFFER, EXIT_NOT_VERIFIABLE):
+        if code in codes:
+            return code
+    return EXIT_IDENTICAL
+
+
+def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], None]) -> int:
+    """``hybridsim verify``: verify each scenario file, print verdicts and first differences; the exit code.
+
+    ``table``: one scenario -> the CSV file; several -> a directory of ``<name>.csv``.
+    Bad input (a scenario that does not load or build, vLLM missing) is
+    reported per scenario and gives exit 2.
+    """
+    from sim.config import ScenarioError
+    from sim.workload.errors import WorkloadError
+
+    from sim.verify.compare import write_table
+
+    try:
+        require_vllm()
+    except VllmNotInstalled as exc:
+        echo(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    codes: list[int] = []
+    for path in paths:
+        try:
+            verdict = verify_file(path)
+        except (ScenarioError, WorkloadError, FileNotFoundError, NotVerifiable) as exc:
+            code = EXIT_NOT_VERIFIABLE if isinstance(exc, NotVerifiable) else EXIT_BAD_INPUT
+            echo(f"{path}: {'not verifiable' if code == EXIT_NOT_VERIFIABLE else 'error'}: {exc}")
+            codes.append(code)
+            continue
+        codes.append(verdict.exit_code)
+        line = f"{path}: {verdict.label}"
+        if verdict.reason:
+            line += f" ({verdict.reason})"
+        echo(line)
+        if verdict.difference is not None:
+            echo(verdict.difference.describe())
+        if table is not None and verdict.ours is not None and verdict.theirs is not None:
+            target = table if len(paths) == 1 else table / f"{verdict.name}.csv"
+            echo(f"  table: {write_table(target, verdict.ours, verdict.theirs)}")
+    return overall_exit(codes)
+
+
+@dataclass
+class FuzzCounts:
+    identical: int = 0
+    differing: int = 0
+    not_verifiable: int = 0
+    refused: int = 0
+
+    def line(self) -> str:
+        return (f"identical {self.identical}, differing {self.differing}, not verifiable {self.not_verifiable}, "
+                f"refused by hybridsim {self.refused}")
+
+
+def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, echo: Callable[[str], None]) -> int:
+    """``hybridsim fuzz``: generate ``count`` scenarios of ``seed``; with ``use_vllm`` verify each.
+
+    Without ``use_vllm`` every scenario is written to ``out_dir`` (if given).
+    With it, each differing scenario is written to ``out_dir`` (default
+    ``results/fuzz-<seed>``) with its first difference (``<name>.diff.txt``).
+    Exit 1 if any differ, 2 if vLLM is missing, else 0.
+    """
+    from sim.config import ScenarioError
+    from sim.config.load import scenario_from_text
+    from sim.verify.fuzz import generate, scenario_yaml
+    from sim.workload.errors import WorkloadError
+
+    if use_vllm:
+        try:
+            require_vllm()
+        except VllmNotInstalled as exc:
+            echo(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        out_dir = out_dir or Path("results") / f"fuzz-{seed}"
+    counts = FuzzCounts()
+    for index in range(count):
+        data = generate(seed, index)
+        text = scenario_yaml(data)
+        name = str(data["name"])
+        if not use_vllm:
+            if out_dir is not None:
+                out_dir.mkdir(parents=True, exist_ok=True)
+                (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
+            continue
+        try:
+            verdict = verify_scenario(scenario_from_text(text, f"{name}.yaml"))
+        except (ScenarioError, WorkloadError, ValueError) as exc:
+            counts.refused += 1
+            echo(f"{name}: refused by hybridsim: {exc}")
+            continue
+        if verdict.exit_code == EXIT_IDENTICAL:
+            counts.identical += 1
+        elif verdict.exit_code == EXIT_NOT_VERIFIABLE:
+            counts.not_verifiable += 1
+            echo(f"{name}: not verifiable ({verdict.reason})")
+        else:
+            counts.differing += 1
+            assert out_dir is not None and verdict.difference is not None
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
+            (out_dir / f"{name}.diff.txt").write_text(verdict.difference.describe() + "\n", encoding="utf-8")
+            echo(f"{name}: differ at step {verdict.difference.step}: {verdict.difference.what} "
+                 f"(written to {out_dir / (name + '.yaml')})")
+    if use_vllm:
+        echo(f"fuzz seed {seed}, {count} scenarios: {counts.line()}")
+        return EXIT_DIFFER if counts.differing else EXIT_IDENTICAL
+    echo(f"fuzz seed {seed}: generated {count} scenarios" + (f" in {out_dir}" if out_dir else ""))
+    return EXIT_IDENTICAL

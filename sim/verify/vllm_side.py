@@ -35,9 +35,11 @@ Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
   token is ``output_token_base + k``; the lowering makes these never equal a
   prompt token or another request's outputs).
 * ``actions``: :class:`ActionScript` each, applied just before step ``at_step``:
-  ``evict`` (``request``, ``group``, ``block_indices``: drop every block cached
-  under the hash of that request's prompt block ``i`` in that group, through
-  ``BlockPool.evict_blocks``) or ``reset_prefix_cache``.
+  ``evict`` (``request``, ``groups``, ``block_indices``: one
+  ``KVCacheManager.evict_blocks`` call dropping every block cached under the
+  hash of that request's prompt block ``i`` in each group, group by group, in
+  the order of the indices, then by ascending block id) or
+  ``reset_prefix_cache``.
 * ``max_steps``: the run stops after this many steps if requests remain.
 
 Decision trace (:class:`DecisionTrace`, returned by :func:`run_script`)
@@ -65,7 +67,13 @@ Decision trace (:class:`DecisionTrace`, returned by :func:`run_script`)
   ``message`` (its text; for a bare ``assert`` the asserted expression)).
 * ``finished``: request id -> number of generated tokens, for finished requests.
 * ``num_steps``: steps run; ``stopped``: ``""`` or why the run stopped early
-  (``crash``, ``max_steps``).
+  (``crash``, ``max_steps``, ``stalled``).
+
+Idle steps: after a step that scheduled nothing and preempted nothing, with
+no async load in flight or finished in it, the harness skips to the next step with an arrival
+or an action (the skipped steps would repeat the same failed attempts on an
+unchanged cache), as hybridsim's engine sleeps; with none left and requests
+remaining, the run stops as ``stalled``.
 
 ``run_script(script, record=False)`` only steps (no trace is built; for
 ``make bench``).
@@ -112,7 +120,7 @@ class ActionScript(TypedDict, total=False):
     at_step: int
     kind: Literal["evict", "reset_prefix_cache"]
     request: str
-    group: int
+    groups: list[int]
     block_indices: list[int]
 
 
@@ -206,6 +214,8 @@ def _load_vllm() -> dict[str, Any]:
     if _VLLM:
         return _VLLM
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         import torch
         from vllm.config import CacheConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -679,6 +689,7 @@ class _Recorder:
 
 
 def _apply_action(scheduler: Any, action: ActionScript, prompts: dict[str, Any], script: LoweredScript) -> None:
+    """Apply one action through vLLM's own calls (``reset_prefix_cache``, ``evict_blocks``)."""
     kvm = scheduler.kv_cache_manager
     if action["kind"] == "reset_prefix_cache":
         kvm.reset_prefix_cache()
@@ -686,26 +697,28 @@ def _apply_action(scheduler: Any, action: ActionScript, prompts: dict[str, Any],
     from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
 
     request = prompts[action["request"]]
-    group = int(action["group"])
-    group_bs = script["groups"][group]["block_size"]
-    ratio = group_bs // script["hash_block_size"]
     fine = request.block_hashes
-    pool = kvm.block_pool
-    ids: set[int] = set()
-    for i in action["block_indices"]:
-        j = (i + 1) * ratio - 1
-        if j >= len(fine):
-            continue
-        key = make_block_hash_with_group_id(fine[j], group)
-        entry = pool.cached_block_hash_to_block._cache.get(key)
-        if entry is None:
-            continue
-        if isinstance(entry, dict):
-            ids.update(int(b) for b in entry)
-        else:
-            ids.add(int(entry.block_id))
+    table = kvm.block_pool.cached_block_hash_to_block._cache
+    # Every block cached under each named hash, group by group, in the order of
+    # the action's blocks, then by ascending block id; evict_blocks iterates
+    # what it is given, so it gets this order (a list, not a set).
+    ids: dict[int, None] = {}
+    for group in action["groups"]:
+        group_bs = script["groups"][group]["block_size"]
+        if group_bs % script["hash_block_size"]:
+            continue  # no hash at this group's granularity (e.g. caching off): nothing cached
+        ratio = group_bs // script["hash_block_size"]
+        for i in action["block_indices"]:
+            j = (i + 1) * ratio - 1
+            if j >= len(fine):
+                continue
+            entry = table.get(make_block_hash_with_group_id(fine[j], group))
+            if entry is None:
+                continue
+            found = sorted(int(b) for b in entry) if isinstance(entry, dict) else [int(entry.block_id)]
+            ids.update(dict.fromkeys(found))
     if ids:
-        kvm.evict_blocks(ids)
+        kvm.evict_blocks(list(ids))
 
 
 def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
@@ -786,6 +799,17 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
         if record and trace is not None:
             steps.append(trace)
         step += 1
+        idle = not out.num_scheduled_tokens and not out.preempted_req_ids
+        if idle and not recving and not (connector is not None and connector.loading):
+            # Nothing ran, nothing is loading or just loaded: the next steps would repeat this one
+            # until an arrival or an action changes something, so go there (as
+            # hybridsim's engine sleeps); with none left, requests that remain are stuck.
+            future = [k for k in (*arrivals, *actions) if k >= step]
+            if not future:
+                if scheduler.has_requests():
+                    stopped = "stalled"
+                break
+            step = min(future)
     return {"steps": steps, "crash": crash, "finished": finished, "num_steps": step, "stopped": stopped}
 
 

@@ -1,0 +1,1 @@
+"""Exports of a scenario for other tools (``hybridsim export ...``)."""

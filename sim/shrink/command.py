@@ -1,0 +1,67 @@
+"""What ``hybridsim shrink`` does around the driver: find the scenario, show progress, write, report."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from sim.config import ScenarioError, load_scenario
+from sim.config.scenario import Scenario
+from sim.shrink.driver import ShrinkResult, shrink
+from sim.shrink.output import write_shrunk
+
+
+def scenario_file(source: Path) -> Path:
+    """The scenario a shrink starts from: a YAML file, or in a bundle its replay (else its resolved scenario)."""
+    if source.is_dir():
+        for candidate in (source / "replay" / "replay.yaml", source / "replay.yaml", source / "scenario.resolved.yaml"):
+            if candidate.is_file():
+                return candidate
+        raise ScenarioError(f"{source}: not a result or replay bundle (no replay/replay.yaml, replay.yaml or "
+                            "scenario.resolved.yaml); give a bundle directory or a scenario YAML")
+    if not source.is_file():
+        raise ScenarioError(f"{source}: no such scenario file or bundle directory")
+    return source
+
+
+class _Bar:
+    """A rich progress display: the pass, candidate runs, and the current best's size."""
+
+    def __init__(self, name: str) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn(f"[bold]shrink {name}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            transient=True,
+        )
+        self.task = self.bar.add_task("shrink", total=None, info="")
+
+    def __enter__(self) -> "_Bar":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def update(self, pass_name: str, runs: int, sizes: dict) -> None:
+        info = (f"{pass_name:<12} {runs} runs  best: {sizes['requests']} requests, {sizes['actions']} actions, "
+                f"{sizes['tokens']} prompt tokens")
+        self.bar.update(self.task, info=info)
+
+
+def run_shrink(source: Path, out: Path, keep: str, overrides: Sequence[str], progress: bool) -> ShrinkResult:
+    """Shrink ``source`` into ``out``; returns the result (``interrupted`` after Ctrl-C, best so far written)."""
+    path = scenario_file(source)
+    scenario: Scenario = load_scenario(path, list(overrides))
+    if out.exists() and out.is_dir():
+        raise ScenarioError(f"-o/--out {out}: is a directory; give the path of the YAML file to write")
+    started = time.perf_counter()
+    if progress:
+        with _Bar(scenario.name) as bar:
+            result = shrink(scenario, keep, progress=bar.update)
+    else:
+        result = shrink(scenario, keep)
+    write_shrunk(result, str(source), out)
+    result.wall_s = time.perf_counter() - started
+    return result

@@ -1,0 +1,95 @@
+"""Write a shrunk scenario: an ordinary scenario YAML with a comment header.
+
+The YAML holds only keys that differ from their defaults (loading it gives the
+same :class:`Scenario` as the shrink produced); each request and action is one
+flow-style line, like the hand-written reproductions in ``scenarios/repro/``.
+The header says what the scenario preserves, where it came from, the
+reduction figures and the hybridsim version; it holds no timestamp, so the same
+input gives byte-identical output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+import sim
+from sim.config.scenario import Scenario
+from sim.shrink.driver import ShrinkResult
+
+
+def _flow(item: object) -> str:
+    return yaml.safe_dump(item, default_flow_style=True, sort_keys=False, width=10**6).strip()
+
+
+def _whole(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def scenario_yaml(scenario: Scenario) -> str:
+    """``scenario`` as compact YAML (non-default keys; one line per request and action)."""
+    data = scenario.model_dump(mode="json", exclude_defaults=True)
+    data["on_crash"] = scenario.on_crash  # always say it: a shrunk crash stops the run
+    # Values the validator derives anyway.
+    if data.get("outputs", {}).get("schedule_table") == (scenario.clock == "steps"):
+        data["outputs"].pop("schedule_table")
+    if not data.get("outputs", True):
+        data.pop("outputs")
+    derived_mode = "align" if scenario.cache.enable_prefix_caching else "none"
+    if data.get("cache", {}).get("mamba_cache_mode") == derived_mode:
+        data["cache"].pop("mamba_cache_mode")
+    lines: list[str] = []
+    for key, value in data.items():
+        if key == "workload" and value.get("requests") is not None:
+            lines.append("workload:")
+            rest = {k: v for k, v in value.items() if k != "requests"}
+            if rest:
+                lines.extend("  " + line for line in _block(rest).splitlines())
+            lines.append("  requests:")
+            lines.extend(f"  - {_flow(_request_first(r))}" for r in value["requests"])
+        elif key == "actions":
+            lines.append("actions:")
+            lines.extend(f"- {_flow({**a, 'at': _whole(a['at'])})}" for a in value)
+        else:
+            lines.extend(_block({key: value}).splitlines())
+    return "\n".join(lines) + "\n"
+
+
+def _block(data: dict) -> str:
+    [(key, value)] = data.items() if len(data) == 1 else [(None, None)]
+    if key is not None and not isinstance(value, (dict, list)):
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
+def _request_first(request: dict) -> dict:
+    """A request's keys in reading order: id, at, prompt, max_tokens, then the rest."""
+    ordered = {"id": request["id"], "at": _whole(request.get("at", 0))}
+    for key in ("prompt", "max_tokens"):
+        ordered[key] = request[key]
+    ordered.update({k: v for k, v in request.items() if k not in ordered})
+    return ordered
+
+
+def header(result: ShrinkResult, source: str) -> str:
+    r = result
+    lines = [
+        f"Shrunk by `hybridsim shrink` (hybridsim {sim.__version__}) from {source}.",
+        f"Preserves ({r.property.name}): {r.property.describe()};",
+        f"  original at step {r.property_step_before}, here at step {r.property_step_after}.",
+        f"Reduction: {r.before.line(r.after)}; {r.candidates} candidate runs.",
+    ]
+    if r.conversions:
+        lines.append(f"Rewritten: {'; '.join(r.conversions)}.")
+    if r.interrupted:
+        lines.append("Interrupted: this is the smallest scenario found before Ctrl-C, not a fixed point.")
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def write_shrunk(result: ShrinkResult, source: str, out: Path) -> None:
+    """Write header + YAML to ``out`` (through a temporary sibling, renamed into place)."""
+    text = header(result, source) + scenario_yaml(result.scenario)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)

@@ -1,0 +1,86 @@
+"""Lowering a scenario for the vLLM side (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.config.load import scenario_from_text
+from sim.verify.lower import TOKEN_STRIDE, NotVerifiable, lower, not_verifiable_reason
+
+BASE = """
+name: low
+clock: steps
+cache: {block_size: 16, num_blocks: 64, groups: [full_attention, mamba], retention_interval: null}
+scheduler: {max_num_seqs: 2, max_num_batched_tokens: 64, prefix_policy: pr48425}
+connector: {type: scripted, matched_tokens: {b: 16}, load_async: {b: true}, async_load_steps: 2}
+workload:
+  requests:
+    - {id: a, at: 0, prompt: [{content: doc, tokens: 40}], max_tokens: 3}
+    - {id: b, at: 2, prompt: [{content: doc, tokens: 20}, {output_of: a, tokens: 2}, {content: x, tokens: 5}], max_tokens: 1}
+actions:
+  - {at: 4, evict: {prefix_of: a, group: mamba, blocks: [0, 1]}}
+  - {at: 5, reset_prefix_cache: true}
+"""
+
+
+def _scenario(text: str = BASE, **over: str):
+    return scenario_from_text(text, "low.yaml", overrides=[f"{k}={v}" for k, v in over.items()])
+
+
+def test_equal_content_equal_ids_and_outputs_quoted_as_generated():
+    script = lower(_scenario())
+    a, b = script["requests"]
+    assert a["prompt_token_ids"][:20] == b["prompt_token_ids"][:20]
+    # b quotes a's first two generated tokens: exactly what vLLM's request a samples.
+    assert b["prompt_token_ids"][20:22] == [a["output_token_base"], a["output_token_base"] + 1]
+    tail = b["prompt_token_ids"][22:]
+    assert len(tail) == 5 and not set(tail) & set(a["prompt_token_ids"])
+    assert a["output_token_base"] != b["output_token_base"]
+    assert all(t >= TOKEN_STRIDE for t in a["prompt_token_ids"])
+
+
+def test_layout_connector_and_actions_are_hybridsims():
+    script = lower(_scenario())
+    assert [g["type"] for g in script["groups"]] == ["full_attention", "mamba"]
+    assert script["retention_interval"] is None and script["num_blocks"] == 64
+    assert script["connector"] == {"matched_tokens": {"b": 16}, "holds": {}, "load_async": {"b": True},
+                                   "async_load_steps": 2, "supports_divergent_local_hybrid_hits": False}
+    assert script["actions"] == [
+        {"at_step": 4, "kind": "evict", "request": "a", "groups": [1], "block_indices": [0, 1]},
+        {"at_step": 5, "kind": "reset_prefix_cache"},
+    ]
+    assert script["max_steps"] > 5
+
+
+def test_same_step_arrivals_keep_the_engines_order():
+    # The engine adds requests by a stable sort on arrival time: workload order breaks ties, not the id.
+    text = BASE.replace("{id: a, at: 0,", "{id: c9, at: 0,").replace("output_of: a", "output_of: c9")
+    text = text.replace("{id: b, at: 2,", "{id: c10, at: 0,").replace("prefix_of: a", "prefix_of: c9")
+    text = text.replace("{b: 16}", "{c10: 16}").replace("{b: true}", "{c10: true}")
+    text = text.replace("{content: doc, tokens: 20}, {output_of: c9, tokens: 2}, ", "{content: doc, tokens: 20}, ")
+    script = lower(_scenario(text))
+    assert [r["id"] for r in script["requests"]] == ["c9", "c10"]
+    assert [r["arrival_step"] for r in script["requests"]] == [0, 0]
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ({"scheduler.prefix_policy": "reconciled"}, "scheduler.prefix_policy"),
+        ({"cache.corrected_mamba_accounting": "true"}, "corrected_mamba_accounting"),
+        ({"connector.supports_hma": "false"}, "supports_hma"),
+    ],
+)
+def test_not_verifiable_reasons(override, needle):
+    scenario = _scenario(**override)
+    reason = not_verifiable_reason(scenario)
+    assert reason is not None and needle in reason
+    with pytest.raises(NotVerifiable):
+        lower(scenario)
+
+
+def test_time_clock_and_unmapped_connector_are_not_verifiable():
+    text = BASE.replace("connector: {type: scripted, matched_tokens: {b: 16}, load_async: {b: true}, async_load_steps: 2}",
+                        "connector: {type: offload, capacity_gb: 1}")
+    assert "connector.type" in not_verifiable_reason(_scenario(text))
+    assert not_verifiable_reason(_scenario()) is None
