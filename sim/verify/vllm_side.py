@@ -243,10 +243,18 @@ def _load_vllm() -> dict[str, Any]:
     except ImportError as exc:  # pragma: no cover - depends on the machine
         raise VllmMissing(f"vLLM 0.33 is not importable ({exc}); install it with `make vllm-env`") from None
     kv_cache_utils.init_none_hash(sha256_cbor)
+    _quiet()
     _VLLM.update(locals())
     _VLLM.pop("exc", None)
     _define_connector()
     return _VLLM
+
+
+def _quiet() -> None:
+    """vLLM's CPU-platform notices (no Triton, block size hints, experimental connector API) are noise here."""
+    import logging
+
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def vllm_version() -> str:
@@ -430,6 +438,7 @@ def build_scheduler(script: LoweredScript) -> Any:
         kv_transfer_config=kv_transfer,
         kv_events_config=v["KVEventsConfig"](enable_kv_cache_events=True, publisher="null"),
     )
+    _quiet()  # building a VllmConfig may configure vLLM's logging again
     mamba_mode = cache_config.mamba_cache_mode if hybrid else "none"
     groups = [v["KVCacheGroupSpec"]([f"layer{i}"], _group_spec(g, mamba_mode)) for i, g in enumerate(script["groups"])]
     kv_cache_config = v["KVCacheConfig"](
