@@ -19,7 +19,10 @@ What it decides, as vLLM 0.33 does:
   (``num_computed_tokens == 0``) looks up the local hit through the prefix
   policy, asks the connector for external tokens (``None``: skip the request
   this step), re-runs ``get_computed_blocks`` when the lookup's
-  ``hit_diverged`` is set and the connector adds nothing, then allocates the
+  ``hit_diverged`` is set and the connector adds nothing (without asking the
+  connector again, as vLLM 0.33; only a policy with
+  ``requery_after_fallback``, the what-if ``pr48425_requery``, asks again at
+  the reconciled boundary), then allocates the
   whole prompt (``full_sequence_must_fit``). A failed allocation stops
   admission for this step (head-of-line). An async load parks the request in
   ``WAITING_FOR_REMOTE_KVS``; once the engine reports it in
@@ -558,31 +561,15 @@ class Scheduler:
             request.shared_prefix_boundary = lookup.shared_prefix_boundary
             row = dict(request=request, kind=kind, hits=hits, lookup=lookup)
             if self.connector is not None:
-                partial_tail = local % self.block_size
-                aligned_local = local - partial_tail
-                # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
-                ext_answer, load_async = self._guarded(
-                    lambda: self.connector.get_num_new_matched_tokens(request, aligned_local), **row, local=local
-                )
-                if request.skip_reading_prefix_cache:
-                    ext_answer, load_async = 0, False
-                if ext_answer is None:
-                    self._record_admission(**row, local=local, ext=0, fallback=False, outcome="not_admitted",
-                                           reason="connector_not_ready")
-                    raise _Skip
-                if partial_tail and ext_answer > partial_tail:
-                    blocks = self._guarded(lambda: self.kv.truncate_computed_blocks(blocks, aligned_local),
-                                           **row, local=local, ext=ext_answer)
-                    local = aligned_local
-                    ext = ext_answer
-                elif partial_tail:
-                    ext, load_async = 0, False
-                else:
-                    ext = ext_answer
+                blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row, fallback=False)
                 if lookup.hit_diverged and ext == 0:
                     # vLLM 0.33: no external tokens back the deeper local hit; reconcile.
                     blocks, local, request.shared_prefix_boundary = self.kv.get_computed_blocks(request)
                     fallback = True
+                    if self.prefix_policy.requery_after_fallback:
+                        # A what-if (not vLLM): ask the connector again at the reconciled boundary.
+                        blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row,
+                                                                             fallback=True)
             computed = local + ext
             row = dict(row, local=local, ext=ext, fallback=fallback)
             self._check(computed <= request.num_tokens, "num_computed_tokens <= request.num_tokens", **row)
@@ -663,6 +650,34 @@ class Scheduler:
         if computed + n < request.num_tokens:
             self._inflight_prefills[rid] = request
         return n
+
+    def _ask_connector(self, request: Request, blocks: Any, local: int, row: dict, fallback: bool) -> tuple[Any, int, int, bool]:
+        """vLLM's connector query for a fresh admission: ``(blocks, local, ext, load_async)``.
+
+        The connector is shown the block-aligned local hit; a partial tail is
+        kept only when the answer does not cover it (else the blocks are
+        truncated to the aligned hit). ``None`` skips the request this step.
+        """
+        partial_tail = local % self.block_size
+        aligned_local = local - partial_tail
+        # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
+        ext_answer, load_async = self._guarded(
+            lambda: self.connector.get_num_new_matched_tokens(request, aligned_local),
+            **row, local=local, fallback=fallback,
+        )
+        if request.skip_reading_prefix_cache:
+            ext_answer, load_async = 0, False
+        if ext_answer is None:
+            self._record_admission(**row, local=local, ext=0, fallback=fallback, outcome="not_admitted",
+                                   reason="connector_not_ready")
+            raise _Skip
+        if partial_tail and ext_answer > partial_tail:
+            blocks = self._guarded(lambda: self.kv.truncate_computed_blocks(blocks, aligned_local),
+                                   **row, local=local, ext=ext_answer, fallback=fallback)
+            return blocks, aligned_local, ext_answer, load_async
+        if partial_tail:
+            return blocks, local, 0, False
+        return blocks, local, ext_answer, load_async
 
     def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
         """The per-group hits and the policy's lookup for a waiting request.

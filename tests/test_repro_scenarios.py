@@ -81,6 +81,23 @@ MATRIX = {
     ("fa_deeper", "max_per_group", "supplies none"): (64, 0, False, False, 64, "corrupt", 0),
     ("fa_deeper", "trim_to_min", "supplies 16"): (64, 16, False, False, 80, "ok", 0),
     ("fa_deeper", "trim_to_min", "supplies none"): (64, 0, False, False, 64, "corrupt", 0),
+    # A connector holding the first 64 tokens answers 64 - shown.
+    ("mamba_deeper", "reconciled", "holds 64"): (16, 48, False, False, 64, "ok", 0),
+    ("mamba_deeper", "pr48425", "holds 64"): (16, 48, False, False, 64, "ok", 0),
+    ("mamba_deeper", "max_per_group", "holds 64"): (64, 0, False, False, 64, "corrupt", 0),
+    ("mamba_deeper", "trim_to_min", "holds 64"): (32, 32, False, False, 64, "ok", 0),
+    ("fa_deeper", "reconciled", "holds 64"): (16, 48, False, False, 64, "ok", 0),
+    # vLLM 0.33's fallback does not ask again: 48 tokens the connector holds are recomputed.
+    ("fa_deeper", "pr48425", "holds 64"): (16, 0, True, True, 16, "recompute", 48),
+    ("fa_deeper", "max_per_group", "holds 64"): (64, 0, False, False, 64, "corrupt", 0),
+    ("fa_deeper", "trim_to_min", "holds 64"): (64, 0, False, False, 64, "corrupt", 0),
+    # The what-if pr48425_requery: as pr48425, except that it asks again after the fallback.
+    ("mamba_deeper", "pr48425_requery", "supplies 16"): (16, 16, False, False, 32, "recompute", 16),
+    ("mamba_deeper", "pr48425_requery", "supplies none"): (16, 0, False, False, 16, "ok", 0),
+    ("mamba_deeper", "pr48425_requery", "holds 64"): (16, 48, False, False, 64, "ok", 0),
+    ("fa_deeper", "pr48425_requery", "supplies 16"): (64, 16, True, False, 80, "ok", 0),
+    ("fa_deeper", "pr48425_requery", "supplies none"): (16, 0, True, True, 16, "ok", 0),
+    ("fa_deeper", "pr48425_requery", "holds 64"): (16, 48, True, True, 64, "ok", 0),
 }
 
 
@@ -123,3 +140,31 @@ def test_recompute_is_summed_as_tokens_recomputed():
     result = _run("divergence-fa-deeper.yaml", "scheduler.prefix_policy=reconciled", "connector.matched_tokens.r=16")
     assert result.summary["admissions"]["tokens_recomputed"] == 48
     assert result.summary["admissions"]["by_outcome"] == {"ok": 4, "recompute": 1}
+
+
+HOLDS_64 = ("connector.matched_tokens={}", "connector.holds.r=64")
+
+
+def test_pr48425_fallback_does_not_ask_the_connector_again_and_its_cost_shows():
+    """vLLM 0.33's answer, from its real Scheduler on CPU (this scenario's seeding and
+    eviction, a MockKVConnector-like connector opted in to divergent hits that holds r's
+    first 64 tokens): ``get_computed_blocks_for_connector`` gives 64 with ``hit_diverged``,
+    the connector is asked once, at 64, and answers 0; ``get_computed_blocks`` gives 16 and
+    the connector is not asked again; r runs 48 + 16 + 16 tokens at steps 17-19 from 16.
+    Shown 16, the connector would have supplied 48: scored recompute, 48 tokens lost."""
+    result = _run("divergence-fa-deeper.yaml", *HOLDS_64)
+    assert _rows(result)[-1] == ("r", 64, 16, 16, 0, True, True, 16, "recompute", "", 48, "")
+    sched = result.schedule[result.schedule["request_id"] == "r"]
+    assert list(zip(sched["step"], sched["num_scheduled_tokens"], sched["num_computed_tokens"])) == [
+        (17, 48, 16), (18, 16, 64), (19, 16, 80)
+    ]
+
+
+def test_pr48425_requery_asks_again_at_the_reconciled_boundary():
+    """The what-if (not vLLM): after the fallback to 16 the connector is asked again and loads 48."""
+    result = _run("divergence-fa-deeper.yaml", "scheduler.prefix_policy=pr48425_requery", *HOLDS_64)
+    assert _rows(result)[-1] == ("r", 64, 16, 16, 48, True, True, 64, "ok", "", 0, "")
+    sched = result.schedule[result.schedule["request_id"] == "r"]
+    assert list(zip(sched["step"], sched["num_scheduled_tokens"], sched["num_computed_tokens"])) == [
+        (17, 16, 64), (18, 16, 80)
+    ]

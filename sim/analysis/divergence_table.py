@@ -25,9 +25,14 @@ DIRECTIONS: dict[str, str] = {
     "mamba_deeper": "divergence-mamba-deeper.yaml",
     "fa_deeper": "divergence-fa-deeper.yaml",
 }
-POLICIES: tuple[str, ...] = ("reconciled", "pr48425", "max_per_group", "trim_to_min")
-#: connector label -> the scripted connector's ``matched_tokens`` answer for ``r``.
-CONNECTORS: dict[str, int] = {"supplies 16": 16, "supplies none": 0}
+POLICIES: tuple[str, ...] = ("reconciled", "pr48425", "pr48425_requery", "max_per_group", "trim_to_min")
+#: connector label -> the ``--set`` overrides of the scripted connector for ``r``: a fixed
+#: answer (``matched_tokens``) or the first 64 tokens held (``holds``: answers ``64 - shown``).
+CONNECTORS: dict[str, tuple[str, ...]] = {
+    "supplies 16": ("connector.matched_tokens.r=16",),
+    "supplies none": ("connector.matched_tokens.r=0",),
+    "holds 64": ("connector.matched_tokens={}", "connector.holds.r=64"),
+}
 REPLAYED = "r"
 
 
@@ -49,13 +54,13 @@ class Cell:
     crash_reason: str
 
 
-def overrides(policy: str, external: int) -> list[str]:
+def overrides(policy: str, connector: str) -> list[str]:
     """The ``--set`` overrides of one cell."""
-    return [f"scheduler.prefix_policy={policy}", f"connector.matched_tokens.{REPLAYED}={external}"]
+    return [f"scheduler.prefix_policy={policy}", *CONNECTORS[connector]]
 
 
 def run_cell(direction: str, policy: str, connector: str, repro_dir: Path = REPRO_DIR) -> Cell:
-    scenario = load_scenario(repro_dir / DIRECTIONS[direction], overrides(policy, CONNECTORS[connector]))
+    scenario = load_scenario(repro_dir / DIRECTIONS[direction], overrides(policy, connector))
     adm = run_scenario(scenario).admissions
     row = adm[adm["request_id"] == REPLAYED].iloc[0]
     return Cell(
@@ -145,16 +150,20 @@ one at a time) leave FA blocks and Mamba states at 16, 32, 48 and 64; then an
 `evict` action removes some; then `r`, 96 tokens of the same document,
 arrives. The scripted connector (opted in to
 `supports_divergent_local_hybrid_hits`) answers 16 external tokens beyond
-the hit it is shown ("supplies 16") or 0 ("supplies none"); by the rule above,
-a connector that answers writes every group's KV for those tokens and the
-Mamba state at the resume boundary.
+the hit it is shown ("supplies 16") or 0 ("supplies none"), or holds the
+first 64 tokens and answers `64 - shown` ("holds 64"); by the rule above, a
+connector that answers writes every group's KV for those tokens and the
+Mamba state at the resume boundary. `pr48425_requery` is a what-if, not
+vLLM: `pr48425`, but after the fallback the connector is asked again at the
+reconciled boundary.
 
 * **mamba_deeper**: FA blocks 2–3 and Mamba states 1–2 evicted: per-group
   hits FA 32, Mamba 64 (states left at 16 and 64).
 * **fa_deeper**: Mamba states 1–3 evicted: per-group hits FA 64, Mamba 16.
 
 Reproduce one cell: `python -m sim run scenarios/repro/divergence-<direction>.yaml
---set scheduler.prefix_policy=<policy> --set connector.matched_tokens.r=<0|16> -o OUT`.
+--set scheduler.prefix_policy=<policy> --set connector.matched_tokens.r=<0|16> -o OUT` ("holds 64":
+`--set 'connector.matched_tokens={}' --set connector.holds.r=64`).
 """
 
 OUTRO = """
@@ -170,7 +179,15 @@ OUTRO = """
   the Mamba state and the deep boundary is used (ok); with none the
   scheduler re-runs the reconciled lookup (`fallback`). When Mamba is deeper
   its guard falls back to the reconciled hit, so the deeper Mamba state is
-  still given up (recompute with a supplying connector).
+  still given up (recompute with a supplying connector). The fallback does
+  not ask the connector again: with FA deeper and a connector that holds
+  the first 64 tokens (shown 64 it answers 0, shown 16 it would answer 48),
+  vLLM resumes at 16 and recomputes 48 tokens the connector had (recompute,
+  −48; `scheduler.py`'s re-lookup after `hit_diverged and ext == 0`).
+* `pr48425_requery` (a what-if, not vLLM; `hybridsim verify` reports it as
+  not verifiable) asks the connector again at the reconciled boundary after
+  the fallback: the same cell loads 48 tokens and resumes at 64 (ok). It
+  changes nothing elsewhere.
 * `max_per_group` (#44243) claims `max(per-group hits)`: with Mamba deeper
   the FA positions 32–64 are backed by fresh blocks (corrupt, with or
   without external tokens); with FA deeper and no external tokens there is

@@ -4,7 +4,12 @@ When a request with ``num_computed_tokens == 0`` is admitted, the scheduler
 asks the policy for a :class:`PrefixLookup`; the connector is then shown the
 block-aligned ``local_tokens``. If the lookup set ``hit_diverged`` and the
 connector adds no external tokens, the scheduler re-runs the plain
-``get_computed_blocks`` (vLLM 0.33's fallback), not the policy.
+``get_computed_blocks`` (vLLM 0.33's fallback), not the policy; a policy
+with ``requery_after_fallback`` (the what-if ``pr48425_requery``) then has
+the connector asked again at that reconciled boundary. ``mirrors_vllm``
+marks the policies whose decisions are vLLM 0.33's (``pr48425``, and
+``max_per_group`` through the documented emulation of the pre-#48425
+lookup): only those can be verified against vLLM.
 
 A policy must not change cache state beyond what the kv manager's lookup
 methods do (they only read). Built-ins are named after the vLLM behaviour
@@ -58,6 +63,13 @@ class PrefixPolicy:
     #: count and ``skip_reading_prefix_cache``, and static connector/config flags:
     #: then the scheduler may reuse its answer while none of these changed.
     pure_lookup: ClassVar[bool] = False
+    #: True if runs under this policy are vLLM 0.33's decisions, so that ``hybridsim verify``
+    #: can compare them with the real scheduler (vLLM as shipped, or the documented emulation
+    #: of the pre-#48425 lookup on the scheduler instance). What-if policies keep False.
+    mirrors_vllm: ClassVar[bool] = False
+    #: True makes the scheduler ask the connector again at the reconciled boundary after the
+    #: ``hit_diverged and external == 0`` fallback (a what-if: vLLM 0.33 does not).
+    requery_after_fallback: ClassVar[bool] = False
 
     def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
         """Local hit for ``request``; ``connector`` is ``None`` when none is attached."""
@@ -99,12 +111,31 @@ class PR48425Policy(PrefixPolicy):
 
     name = "pr48425"
     pure_lookup = True
+    mirrors_vllm = True
 
     def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
         if connector is not None and connector.supports_divergent_local_hybrid_hits:
             blocks, num_local, boundary, diverged = kv_manager.get_computed_blocks_for_connector(request)
             return PrefixLookup(blocks, num_local, boundary, bool(diverged))
         return reconciled_lookup(kv_manager, request)
+
+
+class PR48425RequeryPolicy(PR48425Policy):
+    """A what-if, not vLLM: :class:`PR48425Policy`, but after the fallback the connector is asked again.
+
+    vLLM 0.33's scheduler, when the #48425 lookup set ``hit_diverged`` and the
+    connector (asked at the full-attention hit) adds 0 tokens, re-runs the
+    reconciled ``get_computed_blocks`` and does not ask the connector again,
+    so a prefix the connector holds beyond the reconciled boundary is
+    recomputed (the truth checker scores that admission ``recompute``). Here
+    the scheduler asks the connector again at the reconciled boundary
+    (block-aligned) and loads what it answers, to show what that change to
+    vLLM would buy. Not verifiable against vLLM (``mirrors_vllm`` is False).
+    """
+
+    name = "pr48425_requery"
+    requery_after_fallback = True
+    mirrors_vllm = False
 
 
 def _per_group_applies(kv_manager: Any, connector: Any | None) -> bool:
@@ -170,6 +201,7 @@ class MaxPerGroupPolicy(_PerGroupPolicy):
 
     name = "max_per_group"
     pure_lookup = True
+    mirrors_vllm = True
 
     def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
         return max(hits)
@@ -213,5 +245,6 @@ def get_prefix_policy(name: str, **options: Any) -> PrefixPolicy:
 
 register_prefix_policy(ReconciledPolicy)
 register_prefix_policy(PR48425Policy)
+register_prefix_policy(PR48425RequeryPolicy)
 register_prefix_policy(MaxPerGroupPolicy)
 register_prefix_policy(TrimToMinPolicy)

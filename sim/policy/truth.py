@@ -52,7 +52,10 @@ the taint when the block's cache entry is evicted.
 (1) local: an aligned ``c > b`` up to every full-attention group's hit (at
 lookup time) with every sliding-window block of ``[c - W + 1, c)`` and every
 Mamba state at ``c`` cached (clean, and not cached by this very request);
-(2) connector: shown ``s`` (the full-attention hit), the boundary
+(2) connector: shown ``s`` (the full-attention hit, and the admission's own
+block-aligned ``local``, which differs from the position the connector was
+asked at after vLLM 0.33's ``hit_diverged`` fallback: that fallback does not
+ask the connector again, and the cost must show), the boundary
 ``s + peek(s)`` when the connector's side-effect-free
 :meth:`~sim.connector.base.KVConnector.peek_num_new_matched_tokens` answers
 a positive count that stops short of the prompt's end, with what it does not
@@ -239,16 +242,17 @@ class TruthChecker:
     def _best_connector_boundary(self, adm: Any) -> int:
         """Deepest valid boundary with a connector load (0 if none).
 
-        Shown the full-attention hit, the connector's side-effect-free answer
-        counts when positive, short of the prompt's end, and what it does not
-        write is resident.
+        Shown the full-attention hit, and shown the admission's own aligned
+        ``local`` (after the ``hit_diverged`` fallback vLLM 0.33 does not ask
+        again), the connector's side-effect-free answer counts when positive,
+        short of the prompt's end, and what it does not write is resident.
         """
         conn = self.connector
         request = adm.request
         if conn is None or request.skip_reading_prefix_cache:
             return 0
         fa_hits = [adm.hits[gid] for gid, kind, _, _ in self.groups if kind == "full_attention"]
-        shown_at = set()
+        shown_at = {adm.local_tokens // self.align * self.align}
         if fa_hits:
             shown_at.add(min(fa_hits) // self.align * self.align)
         own = self.kv.coordinator.get_blocks(request.request_id)

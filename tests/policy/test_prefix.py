@@ -93,3 +93,17 @@ def test_register_a_policy_and_reject_a_clash():
 
     with pytest.raises(ValueError, match="already registered"):
         register_prefix_policy(Other)
+
+
+def test_only_the_policies_that_are_vllms_decisions_are_marked_verifiable():
+    """``mirrors_vllm`` is what ``hybridsim verify`` reads: pr48425 is vLLM 0.33 as shipped,
+    max_per_group the documented emulation of the pre-#48425 lookup; the rest are what-ifs
+    or connector-blind variants that vLLM cannot be made to run."""
+    from sim.policy.prefix import get_prefix_policy
+
+    builtins = ("pr48425", "max_per_group", "reconciled", "trim_to_min", "pr48425_requery")
+    marks = {name: get_prefix_policy(name).mirrors_vllm for name in builtins}
+    assert marks == {"pr48425": True, "max_per_group": True, "reconciled": False, "trim_to_min": False,
+                     "pr48425_requery": False}
+    assert get_prefix_policy("pr48425_requery").requery_after_fallback
+    assert not get_prefix_policy("pr48425").requery_after_fallback
