@@ -80,3 +80,37 @@ def test_what_if_option_is_not_verifiable(vllm, tmp_path):
     result = CliRunner().invoke(app, ["verify", str(path)])
     assert result.exit_code == 3, result.output
     assert "corrected_mamba_accounting" in result.output
+
+
+CRASH = """
+name: crash
+clock: steps
+cache: {block_size: 16, num_blocks: 40, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 2, max_num_batched_tokens: 64}
+connector: {type: scripted, matched_tokens: {b: 48}}
+workload:
+  requests:
+    - {id: a, at: 0, prompt: [{content: doc, tokens: 40}], max_tokens: 2}
+    - {id: b, at: 3, prompt: [{content: doc, tokens: 48}], max_tokens: 1}
+"""
+
+
+def test_a_crash_is_compared_and_identical(vllm):
+    from sim.config.load import scenario_from_text
+
+    verdict = verify_scenario(scenario_from_text(CRASH, "crash.yaml"))
+    assert verdict.exit_code == EXIT_IDENTICAL, verdict.difference.describe() if verdict.difference else ""
+    crash = verdict.theirs["crash"]
+    assert crash is not None and crash["request"] == "b" and crash["type"] == "AssertionError"
+    assert crash == verdict.ours["crash"]
+
+
+def test_record_false_only_steps(vllm):
+    from sim.verify import vllm_side
+    from sim.verify.lower import lower
+
+    script = lower(load_scenario(ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml"))
+    full = vllm_side.run_script(script)
+    bare = vllm_side.run_script(script, record=False)
+    assert bare["steps"] == [] and full["steps"]
+    assert bare["finished"] == full["finished"] and bare["num_steps"] == full["num_steps"]
