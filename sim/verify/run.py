@@ -114,9 +114,8 @@ def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], No
     reported per scenario and gives exit 2.
     """
     from sim.config import ScenarioError
-    from sim.workload.errors import WorkloadError
-
     from sim.verify.compare import write_table
+    from sim.workload.errors import WorkloadError
 
     try:
         require_vllm()
