@@ -103,8 +103,8 @@ def first_difference(ours: DecisionTrace, theirs: DecisionTrace) -> Difference |
             what, ov, tv = diff
             return Difference(step, what, ov, tv, context)
     if crash_a != crash_b:
-        step = (crash_a or crash_b or {}).get("step")  # type: ignore[union-attr]
-        return Difference(step, "crash", crash_a, crash_b)
+        crashed = crash_a or crash_b
+        return Difference(crashed["step"] if crashed else None, "crash", crash_a, crash_b)
     if ours["finished"] != theirs["finished"]:
         only = sorted(set(ours["finished"]) ^ set(theirs["finished"]))
         changed = sorted(k for k in set(ours["finished"]) & set(theirs["finished"])

@@ -25,7 +25,13 @@ from typing import Any
 
 import pandas as pd
 
-from sim.verify.vllm_side import AdmissionTrace, CrashTrace, DecisionTrace, KVEventTrace, StepTrace
+from sim.verify.vllm_side import (
+    AdmissionTrace,
+    CrashTrace,
+    DecisionTrace,
+    KVEventTrace,
+    StepTrace,
+)
 
 _ADMITTED = ("ok", "recompute", "corrupt")
 

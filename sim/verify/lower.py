@@ -26,7 +26,14 @@ from sim.connector.scripted import ScriptedConnector
 from sim.engine.build import Components, build_components
 from sim.kv.specs import MambaSpec, SlidingWindowSpec
 from sim.tokens import IdsSegment, StreamSegment, is_reserved_stream, output_stream
-from sim.verify.vllm_side import SCRIPT_VERSION, ActionScript, ConnectorScript, GroupScript, LoweredScript, RequestScript
+from sim.verify.vllm_side import (
+    SCRIPT_VERSION,
+    ActionScript,
+    ConnectorScript,
+    GroupScript,
+    LoweredScript,
+    RequestScript,
+)
 
 #: Token-id range of one stream (and of explicit ids).
 TOKEN_STRIDE = 1 << 24
@@ -148,13 +155,14 @@ def max_steps_bound(script: LoweredScript) -> int:
     return last + 4 * tokens + 100
 
 
-def lower(scenario: Scenario, components: Components | None = None) -> LoweredScript:
-    """The lowered script of a verifiable scenario (raises :class:`NotVerifiable` otherwise)."""
+def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
+    """The lowered script of a verifiable scenario (raises :class:`NotVerifiable` otherwise);
+    ``built``: the scenario's components if already built."""
     reason = not_verifiable_reason(scenario)
     if reason is not None:
         raise NotVerifiable(reason)
-    if components is None:
-        components = build_components(scenario)
+    components = built if built is not None else build_components(scenario)
+    assert components is not None
     config = components.kv_cache_config
     s = scenario.scheduler
     assert s.max_num_seqs is not None and s.max_num_batched_tokens is not None and s.max_model_len is not None

@@ -11,12 +11,13 @@ installed), 3 not verifiable.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from sim.config.scenario import Scenario
-from sim.engine.build import build_components
+from sim.engine.build import CapacityWarning, build_components
 from sim.engine.run import RunOptions, run_scenario
 from sim.verify import vllm_side
 from sim.verify.compare import Difference, first_difference
@@ -69,15 +70,24 @@ def hybridsim_trace(scenario: Scenario, max_steps: int) -> DecisionTrace:
     return decision_trace(result.tables, result.summary)
 
 
-def verify_scenario(scenario: Scenario) -> Verdict:
-    """Verify one loaded scenario (vLLM must be importable: see :func:`require_vllm`)."""
+def verify_scenario(scenario: Scenario, quiet: bool = False) -> Verdict:
+    """Verify one loaded scenario (vLLM must be importable: see :func:`require_vllm`).
+
+    Build-time warnings (e.g. a pool that cannot hold a request alone) are
+    shown once, from the first of the two builds; ``quiet`` hides them.
+    """
     reason = not_verifiable_reason(scenario)
     if reason is not None:
         return Verdict(scenario.name, EXIT_NOT_VERIFIABLE, reason)
-    components = build_components(scenario)
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore", CapacityWarning)
+        components = build_components(scenario)
     script = lower(scenario, components)
     theirs = vllm_side.run_script(script)
-    ours = hybridsim_trace(scenario, script["max_steps"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CapacityWarning)
+        ours = hybridsim_trace(scenario, script["max_steps"])
     diff = first_difference(ours, theirs)
     return Verdict(scenario.name, EXIT_DIFFER if diff else EXIT_IDENTICAL, "", diff, ours, theirs)
 
@@ -104,9 +114,8 @@ def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], No
     reported per scenario and gives exit 2.
     """
     from sim.config import ScenarioError
-    from sim.workload.errors import WorkloadError
-
     from sim.verify.compare import write_table
+    from sim.workload.errors import WorkloadError
 
     try:
         require_vllm()
@@ -178,7 +187,7 @@ def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, ec
                 (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
             continue
         try:
-            verdict = verify_scenario(scenario_from_text(text, f"{name}.yaml"))
+            verdict = verify_scenario(scenario_from_text(text, f"{name}.yaml"), quiet=True)
         except (ScenarioError, WorkloadError, ValueError) as exc:
             counts.refused += 1
             echo(f"{name}: refused by hybridsim: {exc}")

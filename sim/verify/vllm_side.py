@@ -218,7 +218,14 @@ def _load_vllm() -> dict[str, Any]:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         import torch
-        from vllm.config import CacheConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import (
+            CacheConfig,
+            KVEventsConfig,
+            KVTransferConfig,
+            ModelConfig,
+            SchedulerConfig,
+            VllmConfig,
+        )
         from vllm.distributed.kv_transfer.kv_connector.v1.base import (
             KVConnectorBase_V1,
             KVConnectorMetadata,
@@ -228,7 +235,7 @@ def _load_vllm() -> dict[str, Any]:
         from vllm.utils.hashing import sha256_cbor
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.core.block_pool import BlockHashToBlockMap
-        from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, UnitaryKVCacheCoordinator
+        from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import (
             FullAttentionSpec,
@@ -243,10 +250,27 @@ def _load_vllm() -> dict[str, Any]:
     except ImportError as exc:  # pragma: no cover - depends on the machine
         raise VllmMissing(f"vLLM 0.33 is not importable ({exc}); install it with `make vllm-env`") from None
     kv_cache_utils.init_none_hash(sha256_cbor)
-    _VLLM.update(locals())
-    _VLLM.pop("exc", None)
+    _quiet()
+    _VLLM.update(
+        torch=torch, CacheConfig=CacheConfig, KVEventsConfig=KVEventsConfig, KVTransferConfig=KVTransferConfig,
+        ModelConfig=ModelConfig, SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig,
+        KVConnectorBase_V1=KVConnectorBase_V1, KVConnectorMetadata=KVConnectorMetadata, SupportsHMA=SupportsHMA,
+        SamplingParams=SamplingParams, sha256_cbor=sha256_cbor, kv_cache_utils=kv_cache_utils,
+        BlockHashToBlockMap=BlockHashToBlockMap, HybridKVCacheCoordinator=HybridKVCacheCoordinator,
+        Scheduler=Scheduler, FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec, SlidingWindowSpec=SlidingWindowSpec,
+        KVConnectorOutput=KVConnectorOutput, ModelRunnerOutput=ModelRunnerOutput, Request=Request,
+        RequestStatus=RequestStatus, StructuredOutputManager=StructuredOutputManager,
+    )
     _define_connector()
     return _VLLM
+
+
+def _quiet() -> None:
+    """vLLM's CPU-platform notices (no Triton, block size hints, experimental connector API) are noise here."""
+    import logging
+
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def vllm_version() -> str:
@@ -266,7 +290,7 @@ def _define_connector() -> None:
     """
     v = _VLLM
 
-    class HybridsimScriptedConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):
+    class HybridsimScriptedConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
         """hybridsim's ``scripted`` connector (DESIGN.md §4), scheduler role only.
 
         Its script comes in ``kv_connector_extra_config["script"]``. It answers
@@ -430,6 +454,7 @@ def build_scheduler(script: LoweredScript) -> Any:
         kv_transfer_config=kv_transfer,
         kv_events_config=v["KVEventsConfig"](enable_kv_cache_events=True, publisher="null"),
     )
+    _quiet()  # building a VllmConfig may configure vLLM's logging again
     mamba_mode = cache_config.mamba_cache_mode if hybrid else "none"
     groups = [v["KVCacheGroupSpec"]([f"layer{i}"], _group_spec(g, mamba_mode)) for i, g in enumerate(script["groups"])]
     kv_cache_config = v["KVCacheConfig"](
@@ -553,7 +578,7 @@ class _Recorder:
         self.open = att
         return att
 
-    def _hash_id(self, key: bytes) -> int:
+    def _hash_id(self, key: Any) -> int:
         from vllm.v1.core.kv_cache_utils import get_block_hash
 
         h = bytes(get_block_hash(key))
@@ -647,7 +672,7 @@ class _Recorder:
         rec = self
         from vllm.v1.core.kv_cache_utils import get_group_id
 
-        class RecordingMap(_VLLM["BlockHashToBlockMap"]):
+        class RecordingMap(_VLLM["BlockHashToBlockMap"]):  # type: ignore[misc,valid-type,name-defined]
             def insert(self, key: Any, block: Any) -> None:
                 super().insert(key, block)
                 rec.events.append({"kind": "stored", "group": int(get_group_id(key)), "block_id": int(block.block_id),

@@ -1,0 +1,34 @@
+"""``hybridsim verify`` / ``fuzz`` without vLLM: exit 2 naming the install command (no vLLM needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sim.cli import app
+from sim.verify import vllm_side
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "repro" / "divergence-mamba-deeper.yaml"
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    def missing():
+        raise vllm_side.VllmMissing("No module named 'vllm'")
+
+    monkeypatch.setattr(vllm_side, "_load_vllm", missing)
+
+
+@pytest.mark.parametrize("args", [["verify", str(SCENARIO)], ["fuzz", "--count", "2", "--vllm"]])
+def test_missing_vllm_is_bad_input_naming_make_vllm_env(no_vllm, args, tmp_path):
+    result = CliRunner().invoke(app, [*args, *(["-o", str(tmp_path)] if args[0] == "fuzz" else [])])
+    assert result.exit_code == 2, result.output
+    assert "make vllm-env" in result.output
+
+
+def test_fuzz_without_vllm_writes_the_scenarios(tmp_path):
+    result = CliRunner().invoke(app, ["fuzz", "--seed", "4", "--count", "3", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fuzz-4-0.yaml", "fuzz-4-1.yaml", "fuzz-4-2.yaml"]
