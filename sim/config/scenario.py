@@ -243,6 +243,9 @@ class CacheSection(_Strict):
     retention_interval: NonNegativeInt | None = 0
     groups: list[GroupSpec] | None = None
     corrected_mamba_accounting: bool = False
+    #: ``lru`` is vLLM; anything else is a what-if (sim.policy.eviction); checked when the run is built.
+    eviction_policy: str = Field(default="lru", min_length=1)
+    eviction_options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> "CacheSection":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from sim.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
+from sim.kv.eviction import EvictionContext, EvictionPolicy
 from sim.kv.managers import FullAttentionManager, MambaManager
 from sim.kv.pool import KVCacheBlock, KVEvent
 from sim.kv.specs import KVCacheConfig, MambaSpec, cdiv
@@ -47,6 +48,8 @@ class KVCacheManager:
     sliding-window admission cap (vLLM: concurrent batches x
     ``max_num_batched_tokens``; defaults to ``max_model_len``).
     ``corrected_mamba_accounting``: see :class:`~sim.kv.managers.MambaManager`.
+    ``eviction_policy``: ``None`` is vLLM's LRU (the plain pool); anything else
+    is a what-if policy (:mod:`sim.kv.eviction`), told ``eviction_context``.
     """
 
     def __init__(
@@ -57,6 +60,8 @@ class KVCacheManager:
         enable_kv_cache_events: bool = True,
         watermark: float = 0.0,
         corrected_mamba_accounting: bool = False,
+        eviction_policy: EvictionPolicy | None = None,
+        eviction_context: EvictionContext | None = None,
     ) -> None:
         if watermark < 0:
             raise ValueError(f"watermark must be non-negative, got {watermark}")
@@ -68,6 +73,8 @@ class KVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events,
             max_in_flight_tokens=max_in_flight_tokens,
             corrected_mamba_accounting=corrected_mamba_accounting,
+            eviction_policy=eviction_policy,
+            eviction_context=eviction_context,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.groups)
