@@ -361,6 +361,8 @@ class OutputsSection(_Strict):
     tables_format: Literal["parquet", "csv"] = "parquet"
     schedule_table: bool | None = None
     plots: bool = True
+    #: Add ``cache.ideal_hit_rate`` (an infinite cache's prefix-hit rate at the scheduler block size) to the summary.
+    ideal_hit_rate: bool = False
 
 
 # --------------------------------------------------------------------------- scenario

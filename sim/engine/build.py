@@ -171,7 +171,8 @@ def _build_eviction(scenario: Scenario, connector: Any | None, step_time_model: 
                 value = memo[num_tokens] = float(work([(num_tokens, 0)])[0])
             return value
 
-    context = EvictionContext(connector_attached=connector is not None, prefill_flops=flops)
+    attached = connector is not None and scenario.connector.type != "none"
+    context = EvictionContext(connector_attached=attached, prefill_flops=flops)
     try:
         policy.check_context(context)
     except ValueError as exc:
