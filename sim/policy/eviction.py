@@ -336,10 +336,13 @@ class MarconiPolicy(_IndexedPolicy):
     step-time model's per-layer costs: :attr:`EvictionContext.prefill_flops`)
     divided by the bytes the entry holds (one page; pages are unified, so this
     is the model's bytes per block). A dead entry (:class:`ChainIndex`) saves
-    nothing: efficiency 0. Only *leaves* are candidates: an FA or SWA block
-    with a cached child is kept (evicting it would orphan its chain), unless
-    it is dead; so chains shrink tail first, as Marconi's radix tree evicts
-    leaves. The lowest scores go first (ties: oldest first); then LRU order.
+    nothing: efficiency 0. Candidates are the dead entries and, of the live
+    ones, the units Marconi's radix tree evicts: with Mamba groups, the Mamba
+    states (a state closes a radix node; once it goes, the FA blocks only it
+    used become dead and follow, dead first), never a live FA or SWA block
+    (dropping one would break every state below it); without Mamba groups, the
+    FA/SWA leaves (no cached child), so chains shrink tail first. The lowest
+    scores go first (ties: oldest first); then LRU order.
 
     Where we differ from the paper: Marconi scores radix-tree nodes (a token
     segment's KV plus one SSM state) over the whole cache; we score single
@@ -388,7 +391,7 @@ class MarconiPolicy(_IndexedPolicy):
         for rank, block in enumerate(window):
             if index.is_dead(block):
                 scored.append((rank, 0.0, block))
-            elif not index.continued(block):
+            elif block.block_hash[1] in index.mamba_groups if index.mamba_groups else not index.continued(block):  # type: ignore[index]
                 eff = flops(block.block_hash_num_tokens or 0) / self._page_bytes
                 best = max(best, eff)
                 scored.append((rank, eff, block))
