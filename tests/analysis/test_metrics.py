@@ -55,6 +55,8 @@ def test_hit_rates_divergences_and_admission_counts(tables):
     assert cache["prompt_tokens"] == 200 and cache["first_admissions"] == 4
     assert cache["hit_rate"] == approx({"g0": 136 / 200, "g1": 112 / 200})
     assert (cache["local_rate"], cache["external_rate"]) == approx((104 / 200, 32 / 200))
+    assert cache["full_attention_hit_rate"] == approx(136 / 200)  # the FA group alone (g0)
+    assert run_summary(tables, group_kinds=["mamba", "mamba"])["cache"]["full_attention_hit_rate"] is None
     a = s["admissions"]
     # mamba deeper: r0@0 (64<96), r0@5 (0<96); FA deeper: r1@2 (48>16), r2 (16>0), r3 (8>0)
     assert a["divergences"] == {"mamba_deeper": 2, "fa_deeper": 3}
@@ -85,3 +87,24 @@ def test_empty_run_and_bad_group_kinds(tables):
     assert json.loads(dumps_summary(s)) == s
     with pytest.raises(ValueError, match="group_kinds has 1 entries"):
         run_summary(tables, group_kinds=["full_attention"])
+
+
+def test_ideal_hit_rate_and_missed_reuse(tables):
+    from sim.analysis.metrics import add_ideal_hit_rate
+    from sim.request import Request
+    from sim.tokens import StreamSegment
+
+    def req(rid, at, tokens):
+        r = Request(rid, [StreamSegment("doc", 0, tokens)], 1, arrival_time=at)
+        r.set_hash_block_size(16)
+        return r
+
+    s = run_summary(tables, group_kinds=KINDS)
+    # Arrival order b (48 tokens: nothing before it), a (64: hits b's 3 blocks, capped at (64-1)//16 = 3).
+    add_ideal_hit_rate(s, tables, [req("a", 1.0, 64), req("b", 0.0, 48)], 16)
+    assert s["cache"]["ideal_hit_tokens"] == 48
+    assert s["cache"]["ideal_hit_rate"] == approx(48 / 200)  # over the run's prompt tokens
+    assert s["cache"]["missed_reuse_tokens"] == 0  # first admissions reused 104 + 32 > 48
+    # b 160 tokens (10 blocks), a 200: a hits all 10 -> 160 ideal, 24 more than the 136 reused.
+    add_ideal_hit_rate(s, tables, [req("b", 0.0, 160), req("a", 1.0, 200)], 16)
+    assert (s["cache"]["ideal_hit_tokens"], s["cache"]["missed_reuse_tokens"]) == (160, 24)
