@@ -53,7 +53,6 @@ class BaseEvictionPolicy:
 
     def check_context(self, context: EvictionContext) -> None:
         """Raise ``ValueError`` if the policy cannot work with ``context`` (called before the run is built)."""
-        return None
 
     def bind(self, pool: PolicyBlockPool, config: KVCacheConfig, context: EvictionContext) -> None:
         self.check_context(context)
@@ -62,13 +61,13 @@ class BaseEvictionPolicy:
         self.context = context
 
     def on_cached(self, block: KVCacheBlock, parent: BlockHash | None) -> None:
-        return None
+        """A cache entry was added (see :class:`sim.kv.eviction.EvictionPolicy`)."""
 
     def on_uncached(self, block: KVCacheBlock, key: tuple[BlockHash, int]) -> None:
-        return None
+        """A cache entry was dropped."""
 
     def on_reset(self) -> None:
-        return None
+        """Every cache entry was dropped."""
 
     def select(self, num_blocks: int) -> list[KVCacheBlock]:
         raise NotImplementedError
@@ -310,11 +309,9 @@ class GroupCoherentPolicy(_IndexedPolicy):
     def select(self, num_blocks: int) -> list[KVCacheBlock]:
         dead: list[KVCacheBlock] = []
         is_dead = self.index.is_dead
-        scanned = 0
-        for block in free_cached_blocks(self.pool):
+        for scanned, block in enumerate(free_cached_blocks(self.pool)):
             if scanned == self.window:
                 break
-            scanned += 1
             if is_dead(block):
                 dead.append(block)
                 if len(dead) == num_blocks:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sim.kv.eviction import EVICT_POLICY_CAUSE, EvictionContext, PolicyBlockPool, make_block_pool
+from sim.kv.eviction import (
+    EVICT_POLICY_CAUSE,
+    EvictionContext,
+    PolicyBlockPool,
+    make_block_pool,
+)
 from sim.kv.pool import BlockPool, KVCacheBlock, KVEvent
 from sim.kv.specs import kv_cache_config_from_groups
 
