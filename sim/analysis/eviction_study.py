@@ -21,17 +21,39 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
+import yaml
 
-POLICY = "cache.eviction_policy"
 POOL = "cache.num_blocks"
 
 
+def _run_labels(run_dir: Path, fallback_trace: str) -> tuple[str, str]:
+    """``(trace, policy)`` of one run from its resolved scenario.
+
+    The trace is the Mooncake file's middle name (``mooncake_<name>_trace.jsonl``), else
+    ``fallback_trace``; the policy label adds non-empty ``cache.eviction_options`` (``marconi(alpha=4)``).
+    """
+    resolved = yaml.safe_load((run_dir / "scenario.resolved.yaml").read_text())
+    cache = resolved.get("cache") or {}
+    options = cache.get("eviction_options") or {}
+    policy = str(cache.get("eviction_policy", "lru"))
+    if options:
+        policy += "(" + ", ".join(f"{k}={v}" for k, v in sorted(options.items())) + ")"
+    trace = fallback_trace
+    path = ((resolved.get("workload") or {}).get("trace") or {}).get("path")
+    if path:
+        stem = Path(str(path)).name
+        if stem.startswith("mooncake_") and stem.endswith("_trace.jsonl"):
+            trace = stem.removeprefix("mooncake_").removesuffix("_trace.jsonl")
+    return trace, policy
+
+
 def load_sweep(sweep_dir: Path) -> pd.DataFrame:
-    """One row per run of ``sweep_dir`` with the study's columns (``trace`` named by the sweep folder)."""
+    """One row per run of ``sweep_dir`` with the study's columns (trace and policy label: :func:`_run_labels`)."""
     table = pd.read_parquet(sweep_dir / "sweep.parquet")
     rows = []
     for _, run in table.iterrows():
         run_dir = sweep_dir / str(run["run_id"])
+        trace, policy = _run_labels(run_dir, sweep_dir.name.removeprefix("sweep-eviction-"))
         summary = json.loads((run_dir / "summary.json").read_text())
         steps = pd.read_parquet(run_dir / "steps.parquet", columns=["duration_s"])
         kinds = summary["groups"]
@@ -42,9 +64,9 @@ def load_sweep(sweep_dir: Path) -> pd.DataFrame:
         ttft = summary["latency_s"]["ttft"]
         rows.append(
             {
-                "trace": sweep_dir.name.removeprefix("sweep-eviction-"),
+                "trace": trace,
                 "pool": int(run[POOL]),
-                "policy": str(run[POLICY]),
+                "policy": policy,
                 "usable": cache["local_rate"],
                 "fa_only": cache["full_attention_hit_rate"],
                 "ideal": cache["ideal_hit_rate"],
@@ -98,7 +120,7 @@ def gap_figure(df: pd.DataFrame, path: Path) -> None:
     traces = sorted(df["trace"].unique())
     pools = sorted(df["pool"].unique())
     policies = list(dict.fromkeys(df["policy"]))
-    fig, axes = plt.subplots(len(traces), len(pools), figsize=(3.6 * len(pools), 3.0 * len(traces)), squeeze=False)
+    fig, axes = plt.subplots(len(traces), len(pools), figsize=(4.2 * len(pools), 3.3 * len(traces)), squeeze=False)
     for i, trace in enumerate(traces):
         for j, pool in enumerate(pools):
             ax = axes[i][j]
@@ -107,7 +129,7 @@ def gap_figure(df: pd.DataFrame, path: Path) -> None:
             ax.bar([k - 0.2 for k in x], part["fa_only"] * 100, width=0.4, label="FA-only hit", color="#9ecae1")
             ax.bar([k + 0.2 for k in x], part["usable"] * 100, width=0.4, label="usable hit", color="#3182bd")
             ax.axhline(part["ideal"].iloc[0] * 100, color="#e6550d", linestyle="--", label="ideal (infinite cache)")
-            ax.set_xticks(list(x), policies, fontsize=8)
+            ax.set_xticks(list(x), [p.replace("(", "\n(") for p in policies], fontsize=7)
             ax.set_title(f"{trace}, {pool} blocks", fontsize=9)
             if j == 0:
                 ax.set_ylabel("prompt tokens hit (%)")
@@ -128,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"error: no sweep.parquet in {', '.join(missing)} (run the eviction sweeps first)", file=sys.stderr)
         return 2
-    df = with_lru_ratios(pd.concat([load_sweep(d) for d in args.sweeps], ignore_index=True))
+    df = pd.concat([load_sweep(d) for d in args.sweeps], ignore_index=True)
+    df = with_lru_ratios(df.sort_values(["trace", "pool"], kind="stable", ignore_index=True))
     print(markdown_table(df))
     if args.figure is not None:
         gap_figure(df, args.figure)
