@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/demo-pressure.yaml
 OUT    ?= results/demo-pressure
 
-.PHONY: venv vllm-env run test bench golden clean
+.PHONY: venv vllm-env run test bench golden eviction-study clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,23 @@ bench: venv
 
 golden: venv
 	$(PY) -m sim.trace.golden regenerate
+
+# The eviction study (docs/eviction.md): the Mooncake eviction sweeps (and their slow full-window marconi
+# variants), then the table and the gap figure.
+# TRACES is the folder holding the Mooncake traces (the sweeps' own relative path assumes ../shared/traces).
+TRACES ?= ../shared/traces
+eviction-study: venv
+	$(VENV)/bin/hybridsim sweep scenarios/sweeps/eviction-conversation.yaml -j 1 -o results/sweep-eviction-conversation \
+	    --set workload.trace.path=$(abspath $(TRACES))/mooncake_conversation_trace.jsonl
+	$(VENV)/bin/hybridsim sweep scenarios/sweeps/eviction-synthetic.yaml -j 1 -o results/sweep-eviction-synthetic \
+	    --set workload.trace.path=$(abspath $(TRACES))/mooncake_synthetic_trace.jsonl
+	$(VENV)/bin/hybridsim sweep scenarios/sweeps/eviction-conversation-wide.yaml -j 1 \
+	    -o results/sweep-eviction-conversation-wide \
+	    --set workload.trace.path=$(abspath $(TRACES))/mooncake_conversation_trace.jsonl
+	$(VENV)/bin/hybridsim sweep scenarios/sweeps/eviction-synthetic-wide.yaml -j 1 -o results/sweep-eviction-synthetic-wide \
+	    --set workload.trace.path=$(abspath $(TRACES))/mooncake_synthetic_trace.jsonl
+	$(PY) -m sim.analysis.eviction_study results/sweep-eviction-conversation results/sweep-eviction-synthetic \
+	    results/sweep-eviction-conversation-wide results/sweep-eviction-synthetic-wide --figure docs/images/eviction-gap.png
 
 clean:
 	rm -rf $(VENV) results/demo-pressure

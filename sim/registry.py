@@ -17,13 +17,21 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Classes of one kind by name; ``key`` is the scenario key that selects them (for error messages)."""
+    """Classes of one kind by name; ``key`` is the scenario key that selects them (for error messages).
 
-    def __init__(self, base: type[T], entry_point_group: str, key: str, what: str) -> None:
+    ``options_key`` is the scenario mapping that holds a class's options; by default the mapping that
+    holds ``key`` itself (``connector.type`` sits beside the connector's options, so ``type`` is valid there).
+    """
+
+    def __init__(self, base: type[T], entry_point_group: str, key: str, what: str,
+                 options_key: str | None = None) -> None:
         self.base = base
         self.entry_point_group = entry_point_group
         self.key = key
         self.what = what
+        parent, _, leaf = key.rpartition(".")
+        self.options_key = options_key or parent
+        self._sibling_keys = [leaf] if self.options_key == parent else []
         self._classes: dict[str, type[T]] = {}
 
     def register(self, cls: type[T], name: str | None = None) -> type[T]:
@@ -62,7 +70,7 @@ class Registry(Generic[T]):
         """Instantiate ``name`` with ``options``; an unknown option lists the valid keys, an option declared
         ``bool`` must be a boolean, other bad options raise a ValueError naming them."""
         cls = self.get_class(name)
-        _check_options(cls, options, f"{self.key.rsplit('.', 1)[0]}")
+        _check_options(cls, options, self.options_key, self._sibling_keys)
         try:
             return cls(**options)
         except TypeError as exc:
@@ -75,7 +83,7 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _check_options(cls: type, options: dict[str, Any], section: str) -> None:
+def _check_options(cls: type, options: dict[str, Any], section: str, sibling_keys: list[str]) -> None:
     """Options against ``cls.__init__``'s keyword parameters (skipped when it takes ``**kwargs``)."""
     try:
         params = inspect.signature(cls.__init__).parameters
@@ -87,6 +95,6 @@ def _check_options(cls: type, options: dict[str, Any], section: str) -> None:
     for key, value in options.items():
         if key not in valid:
             raise ValueError(f"{section}.{key}: unknown option{_did_you_mean(key, valid)} "
-                             f"(valid: type, {', '.join(valid)})")
+                             f"(valid: {', '.join(sibling_keys + valid)})")
         if params[key].annotation in (bool, "bool") and not isinstance(value, bool):
             raise ValueError(f"{section}.{key}: must be true or false, got {value!r}"[:200])

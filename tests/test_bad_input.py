@@ -30,6 +30,9 @@ CASES: dict[str, tuple[str, ...]] = {
     "empty-workload.yaml": ("empty-workload.yaml:4:", "'requests' must hold at least one request"),
     "conflicting-memory.yaml": ("conflicting-memory.yaml:4:", "cache.kv_memory_gb", "not both"),
     "python-tag.yaml": ("python-tag.yaml:3:", "seed", "!!python/object/apply", "is not allowed"),
+    "unknown-eviction-policy.yaml": ("cache.eviction_policy", "'lfu'", "valid: group_coherent, lru, marconi"),
+    "bad-eviction-option.yaml": ("cache.eviction_options", "option window must be a positive integer, got 0"),
+    "marconi-without-model.yaml": ("cache.eviction_policy", "marconi needs the step-time model"),
 }
 
 

@@ -25,6 +25,43 @@ def test_golden_trace_is_unchanged(scenario: golden.GoldenScenario) -> None:
     assert report.identical, "\n" + report.format()
 
 
+def _trace_with(scenario: golden.GoldenScenario, overrides: list[str], out: Path) -> Path:
+    from sim.config.load import load_scenario
+    from sim.engine.run import run_scenario
+    from sim.trace.bundle import write_table
+    from sim.trace.tables import normalize_table
+
+    result = run_scenario(load_scenario(scenario.path, overrides))
+    out.mkdir(parents=True, exist_ok=True)
+    for table in golden.GOLDEN_TABLES:
+        write_table(normalize_table(table, result.tables[table]), out / f"{table}.csv", "csv")
+    return out
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_golden_trace_is_unchanged_with_lru_eviction_named_explicitly(scenario, tmp_path: Path) -> None:
+    """``cache.eviction_policy: lru`` is the default and vLLM's order: byte-identical golden traces."""
+    from sim.trace.diff import diff_traces
+
+    fresh = _trace_with(scenario, ["cache.eviction_policy=lru"], tmp_path)
+    report = diff_traces(scenario.golden_dir, fresh, tables=golden.GOLDEN_TABLES)
+    assert report.identical, "\n" + report.format()
+
+
+def test_a_what_if_eviction_policy_changes_the_golden_pressure_trace(tmp_path: Path) -> None:
+    """The seam is live: group_coherent evicts other blocks than lru on the pressure scenario."""
+    from sim.trace.diff import diff_traces
+
+    scenario = next(s for s in SCENARIOS if s.name == "golden-pressure")
+    fresh = _trace_with(scenario, ["cache.eviction_policy=group_coherent"], tmp_path)
+    events = pd.read_csv(fresh / "kv_events.csv")
+    assert (events["cause"] == "evict_policy").any() and not (events["cause"] == "evict_lru").any()
+    assert not diff_traces(scenario.golden_dir, fresh, tables=golden.GOLDEN_TABLES).identical
+    # Here it keeps more usable prefixes than vLLM's LRU (dead FA tails and orphaned states go first).
+    lru_local = pd.read_csv(scenario.golden_dir / "admissions.csv")["local_tokens"].sum()
+    assert pd.read_csv(fresh / "admissions.csv")["local_tokens"].sum() > lru_local
+
+
 def test_golden_pressure_exercises_eviction_in_both_groups_and_divergence() -> None:
     d = golden.GOLDEN_ROOT / "golden-pressure"
     events = pd.read_csv(d / "kv_events.csv")

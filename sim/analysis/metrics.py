@@ -26,7 +26,10 @@ Definitions (times in seconds of simulated time, from the ``requests`` table):
   once. ``hit_rate.g<i>`` is ``sum(hit_g<i>) / sum(prompt_tokens)`` over first
   admissions (whatever their outcome: ``hit_g<i>`` is the group's independent
   lookup, a property of the cache, not of the policy); ``local_rate`` /
-  ``external_rate`` do the same with ``local_tokens`` / ``external_tokens``.
+  ``external_rate`` do the same with ``local_tokens`` / ``external_tokens``;
+  ``full_attention_hit_rate`` with the minimum hit over the ``full_attention``
+  groups (``None`` without one): what full attention alone holds, next to
+  ``local_rate``, what was usable.
 * Divergence is judged on every admitted row (each is a boundary decision).
   With FA = the minimum hit over ``full_attention`` groups and O = the hits of
   the other groups: ``mamba_deeper`` when FA < max(O), ``fa_deeper`` when
@@ -47,7 +50,7 @@ FINISHED_OUTCOMES: frozenset[str] = frozenset({"ok", "recompute", "corrupt"})
 #: ``admissions.outcome`` of an attempt that did not admit the request.
 NOT_ADMITTED = "not_admitted"
 FULL_ATTENTION = "full_attention"
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)
 
 
 def _tables(source: Any) -> dict[str, pd.DataFrame]:
@@ -112,6 +115,14 @@ def divergence_counts(admissions: pd.DataFrame, group_kinds: Sequence[str]) -> d
         "mamba_deeper": int((fa_hit < admitted[other].max(axis=1)).sum()),
         "fa_deeper": int((fa_hit > admitted[other].min(axis=1)).sum()),
     }
+
+
+def _full_attention_rate(first: pd.DataFrame, group_kinds: Sequence[str], prompt: float) -> float | None:
+    """Hit rate of the full-attention groups alone (their minimum per admission), or None without FA groups."""
+    fa = [f"hit_g{i}" for i, kind in enumerate(group_kinds) if kind == FULL_ATTENTION]
+    if not fa:
+        return None
+    return _ratio(first[fa].min(axis=1).sum(), prompt)
 
 
 def run_summary(
@@ -202,6 +213,7 @@ def run_summary(
             "prompt_tokens": int(prompt),
             "hit_rate": {f"g{i}": _ratio(first[f"hit_g{i}"].sum(), prompt) for i in range(num_groups)},
             "local_rate": _ratio(first["local_tokens"].sum(), prompt),
+            "full_attention_hit_rate": _full_attention_rate(first, group_kinds, prompt),
             "external_rate": _ratio(first["external_tokens"].sum(), prompt),
         },
         "admissions": {
@@ -217,3 +229,26 @@ def run_summary(
         },
         "evictions": {"total": int(len(removed)), "by_group": evictions},
     }
+
+
+def add_ideal_hit_rate(summary: dict[str, Any], tables: Any, requests: Sequence[Any], block_size: int) -> None:
+    """Add the infinite-cache limit to ``summary["cache"]`` (``outputs.ideal_hit_rate: true``).
+
+    ``ideal_hit_rate`` / ``ideal_hit_tokens``: :func:`sim.workload.stats.ideal_hit_tokens`
+    at ``block_size`` (the scheduler block size: hits are aligned to it), over
+    the run's requests in arrival order, over every request's prompt tokens (the
+    denominator of ``local_rate`` when every request was admitted). ``missed_reuse_tokens``: ideal hit tokens minus the local and
+    external tokens of first admissions, i.e. prompt tokens an infinite cache
+    would have supplied but this run computed again (the tokens recomputed
+    because of eviction or missing Mamba states).
+    """
+    from sim.workload.stats import ideal_hit_tokens
+
+    ordered = sorted(requests, key=lambda r: r.arrival_time)
+    ideal = int(sum(ideal_hit_tokens(ordered, block_size)))
+    first = first_admissions(_tables(tables)["admissions"])
+    reused = int(first["local_tokens"].sum() + first["external_tokens"].sum())
+    cache = summary["cache"]
+    cache["ideal_hit_tokens"] = ideal
+    cache["ideal_hit_rate"] = _ratio(ideal, float(summary["requests"]["prompt_tokens"]))
+    cache["missed_reuse_tokens"] = max(0, ideal - reused)

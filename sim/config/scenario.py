@@ -294,6 +294,9 @@ class CacheSection(_Strict):
     retention_interval: NonNegativeInt | None = 0
     groups: list[GroupSpec] | None = None
     corrected_mamba_accounting: StrictBool = False
+    #: ``lru`` is vLLM; anything else is a what-if (sim.policy.eviction); checked when the run is built.
+    eviction_policy: str = Field(default="lru", min_length=1)
+    eviction_options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("num_blocks")
     @classmethod
@@ -418,6 +421,8 @@ class OutputsSection(_Strict):
     tables_format: Literal["parquet", "csv"] = "parquet"
     schedule_table: StrictBool | None = None
     plots: StrictBool = True
+    #: Add ``cache.ideal_hit_rate`` (an infinite cache's prefix-hit rate at the scheduler block size) to the summary.
+    ideal_hit_rate: StrictBool = False
 
 
 # --------------------------------------------------------------------------- scenario

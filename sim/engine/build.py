@@ -202,6 +202,44 @@ def _check_policy(scenario: Scenario):
         raise ScenarioError(str(exc)) from None
 
 
+def _build_eviction(scenario: Scenario, connector: Any | None, step_time_model: Any | None):
+    """The scenario's eviction policy (``None`` for ``lru``) and what it may know (:class:`EvictionContext`)."""
+    from sim.kv.eviction import EvictionContext
+    from sim.policy.eviction import create_eviction_policy
+
+    cache = scenario.cache
+    try:
+        policy = create_eviction_policy(cache.eviction_policy, cache.eviction_options)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    if policy is None:
+        return None, None
+    timing = step_time_model
+    if timing is None and scenario.model is not None and scenario.model.preset_obj is not None and scenario.hardware:
+        from sim.engine.timing import StepTimeModel
+
+        timing = StepTimeModel.from_presets(scenario.model.preset_obj, scenario.hardware.preset_obj())
+    flops = None
+    if timing is not None:
+        memo: dict[int, float] = {}
+        work = timing.work
+
+        def flops(num_tokens: int) -> float:
+            """FLOPs of prefilling ``num_tokens`` prompt tokens from an empty context."""
+            value = memo.get(num_tokens)
+            if value is None:
+                value = memo[num_tokens] = float(work([(num_tokens, 0)])[0])
+            return value
+
+    attached = connector is not None and scenario.connector.type != "none"
+    context = EvictionContext(connector_attached=attached, prefill_flops=flops)
+    try:
+        policy.check_context(context)
+    except ValueError as exc:
+        raise ScenarioError(f"cache.eviction_policy: {exc}") from None
+    return policy, context
+
+
 def build_components(
     scenario: Scenario,
     *,
@@ -255,6 +293,7 @@ def build_components(
         step_time_model = StepTimeModel.from_presets(
             scenario.model.preset_obj, hw.preset_obj(), hw.overrides.given() if hw.overrides else None
         )
+    eviction_policy, eviction_context = _build_eviction(scenario, connector, step_time_model)
     if dry_run:
         return None
 
@@ -274,6 +313,8 @@ def build_components(
         watermark=sched_cfg.watermark,
         corrected_mamba_accounting=scenario.cache.corrected_mamba_accounting,
         fast_paths=fast_paths,
+        eviction_policy=eviction_policy,
+        eviction_context=eviction_context,
     )
     recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table))
     scheduler = Scheduler(

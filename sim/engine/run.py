@@ -289,6 +289,10 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             "message": message,
         }
     )
+    if scenario.outputs.ideal_hit_rate:
+        from sim.analysis.metrics import add_ideal_hit_rate
+
+        add_ideal_hit_rate(summary, tables, components.requests, components.kv_cache_config.scheduler_block_size)
     if connector is not None and hasattr(connector, "metrics"):
         summary["connector_metrics"] = connector.metrics()
     partial = status not in ("complete", "crashed")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 from sim.kv.fastpath import LookupMemo
+from sim.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
 from sim.kv.hashing import BlockHash
 from sim.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
 from sim.kv.pool import BlockPool, KVCacheBlock
@@ -46,14 +47,16 @@ class KVCacheCoordinator:
         max_in_flight_tokens: int | None = None,
         corrected_mamba_accounting: bool = False,
         fast_paths: bool = True,
+        eviction_policy: EvictionPolicy | None = None,
+        eviction_context: EvictionContext | None = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
         if enable_caching:
             check_modelled_layout(kv_cache_config)
-        self.block_pool = BlockPool(
-            kv_cache_config.num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=self.hash_block_size
+        self.block_pool: BlockPool = make_block_pool(
+            kv_cache_config, enable_caching, enable_kv_cache_events, eviction_policy, eviction_context
         )
         max_len = kv_cache_config.max_model_len
         in_flight = max_len if max_in_flight_tokens is None else max_in_flight_tokens

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from sim.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
+from sim.kv.eviction import EvictionContext, EvictionPolicy
 from sim.kv.managers import MambaManager
 from sim.kv.pool import KVCacheBlock, KVEvent
 from sim.kv.fastpath import QuietHorizons
@@ -49,6 +50,8 @@ class KVCacheManager:
     ``max_num_batched_tokens``; defaults to ``max_model_len``).
     ``corrected_mamba_accounting``: see :class:`~sim.kv.managers.MambaManager`.
     ``fast_paths`` False turns the simulator's fast paths off (:mod:`sim.kv.fastpath`).
+    ``eviction_policy``: ``None`` is vLLM's LRU (the plain pool); anything else
+    is a what-if policy (:mod:`sim.kv.eviction`), told ``eviction_context``.
     """
 
     def __init__(
@@ -60,6 +63,8 @@ class KVCacheManager:
         watermark: float = 0.0,
         corrected_mamba_accounting: bool = False,
         fast_paths: bool = True,
+        eviction_policy: EvictionPolicy | None = None,
+        eviction_context: EvictionContext | None = None,
     ) -> None:
         if watermark < 0:
             raise ValueError(f"watermark must be non-negative, got {watermark}")
@@ -72,6 +77,8 @@ class KVCacheManager:
             max_in_flight_tokens=max_in_flight_tokens,
             corrected_mamba_accounting=corrected_mamba_accounting,
             fast_paths=fast_paths,
+            eviction_policy=eviction_policy,
+            eviction_context=eviction_context,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.groups)

@@ -47,7 +47,8 @@ class KVEvent(NamedTuple):
     entry was dropped) or ``cleared`` (the whole cache was reset; group and
     block are -1, hash 0). ``request_id`` is the request whose action caused
     it ("" if none); ``cause`` is ``cache``, ``evict_lru`` (lazy eviction by an
-    allocation), ``evict_forced`` (:meth:`BlockPool.evict_blocks`),
+    allocation), ``evict_policy`` (the same, the block chosen by a non-``lru``
+    eviction policy: :mod:`sim.kv.eviction`), ``evict_forced`` (:meth:`BlockPool.evict_blocks`),
     ``checkpoint`` (a transient Mamba checkpoint entry dropped or re-keyed),
     ``reset`` or a caller-given cause such as ``load_error``.
     """

@@ -26,9 +26,9 @@ def test_run_summary_latency_and_throughput(tables):
     s = run_summary(tables, group_kinds=KINDS)
     lat = s["latency_s"]
     # TTFT over finished r0, r1, r2 = [1.0, 0.5, 2.0]: linear-interpolated percentiles
-    assert lat["ttft"] == approx({"mean": 3.5 / 3, "p50": 1.0, "p90": 1.8, "p99": 1.98})
-    assert lat["tpot"] == approx({"mean": 0.4, "p50": 0.4, "p90": 0.48, "p99": 0.498})
-    assert lat["e2e"] == approx({"mean": 6.1 / 3, "p50": 2.0, "p90": 2.8, "p99": 2.98})
+    assert lat["ttft"] == approx({"mean": 3.5 / 3, "p50": 1.0, "p90": 1.8, "p95": 1.9, "p99": 1.98})
+    assert lat["tpot"] == approx({"mean": 0.4, "p50": 0.4, "p90": 0.48, "p95": 0.49, "p99": 0.498})
+    assert lat["e2e"] == approx({"mean": 6.1 / 3, "p50": 2.0, "p90": 2.8, "p95": 2.9, "p99": 2.98})
     assert lat["queueing"]["p50"] == approx(0.0)
     assert lat["itl"]["mean"] == approx((2.0 + 0.6) / 6)  # token-weighted, unlike tpot.mean
     assert s["throughput"] == approx({"duration_s": 4.0, "requests_per_s": 0.75, "output_tokens_per_s": 2.25})
@@ -55,6 +55,8 @@ def test_hit_rates_divergences_and_admission_counts(tables):
     assert cache["prompt_tokens"] == 200 and cache["first_admissions"] == 4
     assert cache["hit_rate"] == approx({"g0": 136 / 200, "g1": 112 / 200})
     assert (cache["local_rate"], cache["external_rate"]) == approx((104 / 200, 32 / 200))
+    assert cache["full_attention_hit_rate"] == approx(136 / 200)  # the FA group alone (g0)
+    assert run_summary(tables, group_kinds=["mamba", "mamba"])["cache"]["full_attention_hit_rate"] is None
     a = s["admissions"]
     # mamba deeper: r0@0 (64<96), r0@5 (0<96); FA deeper: r1@2 (48>16), r2 (16>0), r3 (8>0)
     assert a["divergences"] == {"mamba_deeper": 2, "fa_deeper": 3}
@@ -80,8 +82,29 @@ def test_evictions_and_crash(tables):
 def test_empty_run_and_bad_group_kinds(tables):
     empty = {n: empty_table(n, 2) for n in tables}
     s = run_summary(empty, group_kinds=KINDS)
-    assert s["latency_s"]["ttft"] == {"mean": None, "p50": None, "p90": None, "p99": None}
+    assert s["latency_s"]["ttft"] == {"mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
     assert s["throughput"]["requests_per_s"] is None and s["cache"]["hit_rate"] == {"g0": None, "g1": None}
     assert json.loads(dumps_summary(s)) == s
     with pytest.raises(ValueError, match="group_kinds has 1 entries"):
         run_summary(tables, group_kinds=["full_attention"])
+
+
+def test_ideal_hit_rate_and_missed_reuse(tables):
+    from sim.analysis.metrics import add_ideal_hit_rate
+    from sim.request import Request
+    from sim.tokens import StreamSegment
+
+    def req(rid, at, tokens):
+        r = Request(rid, [StreamSegment("doc", 0, tokens)], 1, arrival_time=at)
+        r.set_hash_block_size(16)
+        return r
+
+    s = run_summary(tables, group_kinds=KINDS)
+    # Arrival order b (48 tokens: nothing before it), a (64: hits b's 3 blocks, capped at (64-1)//16 = 3).
+    add_ideal_hit_rate(s, tables, [req("a", 1.0, 64), req("b", 0.0, 48)], 16)
+    assert s["cache"]["ideal_hit_tokens"] == 48
+    assert s["cache"]["ideal_hit_rate"] == approx(48 / 200)  # over the run's prompt tokens
+    assert s["cache"]["missed_reuse_tokens"] == 0  # first admissions reused 104 + 32 > 48
+    # b 160 tokens (10 blocks), a 200: a hits all 10 -> 160 ideal, 24 more than the 136 reused.
+    add_ideal_hit_rate(s, tables, [req("b", 0.0, 160), req("a", 1.0, 200)], 16)
+    assert (s["cache"]["ideal_hit_tokens"], s["cache"]["missed_reuse_tokens"]) == (160, 24)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.kv.eviction import EvictionContext, PolicyBlockPool
 from sim.kv.manager import check_invariants
+from sim.policy.eviction import ChainIndex, create_eviction_policy
 from sim.request import RequestStatus
 
 from kv_helpers import make_manager, make_request
@@ -30,18 +32,51 @@ op = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None)
+def _check_policy_pool(pool) -> None:
+    """A non-lru pool: every free uncached block precedes every free cached one (sim.kv.eviction)."""
+    if not isinstance(pool, PolicyBlockPool):
+        return
+    seen_cached = False
+    for block in pool.free_block_queue:
+        if block.block_hash is not None:
+            seen_cached = True
+        else:
+            assert not seen_cached, f"uncached free block {block.block_id} behind a cached one"
+    index = getattr(pool.policy, "index", None)
+    if isinstance(index, ChainIndex):  # the incremental index equals a recount from the cached blocks
+        chained = [b for b in pool.blocks if b.block_hash is not None and b.block_hash[1] not in index.mamba_groups]
+        assert set(index._parent) == {b.block_id for b in chained}
+        recount: dict = {}
+        for b in chained:
+            parent = index._parent[b.block_id]
+            if parent is not None:
+                recount[(b.block_hash[1], parent)] = recount.get((b.block_hash[1], parent), 0) + 1
+        assert index._children == recount
+
+
+@settings(max_examples=120, deadline=None)
 @given(
     layout=st.sampled_from(LAYOUTS),
     retention=st.sampled_from([None, 0, "interval"]),
     ops=st.lists(op, max_size=40),
+    policy=st.sampled_from(["lru", "group_coherent", "marconi", ("group_coherent", {"window": 2}), "connector"]),
 )
-def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, ops):
-    """``interval`` is the smallest multiple of the scheduler block size (the LCM) that is >= 32."""
+def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, ops, policy):
+    """``interval`` is the smallest multiple of the scheduler block size (the LCM) that is >= 32.
+
+    ``policy`` runs every eviction policy (``connector``: group_coherent told a connector is attached);
+    conservation, ref counts and "no block both free and owned" must hold under each.
+    """
     lcm = make_manager(layout, num_blocks=40).scheduler_block_size
     if retention == "interval":
         retention = lcm * max(1, 32 // lcm)
-    m = make_manager(layout, num_blocks=40, retention_interval=retention)
+    name, options = policy if isinstance(policy, tuple) else (policy, {})
+    ctx = EvictionContext(connector_attached=name == "connector", prefill_flops=lambda p: float(p * p))
+    pol = create_eviction_policy("group_coherent" if name == "connector" else name, options)
+    m = make_manager(
+        layout, num_blocks=40, retention_interval=retention, eviction_policy=pol, eviction_context=ctx
+    )
+    assert (pol is None) != isinstance(m.block_pool, PolicyBlockPool)
     fa_block = m.kv_cache_config.groups[0].spec.block_size  # group 0 is full attention
     waiting, running = [], []
     counter = 0
@@ -82,6 +117,7 @@ def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, o
         elif kind == "new_step":
             m.new_step_starts()
         check_invariants(m)
+        _check_policy_pool(m.block_pool)
         for table in m.coordinator.single_type_managers:
             for blocks in table.req_to_blocks.values():
                 assert all(b is m.block_pool.null_block or not b.is_null for b in blocks)
