@@ -351,6 +351,32 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path) -> Path:
+    """Usable hit rate by turn index (sessions): the share of the tokens a turn could reuse from its
+    parent's prompt + answer that it did reuse, overall and per group (``sim.analysis.sessions``)."""
+    from sim.analysis.sessions import by_turn
+
+    table = by_turn(turns)
+    table = table[table["turn"] > 1] if len(table) else table
+    fig, axes = _figure()
+    ax = axes[0][0]
+    ax.set_title("Usable prefix hit rate by turn")
+    if not len(table) or table["usable_hit_rate"].isna().all():
+        _empty(ax, "no later turns with reusable tokens")
+        return _save(fig, path)
+    ax.plot(table["turn"], table["usable_hit_rate"], marker="o", color="C0", label="local hit (all groups)")
+    for i, col in enumerate(c for c in table.columns if c.startswith("usable_hit_g")):
+        ax.plot(table["turn"], table[col], marker=".", linestyle=_LINESTYLES[(i + 1) % len(_LINESTYLES)],
+                color=f"C{i + 1}", label=col.removeprefix("usable_"))
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("reused / reusable tokens")
+    ax.set_ylim(0, 1.02)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def plot_all(result: Any, out_dir: str | Path, fmt: str = "png",
              *, group_kinds: Sequence[str] | None = None) -> list[Path]:
     """Every single-run figure into ``out_dir``; returns the paths written, in a fixed order."""

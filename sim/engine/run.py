@@ -52,6 +52,8 @@ class RunResult(LoadedResult):
 
     exit_code: int = EXIT_OK
     plots: list[Path] = field(default_factory=list)
+    #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (:mod:`sim.analysis.sessions`).
+    session_tables: dict[str, Any] = field(default_factory=dict)
 
     @property
     def crash(self) -> dict | None:
@@ -79,6 +81,16 @@ def _step_duration_fn(components: Components):
         )
 
     return duration
+
+
+def _session_driver(scenario: Scenario, requests: list[Request]):
+    """The closed-loop session driver, or ``None`` (no sessions, or open-loop replay)."""
+    spec = scenario.workload.sessions
+    if spec is None or spec.mode != "closed":
+        return None
+    from sim.engine.sessions import SessionDriver
+
+    return SessionDriver(requests, spec)
 
 
 def _transfer_service(env: simpy.Environment, clock: str):
@@ -115,7 +127,7 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
     admissions = rec.admissions.data
     worst = _worst_outcomes(admissions["request_id"], admissions["outcome"])
     crashed = loop.crash.request_id if loop.crash is not None else None
-    for request in loop.requests:
+    for request in components.requests:
         t = loop.times.get(request.request_id)
         arrived = t is not None
         rec.record_request(
@@ -178,10 +190,11 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
         check = partial(check_invariants, components.kv_manager)
 
     step_columns = getattr(connector, "step_columns", None) if connector is not None else None
+    sessions = _session_driver(scenario, components.requests)
     loop = EngineLoop(
         env=env,
         scheduler=components.scheduler,
-        requests=components.requests,
+        requests=sessions.initial if sessions is not None else components.requests,
         clock=scenario.clock,
         step_duration=_step_duration_fn(components),
         recorder=components.recorder,
@@ -194,7 +207,10 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
         step_columns=step_columns,
         progress=progress.update if progress else None,
         max_steps=options.max_steps,
+        on_finished=sessions.on_finished if sessions is not None else None,
     )
+    if sessions is not None:
+        sessions.release = loop.release
     status, exit_code, message = "complete", EXIT_OK, ""
     try:
         if progress:
@@ -248,9 +264,19 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     )
     if connector is not None and hasattr(connector, "metrics"):
         summary["connector_metrics"] = connector.metrics()
+    session_tables: dict[str, Any] = {}
+    if scenario.workload.sessions is not None:
+        from sim.analysis.sessions import session_table, sessions_summary, turn_table
+
+        turns = turn_table(components.requests, tables, sessions.think_used if sessions is not None else {})
+        session_tables = {"turns": turns, "sessions": session_table(turns)}
+        summary["sessions"] = sessions_summary(
+            scenario.workload.sessions.mode, turns, session_tables["sessions"]
+        )
     partial = status not in ("complete", "crashed")
     result = RunResult(
-        summary=summary, tables=tables, path=None, group_kinds=list(components.group_kinds), exit_code=exit_code
+        summary=summary, tables=tables, path=None, group_kinds=list(components.group_kinds), exit_code=exit_code,
+        session_tables=session_tables,
     )
     if out_dir is not None:
         out = Path(out_dir)
@@ -271,6 +297,12 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             from sim.analysis.plots import plot_all
 
             result.plots = plot_all(result, out / "plots", fmt=options.plot_format, group_kinds=components.group_kinds)
+            if session_tables:
+                from sim.analysis.plots import plot_hit_rate_by_turn
+
+                result.plots.append(
+                    plot_hit_rate_by_turn(session_tables["turns"], out / "plots" / f"hit_rate_by_turn.{options.plot_format}")
+                )
     return result
 
 

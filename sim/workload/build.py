@@ -12,6 +12,7 @@ from sim.workload.errors import WorkloadError
 from sim.workload.generators import generate
 from sim.workload.options import apply_options
 from sim.workload.script import script_drafts
+from sim.workload.sessions import annotate_sessions
 from sim.workload.spec import WorkloadSpec
 from sim.workload.traces import read_trace
 
@@ -51,6 +52,10 @@ def build_requests(
         drafts = read_trace(spec.trace, base_dir, hash_block_size)
     drafts = apply_options(drafts, spec, sample_rng, clock)
     _check_unique_ids(drafts)
+    if spec.sessions is not None:
+        # A third child of the same seed: the first two are unchanged by it.
+        (session_rng,) = rng.spawn(1)
+        annotate_sessions(drafts, spec, clock=clock, rng=session_rng, base_dir=base_dir)
     return [d.to_request() for d in drafts]
 
 
