@@ -85,9 +85,8 @@ class SessionDriver:
             for child in self._children.get(parent.request_id, ()):
                 self._waiting_on[child.request_id] -= 1
                 if self._waiting_on[child.request_id] == 0:
-                    think = self._think(child, parent, now)
-                    self.think_used[child.request_id] = think
-                    child.arrival_time = now + think
+                    child.arrival_time = self._release_time(child, parent, now)
+                    self.think_used[child.request_id] = child.arrival_time - now
                     self.release(child)
             session = parent.metadata["session"]
             self._outstanding[session] -= 1
@@ -97,9 +96,10 @@ class SessionDriver:
                 for r in self._roots[nxt]:
                     self.release(r)
 
-    def _think(self, child: Request, last_parent: Request, now: float) -> float:
+    def _release_time(self, child: Request, last_parent: Request, now: float) -> float:
+        """``now + think``; for a trace written as ``max(now + min_think, parent arrival + gap)``, the same
+        value without cancellation, so an unloaded closed replay releases at exactly the recorded time."""
         given = child.metadata.get("think_s")
         if given is not None:
-            return float(given)
-        response = now - last_parent.arrival_time
-        return max(self.min_think, float(child.metadata["gap_s"]) - response)
+            return now + float(given)
+        return max(now + self.min_think, last_parent.arrival_time + float(child.metadata["gap_s"]))
