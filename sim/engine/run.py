@@ -301,7 +301,10 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
                 from sim.analysis.plots import plot_hit_rate_by_turn
 
                 result.plots.append(
-                    plot_hit_rate_by_turn(session_tables["turns"], out / "plots" / f"hit_rate_by_turn.{options.plot_format}")
+                    plot_hit_rate_by_turn(
+                        session_tables["turns"], out / "plots" / f"hit_rate_by_turn.{options.plot_format}",
+                        group_kinds=components.group_kinds,
+                    )
                 )
     return result
 
