@@ -130,7 +130,7 @@ def sessions_summary(mode: str, turns: pd.DataFrame, sessions: pd.DataFrame) -> 
     reusable = later["reusable_tokens"].sum()
     return {
         "mode": mode,
-        "count": int(len(sessions)),
+        "count": len(sessions),
         "turns_mean": float(sessions["turns"].mean()),
         "total_latency_s_p50": _quantile(sessions["total_latency_s"], 0.5),
         "think_s_mean": float(later["think_s"].mean()) if later["think_s"].notna().any() else None,

@@ -66,20 +66,21 @@ def infer_mooncake_parents(drafts: Iterable[RequestDraft], min_shared_blocks: in
     trie: dict = {}
     for draft in sorted(drafts, key=lambda d: (d.arrival, d.order)):
         ids = [s.stream for s in draft.prompt if isinstance(s, StreamSegment)]
-        node, best = trie, None
-        for depth, key in enumerate(ids, start=1):
-            node = node.get(key)
+        # Only requests with >= min_shared_blocks full blocks are marked, so any mark found is deep enough.
+        node: dict | None = trie
+        best = None
+        for key in ids:
+            node = node.get(key) if node is not None else None
             if node is None:
                 break
-            if "#" in node and depth >= min_shared_blocks:
-                best = node["#"]
+            best = node.get("#", best)
         draft.metadata["parent"] = best
         full = [s.stream for s in draft.prompt if isinstance(s, StreamSegment) and s.length == MOONCAKE_BLOCK]
         if len(full) >= min_shared_blocks:
-            node = trie
+            at = trie
             for key in full:
-                node = node.setdefault(key, {})
-            node["#"] = draft.request_id
+                at = at.setdefault(key, {})
+            at["#"] = draft.request_id
 
 
 def _topological(drafts: list[RequestDraft], parents: dict[str, list[str]]) -> list[RequestDraft]:

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 
 from sim.analysis.plots import plot_hit_rate_by_turn
-from sim.analysis.sessions import by_turn, session_table, shared_prefix_tokens, sessions_summary
+from sim.analysis.sessions import by_turn, session_table, sessions_summary, shared_prefix_tokens
 from sim.request import Request
 from sim.tokens import StreamSegment
 

@@ -150,13 +150,13 @@ def test_hit_rate_by_turn_plot_is_written(tmp_path):
 
 
 BAD = {
-    "circular": ("    - {id: a, after: b, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
-                 "    - {id: b, after: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
+    "circular": (("    - {id: a, after: b, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
+                  "    - {id: b, after: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"),
                  "{mode: closed}", ("workload.sessions", "circular parents", "'a', 'b'")),
     "dangling": ("    - {id: a, after: nobody, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
                  "{mode: closed}", ("workload.sessions", "'nobody'", "dangling")),
-    "negative-think": ("    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
-                       "    - {id: b, after: a, think: -3, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
+    "negative-think": (("    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
+                        "    - {id: b, after: a, think: -3, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"),
                        "{mode: closed}", ("workload.requests.1.think", ">= 0")),
     "concurrency-zero": ("    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
                          "{mode: closed, concurrency: 0}", ("workload.sessions.concurrency", ">= 1")),
