@@ -1,37 +1,52 @@
-"""Simulator throughput benchmark (``make bench``).
+"""Simulator speed benchmark (``make bench``).
 
-Runs two scenarios in-process, without writing a bundle, and prints for each:
-simulated requests per wall second, engine steps per wall second, wall time
-and peak resident memory (``ru_maxrss`` of this process, so cumulative: the
-second line is the peak over both runs).
+Prints, in one run:
 
-* ``demo-pressure``: synthetic multi-turn chat on Nemotron-H 8B under block
-  pressure (240 blocks, 7 groups).
-* ``mooncake-conversation-nemotron``: the Mooncake conversation trace replay
-  (12,031 requests by default; ``--limit N`` replays the first ``N``). Skipped
-  with a message when the shared traces directory is absent.
+* the two 1000-request step-clock workloads of ``benchmarks/scenarios/``
+  (full attention only; full attention + Mamba + scripted connector): hybridsim
+  (``load_scenario`` + ``run_scenario``, no plots, no bundle) next to the real
+  vLLM 0.33 ``Scheduler`` loop on the same lowered workload
+  (``sim.verify.vllm_side.run_script(record=False)``, model output fabricated
+  as vLLM's scheduler tests do), the ratio, and whether both made identical
+  decisions (``sim.verify`` decision traces, first difference);
+* ``demo-pressure`` (synthetic chat on Nemotron-H 8B under block pressure);
+* the Mooncake conversation replay (12,031 requests on Nemotron-H 8B / H100,
+  time clock) in simulated seconds per wall second ("x real time");
+* peak resident memory of each workload.
 
-Wall time covers building the components and stepping the engine (scenario
-loading and table assembly are included; plots and bundle writing are not).
+Each measurement runs in its own subprocess, so peak RSS is per workload and
+imports are not timed (vLLM's import takes about 10 s). Times are CPU seconds
+of the process (``time.process_time``: on a shared machine wall time mostly
+measures the neighbours), the best of ``--repeat`` runs; the wall time of that
+run is printed too. Without vLLM the vLLM columns say so and only the
+hybridsim figures are printed. ``--plain`` times hybridsim without its fast
+paths (``RunOptions(fast_paths=False)``), for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from sim.config import load_scenario  # noqa: E402
-from sim.engine.run import RunOptions, run_scenario  # noqa: E402
-
+SCENARIOS = ROOT / "benchmarks" / "scenarios"
+STEP_WORKLOADS = ("step-fa-1000", "step-hybrid-connector-1000")
 DEMO = ROOT / "scenarios" / "demo-pressure.yaml"
 MOONCAKE = ROOT / "scenarios" / "mooncake-conversation-nemotron.yaml"
-TRACES = ROOT.parent / "shared" / "traces"
+TRACE_FILE = "mooncake_conversation_trace.jsonl"
+
+
+def _trace_dir() -> Path | None:
+    """The shared traces folder: ``$HYBRIDSIM_TRACES``, else ``shared/traces`` next to the checkout or its parent."""
+    candidates = [Path(os.environ["HYBRIDSIM_TRACES"])] if os.environ.get("HYBRIDSIM_TRACES") else []
+    candidates += [ROOT.parent / "shared" / "traces", ROOT.parent.parent / "shared" / "traces"]
+    return next((c for c in candidates if (c / TRACE_FILE).is_file()), None)
 
 
 def _peak_rss_mb() -> float:
@@ -39,52 +54,156 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def bench(name: str, path: Path, overrides: list[str]) -> dict:
-    """Run one scenario; returns its throughput numbers."""
-    scenario = load_scenario(path, [*overrides, "outputs.plots=false"])
-    start = time.perf_counter()
-    result = run_scenario(scenario, None, options=RunOptions(write_plots=False))
-    wall = time.perf_counter() - start
+# --------------------------------------------------------------------------- workers (one per subprocess)
+
+
+def work_hybridsim(path: str, overrides: list[str], repeat: int, plain: bool) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from sim.config import load_scenario
+    from sim.engine.run import RunOptions, run_scenario
+
+    best: tuple[float, float] | None = None
+    for _ in range(repeat):
+        start, cpu = time.perf_counter(), time.process_time()
+        scenario = load_scenario(path, [*overrides, "outputs.plots=false"])
+        result = run_scenario(scenario, None, options=RunOptions(write_plots=False, fast_paths=not plain))
+        took = (time.process_time() - cpu, time.perf_counter() - start)
+        best = took if best is None else min(best, took)
+    assert best is not None
     summary = result.summary
-    requests = len(result.requests)
-    steps = int(summary["steps"])
     return {
-        "name": name,
+        "cpu_s": best[0],
+        "wall_s": best[1],
+        "clock": scenario.clock,
         "status": summary["status"],
-        "requests": requests,
-        "steps": steps,
-        "wall_s": wall,
-        "req_per_s": requests / wall,
-        "steps_per_s": steps / wall,
+        "requests": len(result.requests),
+        "steps": int(summary["steps"]),
+        "simulated_s": float(summary["simulated_s"]),
         "peak_rss_mb": _peak_rss_mb(),
     }
 
 
-def _line(r: dict) -> str:
-    return (
-        f"{r['name']:<34} {r['status']:<9} {r['requests']:>7} req {r['steps']:>8} steps "
-        f"{r['wall_s']:>8.2f} s  {r['req_per_s']:>9.1f} req/s  {r['steps_per_s']:>9.1f} steps/s  "
-        f"peak {r['peak_rss_mb']:>7.1f} MiB"
-    )
+def work_vllm(path: str, repeat: int, check: bool) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from sim.verify import vllm_side
+
+    if not vllm_side.vllm_available():
+        return {"missing": "vLLM 0.33 is not importable (install it with `make vllm-env`)"}
+    from sim.config import load_scenario
+    from sim.verify.lower import lower
+
+    script = lower(load_scenario(path))
+    best: tuple[float, float] | None = None
+    for _ in range(repeat):
+        start, cpu = time.perf_counter(), time.process_time()
+        trace = vllm_side.run_script(script, record=False)
+        took = (time.process_time() - cpu, time.perf_counter() - start)
+        best = took if best is None else min(best, took)
+    assert best is not None
+    out = {"cpu_s": best[0], "wall_s": best[1], "steps": int(trace["num_steps"]), "peak_rss_mb": _peak_rss_mb()}
+    if check:
+        from sim.verify.run import verify_file
+
+        verdict = verify_file(path)
+        out["decisions"] = verdict.label
+        if verdict.difference is not None:
+            out["first_difference"] = str(verdict.difference)
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def _spawn(args: list[str]) -> dict:
+    """Run one worker in a fresh interpreter; its last stdout line is the JSON result."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"worker failed (exit {proc.returncode}): {tail}"}
+    return json.loads(lines[-1])
+
+
+def _fmt_s(r: dict) -> str:
+    """``CPU s (wall s)``."""
+    return f"{r['cpu_s']:7.3f} s ({r['wall_s']:.2f})"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=None, help="Replay only the first N Mooncake requests.")
-    parser.add_argument("--only", choices=("demo", "mooncake"), default=None, help="Run one benchmark only.")
+    parser.add_argument("--only", choices=("step", "demo", "mooncake"), default=None, help="Run one part only.")
+    parser.add_argument("--repeat", type=int, default=3, help="Runs per step-clock workload (best is kept).")
+    parser.add_argument("--no-vllm", action="store_true", help="Skip the vLLM side.")
+    parser.add_argument("--no-check", action="store_true", help="Skip the identical-decisions check.")
+    parser.add_argument("--plain", action="store_true", help="Time hybridsim without its fast paths.")
+    parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        kind, rest = args.worker[0], args.worker[1:]
+        if kind == "hybridsim":
+            path, repeat, plain, *overrides = rest
+            result = work_hybridsim(path, overrides, int(repeat), plain == "plain")
+        else:
+            path, repeat, check = rest
+            result = work_vllm(path, int(repeat), check == "check")
+        print(json.dumps(result))
+        return 0
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit: expected an integer >= 1, got {args.limit}")
+    if args.repeat < 1:
+        parser.error(f"--repeat: expected an integer >= 1, got {args.repeat}")
+    plain = "plain" if args.plain else "fast"
+    label = "hybridsim" + (" (plain)" if args.plain else "")
 
+    if args.only in (None, "step"):
+        print(f"{'step-clock workload':<28} {'requests':>8} {'steps':>6}  {label + ' CPU (wall)':>24}  {'vLLM 0.33 loop CPU (wall)':>25}  "
+              f"{'speed-up':>8}  {'decisions':<10} {'peak MiB (ours / vLLM)':>22}", flush=True)
+        for name in STEP_WORKLOADS:
+            path = str(SCENARIOS / f"{name}.yaml")
+            ours = _spawn(["hybridsim", path, str(args.repeat), plain])
+            theirs = ({"missing": "skipped (--no-vllm)"} if args.no_vllm else
+                      _spawn(["vllm", path, str(args.repeat), "no-check" if args.no_check else "check"]))
+            if "error" in ours:
+                print(f"{name:<28} hybridsim {ours['error']}")
+                continue
+            head = f"{name:<28} {ours['requests']:>8} {ours['steps']:>6}  {_fmt_s(ours):>24}"
+            if "cpu_s" not in theirs:
+                print(f"{head}  vLLM: {theirs.get('missing') or theirs.get('error')}  peak {ours['peak_rss_mb']:.0f} MiB")
+                continue
+            ratio = theirs["cpu_s"] / ours["cpu_s"]
+            decisions = theirs.get("decisions", "unchecked")
+            print(f"{head}  {_fmt_s(theirs):>25}  {ratio:>7.1f}x  {decisions:<10} "
+                  f"{ours['peak_rss_mb']:>10.0f} / {theirs['peak_rss_mb']:<9.0f}", flush=True)
+            if theirs.get("first_difference"):
+                print(f"  first difference: {theirs['first_difference']}")
+
+    if args.only in (None, "demo", "mooncake"):
+        print(f"\n{'replay':<34} {'status':<9} {'requests':>8} {'steps':>7} {'CPU (wall)':>20} {'simulated':>11} "
+              f"{'x real time':>11} {'peak MiB':>9}", flush=True)
+    runs: list[tuple[str, Path, list[str]]] = []
     if args.only in (None, "demo"):
-        print(_line(bench("demo-pressure", DEMO, [])), flush=True)
+        runs.append(("demo-pressure", DEMO, []))
     if args.only in (None, "mooncake"):
-        if not (TRACES / "mooncake_conversation_trace.jsonl").is_file():
-            print(f"mooncake-conversation-nemotron: skipped ({TRACES} has no mooncake_conversation_trace.jsonl)")
+        traces = _trace_dir()
+        if traces is None:
+            print(f"mooncake-conversation-nemotron: skipped (no {TRACE_FILE} in shared/traces; set HYBRIDSIM_TRACES)")
         else:
-            overrides = [f"workload.limit={args.limit}"] if args.limit is not None else []
-            label = "mooncake-conversation-nemotron" + (f" (limit {args.limit})" if args.limit else "")
-            print(_line(bench(label, MOONCAKE, overrides)), flush=True)
+            overrides = [f"workload.trace.path={traces / TRACE_FILE}"]
+            if args.limit is not None:
+                overrides.append(f"workload.limit={args.limit}")
+            runs.append(("mooncake-conversation-nemotron" + (f" (limit {args.limit})" if args.limit else ""),
+                         MOONCAKE, overrides))
+    for name, path, overrides in runs:
+        r = _spawn(["hybridsim", str(path), "1", plain, *overrides])
+        if "error" in r:
+            print(f"{name:<34} {r['error']}")
+            continue
+        unit = "s" if r["clock"] == "time" else "steps"
+        x_real = f"{r['simulated_s'] / r['cpu_s']:>10.0f}x" if unit == "s" else f"{'-':>11}"
+        print(f"{name:<34} {r['status']:<9} {r['requests']:>8} {r['steps']:>7} {_fmt_s(r):>20} "
+              f"{r['simulated_s']:>9.0f} {unit:<1} {x_real} {r['peak_rss_mb']:>9.0f}", flush=True)
     return 0
 
 

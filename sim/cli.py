@@ -48,6 +48,9 @@ trace_app = typer.Typer(no_args_is_help=True, help="Compare result traces.")
 workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(workload_app, name="workload")
+from sim.timing.cli import timing_app  # noqa: E402  (the `timing check|fit` sub-app)
+
+app.add_typer(timing_app, name="timing")
 
 _state = {"debug": False}
 
@@ -147,6 +150,7 @@ def run(
     svg: bool = typer.Option(False, "--svg", help="Draw plots as SVG instead of PNG."),
     check_invariants: bool = typer.Option(False, "--check-invariants", help="Verify cache invariants after every step."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary table."),
+    plain: bool = typer.Option(False, "--plain", hidden=True, help="No simulator fast paths (same tables, slower)."),
 ) -> None:
     """Run scenario(s) and write a result bundle for each."""
     from sim.config import load_scenario
@@ -172,6 +176,7 @@ def run(
             progress=_show_progress() and not quiet,
             check_invariants=check_invariants or scenario.check_invariants,
             plot_format="svg" if svg else "png",
+            fast_paths=False if plain else None,
         )
         _prepare_out_dir(target)
         with _naming_file(path):

@@ -364,37 +364,21 @@ class Scheduler:
         running = self.running
         max_model_len = self.max_model_len
         need_split = self.need_mamba_split
-        allocate_slots = getattr(self.kv, "allocate_running_slots", self.kv.allocate_slots)
-        # The kv manager's quiet horizons: inside one, allocate_slots is a proven no-op; skip the call.
-        quiet_get = getattr(self.kv, "quiet_horizons", {}).get
-        quiet_max = getattr(self.kv, "quiet_max_tokens", 0)
+        allocate_slots = self.kv.allocate_running_slots
+        # The kv manager's quiet horizons (sim.kv.fastpath): inside one, allocate_slots is a proven no-op.
+        quiet = self.kv.quiet
+        take_decodes = quiet.take_decodes if quiet.enabled else None
         scheduled_running = out.scheduled_running_reqs
-        append_running = scheduled_running.append
         num_scheduled = out.num_scheduled_tokens
         finished_error = RequestStatus.FINISHED_ERROR
-        # A decode (one token left) with computed < decode_cap keeps n = 1 through every clip below:
-        # the threshold and budget cannot cut 1 token, max_model_len - computed - 1 >= 1, and the
-        # Mamba split returns a 1-token chunk unchanged (no boundary lies strictly inside it).
-        decode_cap = max_model_len - 1 if quiet_max >= 1 else 0
         while req_index < len(running) and budget > 0:
-            # Fast path: a run of decodes inside their quiet horizons (num_in_flight_tokens is 0,
-            # see `_update_after_schedule`), where allocate_slots is a proven no-op; one token each.
-            num_before = len(scheduled_running)
-            for request in running[req_index:req_index + budget]:
-                computed = request.num_computed_tokens
-                if computed + 1 != request.num_prompt_tokens + request.num_output_tokens or computed >= decode_cap:
+            if take_decodes is not None:
+                # A run of 1-token decodes inside their horizons, scheduled in one call.
+                num_fast = take_decodes(running, req_index, budget, scheduled_running, num_scheduled)
+                req_index += num_fast
+                budget -= num_fast
+                if req_index >= len(running) or budget <= 0:
                     break
-                rid = request.request_id
-                quiet = quiet_get(rid)
-                if quiet is None or computed >= quiet[1] or computed > quiet[2]:
-                    break
-                append_running(request)
-                num_scheduled[rid] = 1
-            num_fast = len(scheduled_running) - num_before
-            req_index += num_fast
-            budget -= num_fast
-            if req_index >= len(running) or budget <= 0:
-                break
             request = running[req_index]
             num_prompt = request.num_prompt_tokens
             num_tokens = num_prompt + request.num_output_tokens
@@ -414,18 +398,6 @@ class Scheduler:
                 req_index += 1
                 continue
             rid = request.request_id
-            quiet = quiet_get(rid)
-            if (
-                quiet is not None
-                and n <= quiet_max
-                and computed + n <= quiet[1]  # computed < max_model_len here: no clipping
-                and computed - request.num_in_flight_tokens <= quiet[2]
-            ):
-                scheduled_running.append(request)
-                num_scheduled[rid] = n
-                budget -= n
-                req_index += 1
-                continue
             try:
                 new_blocks = allocate_slots(request, n)
             except (AssertionError, ValueError) as exc:

@@ -153,9 +153,20 @@ def _runs_from(
 def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> Iterator[bytes]:
     """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
     index = offset = 0
+    num_segments = len(segments)
     for i in range(start_block, end_block):
         lo = i * block_size
-        runs, index, offset = _runs_from(segments, index, offset, lo, lo + block_size)
+        hi = lo + block_size
+        # Skip the segments that end before this block (as _runs_from would).
+        while index < num_segments and offset + segments[index].length <= lo:
+            offset += segments[index].length
+            index += 1
+        seg = segments[index] if index < num_segments else None
+        if type(seg) is StreamSegment and offset + seg.length >= hi:
+            # The block lies inside one stream segment: it is a single canonical run.
+            yield b"S" + seg.stream.encode() + b"\x00" + _POS.pack(seg.start + lo - offset, block_size)
+            continue
+        runs, index, offset = _runs_from(segments, index, offset, lo, hi)
         yield _encode_runs(runs)
 
 

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sim.config.scenario import Scenario
-from sim.config.yamlio import KeyPath, ScenarioError, YamlDoc, did_you_mean, format_path, parse_scalar, parse_yaml
+from sim.config.yamlio import KeyPath, SafeDumper, ScenarioError, YamlDoc, did_you_mean, format_path, parse_scalar, parse_yaml
 
 
 def load_scenario(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Scenario:
@@ -63,7 +63,7 @@ def scenario_from_text(
 def resolved_yaml(scenario: Scenario) -> str:
     """The scenario with every default filled in; loading it back gives an equal :class:`Scenario`."""
     data = scenario.model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+    return yaml.dump(data, Dumper=SafeDumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
 # --------------------------------------------------------------------------- overrides

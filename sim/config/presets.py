@@ -169,6 +169,8 @@ class ModelPreset:
     dense_params: int
     expert_params: int
     weight_dtype_bytes: int = BF16
+    mlp_gated: bool = True
+    """Dense MLP is gated (SwiGLU: fused gate+up, then down); ``False`` for a plain up/down MLP."""
 
     @property
     def max_model_len(self) -> int:
@@ -244,6 +246,7 @@ def _nemotron_h_8b() -> ModelPreset:
         mlp_intermediate_size=inter, moe_intermediate_size=0, shared_expert_intermediate_size=0,
         num_experts=0, experts_per_token=0,
         embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense, expert_params=0,
+        mlp_gated=False,
     )
 
 

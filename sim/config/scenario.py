@@ -158,15 +158,62 @@ class HardwareOverrides(_Strict):
     per_request_overhead_s: NonNegativeFloat | None = None
     compute_efficiency: Fraction | None = None
     memory_efficiency: Fraction | None = None
+    kernel_floor_s: NonNegativeFloat | None = None
+    transition_k: Annotated[float, Field(ge=1, le=64)] | None = None
+    gemm_row_tile: PositiveInt | None = None
+    attn_prefill_efficiency: Fraction | None = None
+    attn_context_efficiency: Fraction | None = None
+    attn_prefill_token_s: NonNegativeFloat | None = None
+    attn_decode_memory_efficiency: Fraction | None = None
+    attn_floor_s: NonNegativeFloat | None = None
+    elementwise_memory_efficiency: Fraction | None = None
+    small_op_floor_s: NonNegativeFloat | None = None
+    state_memory_efficiency: Fraction | None = None
+    state_floor_s: NonNegativeFloat | None = None
 
     def given(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+def read_overrides_file(path: str) -> HardwareOverrides:
+    """``hardware.overrides_path``: a YAML file with an ``overrides`` mapping (``hybridsim timing fit`` writes one)."""
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ValueError(f"@overrides_path: cannot read {path} ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"@overrides_path: {path} is not valid YAML ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("overrides"), dict):
+        raise ValueError(f"@overrides_path: {path} must be a mapping with an 'overrides' mapping (as timing fit writes)")
+    extra = sorted(set(doc) - {"overrides", "fitted_on", "source"})
+    if extra:
+        raise ValueError(f"@overrides_path: {path}: unknown key(s) {extra} (valid: overrides, fitted_on, source)")
+    try:
+        return HardwareOverrides.model_validate(doc["overrides"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        valid = ", ".join(HardwareOverrides.model_fields)
+        raise ValueError(f"@overrides_path: {path}: overrides.{key}: {err['msg']} (valid keys: {valid})") from None
 
 
 class HardwareSection(_Strict):
     preset: str
     gpu_memory_utilization: Fraction = DEFAULT_GPU_MEMORY_UTILIZATION
     overrides: HardwareOverrides = Field(default_factory=HardwareOverrides)
+    overrides_path: str | None = None
+    """A YAML file of overrides (``hybridsim timing fit -o``); the inline ``overrides`` win over it."""
+
+    @model_validator(mode="after")
+    def _merge_overrides_file(self) -> "HardwareSection":
+        if self.overrides_path:
+            from_file = read_overrides_file(self.overrides_path).given()
+            self.overrides = HardwareOverrides(**{**from_file, **self.overrides.given()})
+        return self
 
     @field_validator("preset")
     @classmethod

@@ -184,8 +184,13 @@ def build_components(
     scenario: Scenario,
     *,
     dry_run: bool = False,
+    fast_paths: bool = True,
 ) -> Components | None:
-    """Build (or, with ``dry_run``, only check) everything a run needs."""
+    """Build (or, with ``dry_run``, only check) everything a run needs.
+
+    ``fast_paths`` False builds the plain vLLM-mirroring path: no quiet horizons
+    (:mod:`sim.kv.fastpath`) and no reuse of prefix lookups; the tables are identical.
+    """
     from sim.kv.manager import KVCacheManager
     from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker
     from sim.scheduler import Scheduler, SchedulerConfig
@@ -239,6 +244,7 @@ def build_components(
         max_in_flight_tokens=scheduler_config.max_in_flight_tokens,
         watermark=sched_cfg.watermark,
         corrected_mamba_accounting=scenario.cache.corrected_mamba_accounting,
+        fast_paths=fast_paths,
     )
     recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table))
     scheduler = Scheduler(
@@ -250,6 +256,7 @@ def build_components(
         admission_checker=make_truth_checker(kv_manager, connector),  # divergence helper: admission truth checker
         on_crash=scenario.on_crash,
     )
+    scheduler.reuse_prefix_lookups = fast_paths
     return Components(
         scenario=scenario,
         kv_cache_config=config,

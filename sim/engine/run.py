@@ -13,6 +13,7 @@ reproduces.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -43,6 +44,15 @@ class RunOptions:
     plot_format: str = "png"
     write_plots: bool | None = None
     max_steps: int | None = None
+    #: The simulator's fast paths (quiet horizons, lookup reuse); ``None``: on unless the
+    #: environment sets ``HYBRIDSIM_PLAIN=1``. Off runs the plain vLLM-mirroring path
+    #: (identical tables, slower), for differential tests and debugging.
+    fast_paths: bool | None = None
+
+    def use_fast_paths(self) -> bool:
+        if self.fast_paths is not None:
+            return self.fast_paths
+        return os.environ.get("HYBRIDSIM_PLAIN", "") in ("", "0")
 
 
 @dataclass
@@ -77,7 +87,8 @@ def _step_duration_fn(components: Components):
             new_ctx += n * c
             new_new1 += n * (n + 1)
         return model.step_time_totals(
-            decode + len(output.prefill_chunks), total_new, total_ctx, new_ctx, new_new1
+            decode + len(output.prefill_chunks), total_new, total_ctx, new_ctx, new_new1,
+            decode_requests=decode, decode_context=output.decode_context_tokens,
         )
 
     return duration
@@ -169,7 +180,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     options = options or RunOptions()
-    components = build_components(scenario)
+    components = build_components(scenario, fast_paths=options.use_fast_paths())
     assert components is not None
     env = simpy.Environment()
     transfers = _transfer_service(env, scenario.clock)

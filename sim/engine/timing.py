@@ -1,41 +1,52 @@
-"""Roofline step-time model for ``clock: time`` (DESIGN.md §5).
+"""Per-operation roofline step-time model for ``clock: time`` (DESIGN.md §5).
 
-One engine step runs one forward pass over every scheduled request. Its
-duration is
+One engine step runs one forward pass over every scheduled request. The GPU
+runs its kernels one after another, so the step's GPU time is the **sum** of
+per-operation terms, each with its own efficiencies:
 
-    step_overhead_s + per_request_overhead_s * R
-        + max(FLOPs / (bf16_flops * compute_efficiency),
-              bytes / (memory_bandwidth * memory_efficiency))
+* **GEMMs** (attention q/k/v and output projections, MLP up/down, MoE experts,
+  Mamba/GDN in/out projections, LM head). A GEMM over ``T`` token rows with
+  ``W`` weights costs ``2 T W`` FLOPs and streams its weights plus the
+  activations in and out. Routed experts are read as far as the step's tokens
+  touch them: ``E * (1 - (1 - k/E) ** T)`` of ``E`` experts per MoE layer.
+* **Attention**, decode and prefill as two kernels (vLLM v1 runs FlashInfer's
+  decode and prefill wrappers separately). Decode streams the KV of every
+  decode request's context (memory-bound); prefill costs ``4 * heads * head_dim``
+  FLOPs per (query, key) pair, with the causal pairs of the new tokens
+  (``n (n + 1) / 2``) and the pairs against the cached context (``n * c``) at
+  their own efficiencies, plus a per-query-token cost (tile prologue/epilogue).
+* **Mamba / GDN state**: each request reads and writes its recurrent state once
+  per layer per step (the decode ``selective_state_update`` is memory-bound);
+  prefill tokens cost ``6 * state elements`` FLOPs each (decay, rank-1 update,
+  readout). Flat in context.
+* **Small ops** per layer (RMSNorms, rotary embedding, KV-cache write, the
+  MLP activation, residual adds, conv1d and gated norm of Mamba layers, the
+  embedding lookup and the final norm): memory-bound elementwise kernels.
 
-over the step's work, for R scheduled requests, request i bringing ``n_i``
-new tokens on top of ``c_i`` tokens of context (``T = sum n_i``):
+Each kernel costs ``floor + (c ** k + m ** k) ** (1 / k)``: ``c`` its compute
+time at its achieved FLOP/s, ``m`` its memory time at its achieved bandwidth,
+``k`` (``transition_k``) how sharp the compute/memory corner is (a p-norm:
+``k -> inf`` is a hard max, ``k = 2`` rounds the corner), and ``floor`` a
+per-kernel latency (launch, tail effects, low occupancy at small batch). The
+floors are why a small-batch decode step costs what it does: about nine small
+kernels per layer, not one hidden fixed overhead. On top of the GPU time come
+the CPU-side ``step_overhead_s`` and ``per_request_overhead_s``.
 
-* weights: every dense weight (and the LM head) is read once per step;
-  routed experts are read as far as the step's tokens touch them, in
-  expectation ``E * (1 - (1 - k/E) ** T)`` of ``E`` experts when each token
-  picks ``k`` uniformly (per MoE layer). FLOPs: ``2 * T * active linear
-  params`` plus ``2 * R * vocab * hidden`` for the LM head (vLLM computes one
-  logits row per scheduled request).
-* attention (grows with context): per attention layer, request i reads
-  ``c_i + n_i`` tokens of KV and writes ``n_i``; causal score and value
-  products cost ``4 * heads * head_dim`` FLOPs per (query, key) pair, and
-  there are ``n_i * c_i + n_i * (n_i + 1) / 2`` pairs.
-* Mamba / SSM / GDN (flat in context): each request reads and writes its
-  recurrent state once per layer per step; each token costs
-  ``6 * state elements`` FLOPs (decay, rank-1 update, readout).
-
-Activation traffic and kernel launch details are folded into the efficiency
-factors and the fixed overhead. The model never reads a clock; it is a pure
-function of the batch, and only of its totals (``sum n_i``, ``sum c_i``,
-``sum n_i * c_i``, ``sum n_i * (n_i + 1)``), so the engine feeds it integer
-totals gathered in one pass (:meth:`StepTimeModel.step_time_totals`).
+The model never reads a clock; it is a pure function of the batch, and only of
+its totals, split between decode requests (one new token on ``c`` context
+tokens) and prefill chunks, so the engine feeds it integer totals gathered in
+one pass (:meth:`StepTimeModel.step_time_totals`). Calibrated constants per GPU
+(and their sources) are in :data:`CALIBRATED`; ``hybridsim timing check`` and
+``hybridsim timing fit`` hold the model against a profile in Vidur's CSV format
+(``sim.timing``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -47,32 +58,115 @@ from sim.config.presets import (
 )
 from sim.kv.shapes import AttentionLayerShape, MambaLayerShape
 
+#: Activation element size (bf16) for activation traffic.
+ACT_BYTES = 2
+
+_FRACTIONS = (
+    "compute_efficiency", "memory_efficiency", "attn_prefill_efficiency", "attn_context_efficiency",
+    "attn_decode_memory_efficiency", "elementwise_memory_efficiency", "state_memory_efficiency",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class TimingParams:
-    """Tunable constants of the step-time model (our estimates, to calibrate).
+    """Tunable constants of the step-time model (fitted by ``hybridsim timing fit``).
 
-    ``step_overhead_s``: scheduler, input preparation and launch cost per step
-    (vLLM v1 with CUDA graphs spends on the order of a millisecond here).
-    ``per_request_overhead_s``: per scheduled request bookkeeping.
-    ``compute_efficiency`` / ``memory_efficiency``: achieved fraction of the
-    datasheet FLOP/s and bandwidth.
+    Efficiencies are achieved fractions of the datasheet FLOP/s
+    (``bf16_flops``) or bandwidth (``memory_bandwidth``); floors are seconds
+    per kernel. ``compute_efficiency`` / ``memory_efficiency`` /
+    ``kernel_floor_s`` are the GEMMs'; ``transition_k`` is shared by every
+    kernel. ``gemm_row_tile``: a GEMM over more token rows than one tile
+    computes whole tiles (cuBLAS's wave quantization: on the A100 profile 136
+    rows cost what 256 do); 1 turns it off. ``step_overhead_s`` / ``per_request_overhead_s`` are CPU time
+    outside the GPU kernels (scheduling, input preparation, sampling
+    bookkeeping) that a kernel profile cannot see: they are 0 / 5 µs unless
+    you measure your own; vLLM v1 overlaps much of its CPU work with the GPU.
+    The defaults are the A100 calibration (:data:`A100_80G`; its docstring
+    gives the Mamba state anchor).
     """
 
-    step_overhead_s: float = 1.5e-3
+    step_overhead_s: float = 0.0
     per_request_overhead_s: float = 5e-6
-    compute_efficiency: float = 0.6
-    memory_efficiency: float = 0.8
+    compute_efficiency: float = 0.7073
+    memory_efficiency: float = 0.8136
+    kernel_floor_s: float = 4.697e-6
+    transition_k: float = 2.029
+    gemm_row_tile: int = 64
+    attn_prefill_efficiency: float = 0.5622
+    attn_context_efficiency: float = 0.5518
+    attn_prefill_token_s: float = 3.842e-8
+    attn_decode_memory_efficiency: float = 0.8056
+    attn_floor_s: float = 1.824e-5
+    elementwise_memory_efficiency: float = 0.5732
+    small_op_floor_s: float = 3.777e-6
+    state_memory_efficiency: float = 0.8056
+    state_floor_s: float = 5e-6
 
     def __post_init__(self) -> None:
-        for name in ("step_overhead_s", "per_request_overhead_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("compute_efficiency", "memory_efficiency"):
-            v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {v}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in _FRACTIONS:
+                if not 0 < v <= 1:
+                    raise ValueError(f"{f.name} must be in (0, 1], got {v}")
+            elif f.name == "transition_k":
+                if not 1 <= v <= 64:
+                    raise ValueError(f"transition_k must be in [1, 64], got {v}")
+            elif f.name == "gemm_row_tile":
+                if not (isinstance(v, int) and v >= 1):
+                    raise ValueError(f"gemm_row_tile must be an integer >= 1, got {v!r}")
+            elif v < 0:
+                raise ValueError(f"{f.name} must be >= 0, got {v}")
 
+
+A100_80G = TimingParams(
+    compute_efficiency=0.7073, memory_efficiency=0.8136, kernel_floor_s=4.697e-6, transition_k=2.029,
+    gemm_row_tile=64, elementwise_memory_efficiency=0.5732, small_op_floor_s=3.777e-6,
+    attn_decode_memory_efficiency=0.8056, attn_floor_s=1.824e-5,
+    attn_prefill_efficiency=0.5622, attn_context_efficiency=0.5518, attn_prefill_token_s=3.842e-8,
+    state_memory_efficiency=0.8056, state_floor_s=5e-6,
+)
+"""A100-SXM4-80GB, fitted with ``hybridsim timing fit`` on Vidur's public profiles (MIT):
+
+* GEMMs and small ops: ``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
+  ``data/profiling/compute/a100/meta-llama/Meta-Llama-3-8B/mlp.csv`` (all 451 TP-1 token counts).
+* attention (FlashInfer): the same profile's ``attention.csv``, absent from the
+  stored snapshot of Vidur (over 4 MiB), read from the fork
+  ``sw5sh/cs378-assignment3`` @ 7ac2fe9fb6cea9d4630659a10c5cccfc9fbdd776 (same
+  path, 9,155,341 bytes, the size a Git LFS pointer to it records in the fork
+  ``Nisarg-M-Patel/llm-fair-scheduling``); the 54 rows we read are the extract in
+  ``tests/data/profiles/a100/meta-llama/Meta-Llama-3-8B/attention.csv``.
+* Mamba state terms: FlashInfer's ``selective_state_update`` microbenchmark
+  (flashinfer PR #4616 on Blackwell: 0.0468 / 0.0873 / 0.1674 ms at batch 64 /
+  128 / 256 for the ``benchmarks/samples/sample_testlist.txt`` shape, 64 heads x
+  128 x 128 bf16 state, and 5.1 µs at batch 1) is, with a 5 µs floor, 0.80-0.83
+  of the 8 TB/s HBM: ``state_floor_s = 5e-6`` and ``state_memory_efficiency`` =
+  the attention-decode efficiency (0.81) agree with it. vLLM PR #48018
+  (ReplaySSM) confirms the regime on H100 (halving the state traffic speeds the
+  kernel up 1.4-1.8x at batch 32-512; latency-bound at batch 1-8). Quality: a
+  fraction-of-bandwidth transfer from another GPU generation, for one kernel;
+  vLLM's default Triton kernel can be slower (PR #48018: default vs tuned
+  configs differ by up to 1.4x on H100 fp16); the prefill scan FLOPs have no
+  anchor.
+
+Extracts and their licence: ``tests/data/profiles/README.md``.
+"""
+
+H100_80G = replace(
+    A100_80G,
+    compute_efficiency=0.7861, memory_efficiency=0.8935, kernel_floor_s=4.556e-6, transition_k=1.422,
+    gemm_row_tile=64, elementwise_memory_efficiency=0.7336, small_op_floor_s=2.256e-6,
+)
+"""H100-SXM-80GB, fitted with ``hybridsim timing fit`` on the GEMMs and small ops of
+``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
+``data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv`` (all TP-1 rows).
+No H100 attention profile could be read (Vidur's snapshot lacks it, the one fork
+carrying it holds a Git LFS pointer), so the attention and Mamba terms keep the
+A100 efficiencies and floors (fractions of the H100's own peak and bandwidth):
+unvalidated on H100.
+"""
+
+#: Calibrated constants per hardware preset name; other presets use :class:`TimingParams`' defaults.
+CALIBRATED: dict[str, TimingParams] = {"a100-80g": A100_80G, "h100-80g": H100_80G}
 
 HARDWARE_OVERRIDE_KEYS = ("memory_bytes", "memory_bandwidth", "bf16_flops")
 TIMING_OVERRIDE_KEYS = tuple(f.name for f in fields(TimingParams))
@@ -97,40 +191,152 @@ def _split_overrides(overrides: Mapping[str, Any] | None) -> tuple[dict[str, Any
     return hw, timing
 
 
+def kernel_time(compute_s: float, memory_s: float, floor_s: float, k: float) -> float:
+    """One kernel: ``floor + (c^k + m^k)^(1/k)``, a smooth roofline (``k = 2`` is a Euclidean norm)."""
+    if k == 2.0:
+        return floor_s + math.sqrt(compute_s * compute_s + memory_s * memory_s)
+    return floor_s + (compute_s**k + memory_s**k) ** (1.0 / k)
+
+
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """One weight matrix applied to every token row: ``din x dout`` weights, ``count`` per step."""
+
+    din: int
+    dout: int
+    count: int
+
+    @property
+    def weights(self) -> int:
+        return self.din * self.dout
+
+
+def model_gemms(model: ModelPreset) -> dict[str, tuple[Gemm, ...]]:
+    """The model's GEMMs per term: ``attn_proj``, ``mlp``, ``shared_expert``, ``mixer_proj``.
+
+    Attention: q/k/v fused and output projection; MLP: gate+up fused (or up)
+    and down; Mamba/GDN mixers: what is left of ``dense_params`` after
+    attention, MLP, shared experts, routers and norms, split 2:1 between the
+    in- and out-projection (their ratio in Mamba2 at expand 2). The LM head and
+    routed experts are handled apart.
+    """
+    h, hd = model.hidden_size, model.head_dim
+    la, lm, lmoe, lmix = model.num_attention_layers, model.num_mlp_layers, model.num_moe_layers, model.num_mamba_layers
+    qkv = Gemm(h, (model.num_attention_heads + 2 * model.num_kv_heads) * hd, la)
+    o = Gemm(model.num_attention_heads * hd, h, la)
+    inter = model.mlp_intermediate_size
+    up_width = 2 * inter if model.mlp_gated else inter
+    up, down = Gemm(h, up_width, lm), Gemm(inter, h, lm)
+    shared = model.shared_expert_intermediate_size
+    shared_up, shared_down = Gemm(h, 2 * shared, lmoe), Gemm(shared, h, lmoe)
+    router = Gemm(h, model.num_experts, lmoe)
+    out: dict[str, tuple[Gemm, ...]] = {"attn_proj": (qkv, o) if la else (), "mlp": (up, down) if lm and inter else ()}
+    out["shared_expert"] = tuple(g for g in (shared_up, shared_down, router) if g.count and g.weights)
+    norms = (2 * model.num_decoder_layers + 1) * h
+    known = sum(g.weights * g.count for gs in out.values() for g in gs) + norms
+    mixer = max(0, model.dense_params - known)
+    if lmix and mixer:
+        per_layer = mixer // lmix
+        out["mixer_proj"] = (Gemm(h, max(1, (2 * per_layer) // (3 * h)), lmix), Gemm(max(1, per_layer // (3 * h)), h, lmix))
+    else:
+        out["mixer_proj"] = ()
+    return out
+
+
 class StepTimeModel:
     """Seconds per engine step as a function of the scheduled batch (see module docstring)."""
 
     __slots__ = (
-        "model", "hardware", "params",
-        "_flops_per_token", "_flops_per_request", "_flops_per_pair",
-        "_bytes_fixed", "_expert_bytes", "_expert_pick", "_num_experts",
-        "_bytes_per_kv_token", "_bytes_per_request",
-        "_compute_rate", "_memory_rate",
+        "_attn_layers",
+        "_bw",
+        "_expert_pick",
+        "_expert_weights",
+        "_expert_width",
+        "_gemm_consts",
+        "_gemms",
+        "_inv_k",
+        "_k",
+        "_kv_bytes",
+        "_lm_consts",
+        "_lm_head",
+        "_mamba_layers",
+        "_moe_layers",
+        "_num_experts",
+        "_pair_flops",
+        "_peak",
+        "_q_bytes",
+        "_small_bytes_per_token",
+        "_small_kernels",
+        "_small_step_bytes_per_token",
+        "_state_bytes",
+        "_state_flops",
+        "_tile",
+        "hardware",
+        "model",
+        "params",
     )
 
     def __init__(self, model: ModelPreset, hardware: HardwarePreset, params: TimingParams = TimingParams()):
         self.model = model
         self.hardware = hardware
         self.params = params
-        wb = model.weight_dtype_bytes
-        attn = [l for l in model.shape.layers if isinstance(l, AttentionLayerShape)]
-        mamba = [l for l in model.shape.layers if isinstance(l, MambaLayerShape)]
-        active_experts = 0
-        if model.num_experts:
-            active_experts = model.expert_params * model.experts_per_token / model.num_experts
-        # The largest tensor of a recurrent state is the one the per-token update sweeps.
-        state_elems = sum(max(math.prod(s) for s in layer.state_shapes) for layer in mamba)
-        self._flops_per_token = 2.0 * (model.dense_params + active_experts) + 6.0 * state_elems
-        self._flops_per_request = 2.0 * model.lm_head_params
-        self._flops_per_pair = 4.0 * model.num_attention_heads * model.head_dim * len(attn)
-        self._bytes_fixed = float((model.dense_params + model.lm_head_params) * wb)
-        self._expert_bytes = float(model.expert_params * wb)
+        self._peak = hardware.bf16_flops
+        self._bw = hardware.memory_bandwidth
+        self._k = params.transition_k
+        gemms = model_gemms(model)
+        self._gemms = tuple((name, tuple(g for g in gs)) for name, gs in gemms.items() if gs)
+        # Logits: hidden x vocab, also when tied to the embedding (``lm_head_params == 0``).
+        self._lm_head = Gemm(model.hidden_size, model.vocab_size, 1) if model.vocab_size else None
+        attn = [layer for layer in model.shape.layers if isinstance(layer, AttentionLayerShape)]
+        mamba = [layer for layer in model.shape.layers if isinstance(layer, MambaLayerShape)]
+        self._attn_layers = len(attn)
+        self._pair_flops = 4.0 * model.num_attention_heads * model.head_dim
+        self._kv_bytes = float(sum(layer.bytes_per_token for layer in attn) / len(attn)) if attn else 0.0
+        self._q_bytes = 2.0 * model.num_attention_heads * model.head_dim * ACT_BYTES  # q in, o out
+        self._moe_layers = model.num_moe_layers
         self._num_experts = model.num_experts
         self._expert_pick = (1.0 - model.experts_per_token / model.num_experts) if model.num_experts else 0.0
-        self._bytes_per_kv_token = float(sum(l.bytes_per_token for l in attn))
-        self._bytes_per_request = 2.0 * sum(l.state_bytes for l in mamba)
-        self._compute_rate = hardware.bf16_flops * params.compute_efficiency
-        self._memory_rate = hardware.memory_bandwidth * params.memory_efficiency
+        per_layer_experts = model.expert_params / model.num_moe_layers if model.num_moe_layers else 0.0
+        self._expert_weights = per_layer_experts
+        # Expert GEMM rows: each token multiplies k of E experts; width of one expert's up+down.
+        self._expert_width = (model.experts_per_token / model.num_experts) if model.num_experts else 0.0
+        self._mamba_layers = len(mamba)
+        self._state_bytes = float(sum(layer.state_bytes for layer in mamba) / len(mamba)) if mamba else 0.0
+        self._state_flops = (
+            6.0 * sum(max(math.prod(s) for s in layer.state_shapes) for layer in mamba) / len(mamba) if mamba else 0.0
+        )
+        h = model.hidden_size
+        inter = model.mlp_intermediate_size
+        act_in = (2 if model.mlp_gated else 1) * inter
+        kvb = self._kv_bytes
+        # Per-layer small kernels and their bytes per token (read + write, bf16).
+        norm = 2 * h * ACT_BYTES
+        add = 3 * h * ACT_BYTES
+        rope = 2 * (model.num_attention_heads + model.num_kv_heads) * model.head_dim * ACT_BYTES
+        attn_block = (4, norm + rope + 2 * kvb + add)  # norm, rope, KV write, add
+        mlp_block = (3, norm + (act_in + inter) * ACT_BYTES + add)  # norm, activation, add
+        moe_block = (3, norm + 3 * model.moe_intermediate_size * model.experts_per_token * ACT_BYTES + add)
+        mixer_width = sum(g.dout for g in gemms["mixer_proj"][:1])
+        mamba_block = (4, norm + 3 * mixer_width * ACT_BYTES + add)  # norm, conv1d, gated norm, add
+        blocks = (
+            (self._attn_layers, attn_block), (model.num_mlp_layers, mlp_block),
+            (model.num_moe_layers, moe_block), (self._mamba_layers, mamba_block),
+        )
+        self._small_kernels = float(sum(n * b[0] for n, b in blocks)) + 2.0  # + embedding lookup, final norm
+        self._small_bytes_per_token = float(sum(n * b[1] for n, b in blocks))
+        self._small_step_bytes_per_token = float((2 + 2) * h * ACT_BYTES)  # embedding row out, final norm r/w
+        self._tile = params.gemm_row_tile
+        self._inv_k = 1.0 / params.transition_k
+        self._gemm_consts = tuple((name, tuple((g.count,) + self._gemm_coefficients(g) for g in gs))
+                                  for name, gs in self._gemms)
+        self._lm_consts = self._gemm_coefficients(self._lm_head) if self._lm_head is not None else None
+
+    def _gemm_coefficients(self, gemm: Gemm) -> tuple[float, float, float]:
+        """``(compute s per computed row, memory s fixed, memory s per row)`` of one GEMM kernel."""
+        p = self.params
+        rate, bw = self._peak * p.compute_efficiency, self._bw * p.memory_efficiency
+        return (2.0 * gemm.weights / rate, gemm.weights * self.model.weight_dtype_bytes / bw,
+                (gemm.din + gemm.dout) * ACT_BYTES / bw)
 
     @classmethod
     def from_presets(
@@ -138,23 +344,29 @@ class StepTimeModel:
         model: str | ModelPreset,
         hardware: str | HardwarePreset,
         overrides: Mapping[str, Any] | None = None,
-    ) -> "StepTimeModel":
+    ) -> StepTimeModel:
         """Build from preset names (or preset objects) and YAML overrides.
 
-        ``overrides`` may set the hardware numbers (``memory_bytes``,
-        ``memory_bandwidth``, ``bf16_flops``) and any :class:`TimingParams`
-        field; ``None`` values mean "keep the preset's".
+        The timing constants start from the hardware's calibration in
+        :data:`CALIBRATED` (else the defaults); ``overrides`` may set the
+        hardware numbers (``memory_bytes``, ``memory_bandwidth``,
+        ``bf16_flops``) and any :class:`TimingParams` field; ``None`` values
+        mean "keep the preset's".
         """
         m = model_preset(model) if isinstance(model, str) else model
         hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
         hw_over, timing_over = _split_overrides(overrides)
+        base = CALIBRATED.get(hw.name, TimingParams())
         if hw_over:
             hw = replace(hw, **hw_over)
-        return cls(m, hw, TimingParams(**timing_over))
+        return cls(m, hw, replace(base, **timing_over) if timing_over else base)
+
+    # ------------------------------------------------------------------ public entry points
 
     def step_time(self, batch: Sequence[tuple[int, int]] | np.ndarray) -> float:
         """Seconds for one step over ``batch``: ``(num_new_tokens, num_context_tokens)`` per request.
 
+        A request with one new token is a decode; any other is a prefill chunk.
         An empty batch costs nothing (the engine runs no forward pass).
         """
         if len(batch) == 0:
@@ -166,52 +378,150 @@ class StepTimeModel:
         """As :meth:`step_time`, with the two columns given as arrays."""
         if len(new_tokens) == 0:
             return 0.0
-        flops, mem, r = self._work(new_tokens, context_tokens)
-        return self._seconds(flops, mem, r)
-
-    def work(self, batch: Sequence[tuple[int, int]] | np.ndarray) -> tuple[float, float]:
-        """``(FLOPs, bytes)`` of one step over ``batch``, for inspection and tests."""
-        if len(batch) == 0:
-            return 0.0, 0.0
-        arr = np.asarray(batch, dtype=np.float64)
-        flops, mem, _ = self._work(arr[:, 0], arr[:, 1])
-        return flops, mem
+        r, t, ctx, nc, nn1, dr, dctx = _totals(new_tokens, context_tokens)
+        return self.step_time_totals(r, t, ctx, nc, nn1, decode_requests=dr, decode_context=dctx)
 
     def step_time_totals(self, num_requests: int, new_tokens: int, context_tokens: int,
-                         new_times_context: int, new_times_new_plus_one: int) -> float:
+                         new_times_context: int, new_times_new_plus_one: int,
+                         *, decode_requests: int = 0, decode_context: int = 0) -> float:
         """As :meth:`step_time`, from the batch's integer totals (no arrays).
 
         ``new_tokens = sum n_i``, ``context_tokens = sum c_i``,
         ``new_times_context = sum n_i * c_i`` and ``new_times_new_plus_one =
-        sum n_i * (n_i + 1)``. Equal to :meth:`step_time` bit for bit while the
-        totals stay below 2**53 (float64 sums of integers are exact there).
+        sum n_i * (n_i + 1)`` over all requests; ``decode_requests`` of them are
+        decodes (``n_i = 1``) with ``decode_context = sum c_i`` over those. A
+        caller that does not split them gets every request costed as a prefill
+        chunk. Equal to :meth:`step_time` bit for bit while the totals stay
+        below 2**53 (float64 sums of integers are exact there).
         """
         if num_requests == 0:
             return 0.0
-        flops, mem = self._work_totals(
-            num_requests, float(new_tokens), float(context_tokens), float(new_times_context),
-            float(new_times_new_plus_one),
-        )
-        return self._seconds(flops, mem, num_requests)
-
-    def _seconds(self, flops: float, mem: float, num_requests: int) -> float:
-        """The roofline: fixed and per-request overhead plus the slower of compute and memory."""
         p = self.params
-        return (p.step_overhead_s + p.per_request_overhead_s * num_requests
-                + max(flops / self._compute_rate, mem / self._memory_rate))
+        return p.step_overhead_s + p.per_request_overhead_s * num_requests + self._gpu_seconds(
+            num_requests, new_tokens, context_tokens, new_times_context, new_times_new_plus_one,
+            decode_requests, decode_context)
 
-    def _work(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> tuple[float, float, int]:
-        n = np.asarray(new_tokens, dtype=np.float64)
-        c = np.asarray(context_tokens, dtype=np.float64)
-        r = len(n)
-        flops, mem = self._work_totals(r, float(n.sum()), float(c.sum()), float(n @ c), float(n @ (n + 1.0)))
-        return flops, mem, r
+    def breakdown(self, batch: Sequence[tuple[int, int]]) -> dict[str, float]:
+        """Seconds per term of one step over ``batch`` (GPU terms, plus ``cpu``); they sum to :meth:`step_time`."""
+        if len(batch) == 0:
+            return {}
+        arr = np.asarray(batch, dtype=np.float64)
+        totals = _totals(arr[:, 0], arr[:, 1])
+        terms = self._terms(*totals)
+        terms["cpu"] = self.params.step_overhead_s + self.params.per_request_overhead_s * totals[0]
+        return terms
 
-    def _work_totals(self, r: int, t: float, ctx: float, nc: float, nn1: float) -> tuple[float, float]:
-        """``(FLOPs, bytes)`` from the batch totals (see :meth:`step_time_totals`)."""
-        pairs = nc + nn1 * 0.5
-        flops = self._flops_per_token * t + self._flops_per_request * r + self._flops_per_pair * pairs
-        expert_bytes = self._expert_bytes * (1.0 - self._expert_pick**t) if self._num_experts else 0.0
-        kv_tokens = ctx + 2.0 * t  # read context and new tokens, write new tokens
-        mem = self._bytes_fixed + expert_bytes + self._bytes_per_kv_token * kv_tokens + self._bytes_per_request * r
-        return flops, mem
+    # ------------------------------------------------------------------ the terms
+
+    def gemm_time(self, gemm: Gemm, rows: float) -> float:
+        """One GEMM kernel over ``rows`` token rows (weights in the model dtype, bf16 activations)."""
+        fc, m0, m1 = self._gemm_coefficients(gemm)
+        return self._gemm(fc, m0, m1, rows)
+
+    def _gemm(self, fc: float, m0: float, m1: float, rows: float) -> float:
+        tile = self._tile
+        computed = rows if rows <= tile else math.ceil(rows / tile) * tile
+        return kernel_time(fc * computed, m0 + m1 * rows, self.params.kernel_floor_s, self._k)
+
+    def attention_decode_time(self, requests: float, context: float) -> float:
+        """One attention layer's decode kernel: ``requests`` decodes over ``context`` cached tokens in all."""
+        p = self.params
+        c = self._pair_flops * (context + requests) / (self._peak * p.attn_prefill_efficiency)
+        m = (self._kv_bytes * (context + 2.0 * requests) + self._q_bytes * requests) / (
+            self._bw * p.attn_decode_memory_efficiency
+        )
+        return kernel_time(c, m, p.attn_floor_s, self._k)
+
+    def attention_prefill_time(self, tokens: float, context: float, context_pairs: float, causal_pairs: float) -> float:
+        """One attention layer's prefill kernel over chunks with these totals (pairs as in the module docstring)."""
+        p = self.params
+        c = (
+            self._pair_flops * causal_pairs / (self._peak * p.attn_prefill_efficiency)
+            + self._pair_flops * context_pairs / (self._peak * p.attn_context_efficiency)
+            + p.attn_prefill_token_s * tokens
+        )
+        m = (self._kv_bytes * (context + 2.0 * tokens) + self._q_bytes * tokens) / (self._bw * p.memory_efficiency)
+        return kernel_time(c, m, p.attn_floor_s, self._k)
+
+    def _moe_time(self, t: float) -> float:
+        """Every MoE layer's routed experts: FLOPs of the active experts, bytes of the experts touched."""
+        p = self.params
+        touched = self._num_experts * (1.0 - self._expert_pick**t)
+        c = 2.0 * t * self._expert_weights * self._expert_width / (self._peak * p.compute_efficiency)
+        m = self._expert_weights / self._num_experts * touched * self.model.weight_dtype_bytes / (
+            self._bw * p.memory_efficiency)
+        return self._moe_layers * kernel_time(c, m, 2.0 * p.kernel_floor_s, self._k)
+
+    def _state_time(self, r: int, t: float) -> float:
+        """Every Mamba/GDN layer's state kernel: per-token FLOPs, state read + written per request."""
+        p = self.params
+        c = self._state_flops * t / (self._peak * p.attn_prefill_efficiency)
+        m = 2.0 * self._state_bytes * r / (self._bw * p.state_memory_efficiency)
+        return self._mamba_layers * kernel_time(c, m, p.state_floor_s, self._k)
+
+    def small_ops_time(self, tokens: float) -> float:
+        """Every small elementwise kernel of the step (per-layer ones, embedding, final norm)."""
+        p = self.params
+        nbytes = (self._small_bytes_per_token + self._small_step_bytes_per_token) * tokens
+        return p.small_op_floor_s * self._small_kernels + nbytes / (self._bw * p.elementwise_memory_efficiency)
+
+    def _gpu_seconds(self, r: int, t: float, ctx: float, nc: float, nn1: float, dr: int, dctx: float) -> float:
+        """The sum of :meth:`_terms` without building the dict (the engine's once-per-step path).
+
+        Same expressions as :meth:`_terms`, GEMM loop inlined; equal to the sum of
+        the breakdown up to float rounding of the summation order.
+        """
+        k, inv_k, floor = self._k, self._inv_k, self.params.kernel_floor_s
+        tile = self._tile
+        computed = t if t <= tile else math.ceil(t / tile) * tile
+        total = 0.0
+        for _, consts in self._gemm_consts:
+            for count, fc, m0, m1 in consts:
+                c, m = fc * computed, m0 + m1 * t
+                total += count * (floor + (math.sqrt(c * c + m * m) if k == 2.0 else (c**k + m**k) ** inv_k))
+        if self._moe_layers:
+            total += self._moe_time(t)
+        if self._mamba_layers:
+            total += self._state_time(r, t)
+        if self._attn_layers:
+            if dr:
+                total += self._attn_layers * self.attention_decode_time(dr, dctx)
+            if r - dr:
+                total += self._attn_layers * self.attention_prefill_time(
+                    t - dr, ctx - dctx, nc - dctx, (nn1 - 2.0 * dr) * 0.5)
+        total += self.small_ops_time(t)
+        if self._lm_consts is not None:
+            total += self._gemm(*self._lm_consts, r)
+        return total
+
+    def _terms(self, r: int, t: float, ctx: float, nc: float, nn1: float,
+               dr: int = 0, dctx: float = 0) -> dict[str, float]:
+        """GPU seconds per term from the batch totals (see :meth:`step_time_totals`)."""
+        terms: dict[str, float] = {}
+        gemm = self._gemm
+        for name, consts in self._gemm_consts:
+            terms[name] = sum(count * gemm(fc, m0, m1, t) for count, fc, m0, m1 in consts)
+        if self._moe_layers:
+            terms["moe"] = self._moe_time(t)
+        if self._attn_layers:
+            pr, pt = r - dr, t - dr
+            if dr:
+                terms["attn_decode"] = self._attn_layers * self.attention_decode_time(dr, dctx)
+            if pr:
+                pctx, pnc, pnn1 = ctx - dctx, nc - dctx, nn1 - 2.0 * dr
+                terms["attn_prefill"] = self._attn_layers * self.attention_prefill_time(pt, pctx, pnc, pnn1 * 0.5)
+        if self._mamba_layers:
+            terms["mamba_state"] = self._state_time(r, t)
+        terms["small_ops"] = self.small_ops_time(t)
+        if self._lm_consts is not None:
+            terms["lm_head"] = gemm(*self._lm_consts, r)  # vLLM computes one logits row per request
+        return terms
+
+
+def _totals(new_tokens: np.ndarray, context_tokens: np.ndarray) -> tuple[int, float, float, float, float, int, float]:
+    """The batch totals :meth:`StepTimeModel.step_time_totals` takes, decode requests split out."""
+    n = np.asarray(new_tokens, dtype=np.float64)
+    c = np.asarray(context_tokens, dtype=np.float64)
+    decode = n == 1.0
+    return (len(n), float(n.sum()), float(c.sum()), float(n @ c), float(n @ (n + 1.0)),
+            int(decode.sum()), float(c[decode].sum()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from sim.kv.fastpath import LookupMemo
 from sim.kv.hashing import BlockHash
 from sim.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
 from sim.kv.pool import BlockPool, KVCacheBlock
@@ -44,6 +45,7 @@ class KVCacheCoordinator:
         enable_kv_cache_events: bool = True,
         max_in_flight_tokens: int | None = None,
         corrected_mamba_accounting: bool = False,
+        fast_paths: bool = True,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
@@ -68,6 +70,8 @@ class KVCacheCoordinator:
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)
         self.retention_interval = kv_cache_config.retention_interval
         self.full_attention_group_id: int | None = None
+        #: Every group type's prefix lookup goes through it (a fast path: sim.kv.fastpath).
+        self.lookups = LookupMemo(self.block_pool, enabled=fast_paths)
 
     # ------------------------------------------------------------- accounting
     def get_num_blocks_to_allocate(
@@ -191,8 +195,8 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> tuple[BlockLists, int, int]:
-        blocks, hit = self._cls.find_longest_cache_hit(
-            block_hashes, max_cache_hit_length, (0,), self.block_pool, self._spec, self._spec.block_size
+        blocks, hit = self.lookups.find_longest_cache_hit(
+            self._cls, block_hashes, max_cache_hit_length, (0,), self._spec, self._spec.block_size
         )
         return blocks, hit, 0
 
@@ -229,7 +233,6 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         len_by_group = [0] * n
         groups = self.attention_groups
         simple = len(groups) == 2 and isinstance(groups[0].spec, FullAttentionSpec)
-        pool = self.block_pool
         align = self._alignment
         while True:
             cur = hit_length
@@ -238,7 +241,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 if isinstance(spec, FullAttentionSpec) and blocks_by_group[first] is not None:
                     cur = min(cur, len_by_group[first])
                     continue
-                found, cur = cls.find_longest_cache_hit(block_hashes, cur, gids, pool, spec, align)
+                found, cur = self.lookups.find_longest_cache_hit(cls, block_hashes, cur, gids, spec, align)
                 for gid, lst in zip(gids, found):
                     blocks_by_group[gid] = lst
                     len_by_group[gid] = cur
@@ -267,8 +270,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hit_blocks: list[list[KVCacheBlock]] = [[] for _ in range(n)]
         hits = [0] * n
         for spec, gids, cls in self.attention_groups:
-            found, hit = cls.find_longest_cache_hit(
-                block_hashes, max_cache_hit_length, gids, self.block_pool, spec, self._alignment
+            found, hit = self.lookups.find_longest_cache_hit(
+                cls, block_hashes, max_cache_hit_length, gids, spec, self._alignment
             )
             for gid, lst in zip(gids, found):
                 hit_blocks[gid] = lst

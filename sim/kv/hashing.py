@@ -22,6 +22,7 @@ A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 from typing import Sequence
@@ -38,8 +39,12 @@ NONE_HASH: BlockHash = int.from_bytes(
 )
 
 
+@functools.lru_cache(maxsize=1 << 12)
 def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> BlockHash:
-    """Hash of one full block given its parent's hash, token bytes and extra keys."""
+    """Hash of one full block given its parent's hash, token bytes and extra keys.
+
+    Pure, so memoized (4096 entries, a few MB): requests sharing a prefix hash its blocks once.
+    """
     h = hashlib.blake2b(digest_size=8)
     h.update(_U64.pack(NONE_HASH if parent is None else parent))
     h.update(_U64.pack(len(content)))
@@ -75,9 +80,15 @@ def extend_block_hashes(
     end_block = num_tokens // hash_block_size
     parent = hashes[-1] if hashes else None
     contents = block_contents(segments, start_block, end_block, hash_block_size)
+    append = hashes.append
+    if not lora_name and not (cache_salt and start_block == 0):
+        for content in contents:  # no extra keys on any of these blocks
+            parent = hash_block(parent, content, b"")
+            append(parent)
+        return end_block - start_block
     for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
-        hashes.append(parent)
+        append(parent)
     return end_block - start_block
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from sim.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
-from sim.kv.managers import FullAttentionManager, MambaManager
+from sim.kv.managers import MambaManager
 from sim.kv.pool import KVCacheBlock, KVEvent
+from sim.kv.fastpath import QuietHorizons
 from sim.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.request import Request, RequestStatus
 
@@ -47,6 +48,7 @@ class KVCacheManager:
     sliding-window admission cap (vLLM: concurrent batches x
     ``max_num_batched_tokens``; defaults to ``max_model_len``).
     ``corrected_mamba_accounting``: see :class:`~sim.kv.managers.MambaManager`.
+    ``fast_paths`` False turns the simulator's fast paths off (:mod:`sim.kv.fastpath`).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class KVCacheManager:
         enable_kv_cache_events: bool = True,
         watermark: float = 0.0,
         corrected_mamba_accounting: bool = False,
+        fast_paths: bool = True,
     ) -> None:
         if watermark < 0:
             raise ValueError(f"watermark must be non-negative, got {watermark}")
@@ -68,6 +71,7 @@ class KVCacheManager:
             enable_kv_cache_events=enable_kv_cache_events,
             max_in_flight_tokens=max_in_flight_tokens,
             corrected_mamba_accounting=corrected_mamba_accounting,
+            fast_paths=fast_paths,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.groups)
@@ -75,7 +79,20 @@ class KVCacheManager:
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
-        self._init_quiet_path()
+        managers = self.coordinator.single_type_managers
+        #: The simulator's fast path around ``allocate_slots`` (off: vLLM's plain path on every call).
+        self.quiet = QuietHorizons(
+            managers,
+            max_model_len=self.max_model_len,
+            watermark_blocks=self.watermark_blocks,
+            # A chunk longer than the alignment may export a Mamba prefill checkpoint.
+            max_tokens=min(
+                (m.cache_hit_alignment_tokens for m in managers
+                 if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks),
+                default=self.max_model_len,
+            ),
+            enabled=fast_paths,
+        )
 
     # ----------------------------------------------------------------- lookup
     @property
@@ -138,93 +155,12 @@ class KVCacheManager:
         return hits
 
     # -------------------------------------------------------- quiet fast path
-    def _init_quiet_path(self) -> None:
-        """Set up the no-op shortcut of :meth:`allocate_slots` (a simulator speed-up, not a vLLM feature).
-
-        Most calls give a running request a few more tokens inside blocks it
-        already holds; then vLLM's per-group work (skip, count, allocate,
-        cache) changes nothing. After each full call we record, per request, a
-        *quiet horizon*: bounds on ``computed + new`` and on the processed
-        tokens under which a plain call (no hit, no external or lookahead
-        tokens) provably changes nothing in any group and returns no blocks.
-        Supported group types: full attention and align-mode Mamba with one
-        common block size; otherwise every call takes the full path.
-        """
-        managers = self.coordinator.single_type_managers
-        #: request id -> ``(first group's table, max_main_tokens, max_processed_tokens)``:
-        #: a plain call with ``0 < num_new_tokens <= quiet_max_tokens``,
-        #: ``computed + num_new_tokens <= max_main_tokens`` (computed clipped to
-        #: ``max_model_len``), ``computed - num_in_flight_tokens <= max_processed_tokens``
-        #: and that same table object returns ``empty_kv_cache_blocks`` and changes
-        #: nothing (a WAITING/PREEMPTED request under a watermark excepted). Every
-        #: method here that could move a bound or replace a table (free, skip,
-        #: cache, full allocation) drops the entry first, so a caller that changes
-        #: tables only through this class (the scheduler's running loop) may skip
-        #: the call for a RUNNING request inside its horizon.
-        self.quiet_horizons: dict[str, tuple[list[KVCacheBlock], int, int]] = {}
-        self._quiet_enabled = bool(managers) and len({m.block_size for m in managers}) == 1 and all(
-            type(m) is FullAttentionManager or (type(m) is MambaManager and m.mamba_cache_mode == "align")
-            for m in managers
-        )
-        self._quiet_first_tables = managers[0].req_to_blocks if managers else {}
-        # A chunk longer than the alignment may export a Mamba prefill checkpoint.
-        self.quiet_max_tokens = min(
-            (m.cache_hit_alignment_tokens for m in managers if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks),
-            default=self.max_model_len,
-        )
-
-    def _note_quiet_horizon(self, request_id: str) -> None:
-        """Record the bounds under which the next plain call for ``request_id`` is a no-op.
-
-        Per group, with block size ``B``, table length ``L`` and ``N`` cached
-        slots: no new block while ``computed + new <= B * L``; nothing to cache
-        while ``computed + new < (N + 1) * B``. Mamba: nothing retired while
-        ``processed <= (R + 1) * B`` (``R`` = retired slots, if ``R < L``) and
-        the previous state block is kept while ``processed <= (idx + 1) * B``.
-        A pending Mamba checkpoint disables the shortcut until the next full call.
-        """
-        first = self._quiet_first_tables.get(request_id)
-        if first is None:
-            return
-        h_main = h_proc = 1 << 62
-        for m in self.coordinator.single_type_managers:
-            table = m.req_to_blocks.get(request_id)
-            if table is None:
-                return
-            bs = m.block_size
-            n = len(table) * bs
-            if n < h_main:
-                h_main = n
-            if m.enable_caching:
-                n = (m.num_cached_block.get(request_id, 0) + 1) * bs - 1
-                if n < h_main:
-                    h_main = n
-            if type(m) is MambaManager:
-                if request_id in m._checkpoints:
-                    return
-                retired = m._num_retired_blocks.get(request_id, 0)
-                if retired < len(table) and (retired + 1) * bs < h_proc:
-                    h_proc = (retired + 1) * bs
-                idx = m.last_state_block_idx.get(request_id)
-                if idx is not None and not table[idx].is_null and (idx + 1) * bs < h_proc:
-                    h_proc = (idx + 1) * bs
-        self.quiet_horizons[request_id] = (first, h_main, h_proc)
-
     def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None:
         """``allocate_slots(request, num_new_tokens)`` (no hit, no external or
-        lookahead tokens: the running loop's call), with the quiet check first."""
-        quiet = self.quiet_horizons.get(request.request_id)
-        if quiet is not None and 0 < num_new_tokens <= self.quiet_max_tokens:
-            computed = request.num_computed_tokens
-            if computed > self.max_model_len:
-                computed = self.max_model_len
-            if (
-                computed + num_new_tokens <= quiet[1]
-                and computed - request.num_in_flight_tokens <= quiet[2]
-                and self._quiet_first_tables.get(request.request_id) is quiet[0]
-                and not (self.watermark_blocks and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
-            ):
-                return self.empty_kv_cache_blocks
+        lookahead tokens: the running loop's call); inside the request's quiet
+        horizon (:mod:`sim.kv.fastpath`) it returns no blocks without the per-group work."""
+        if self.quiet.covers(request, num_new_tokens):
+            return self.empty_kv_cache_blocks
         return self._allocate_slots_full(request, num_new_tokens)
 
     # ------------------------------------------------------------- allocation
@@ -278,7 +214,7 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """:meth:`allocate_slots` without the quiet shortcut (vLLM's per-group steps)."""
         rid = request.request_id
-        self.quiet_horizons.pop(rid, None)
+        self.quiet.drop(rid)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
         coordinator = self.coordinator
@@ -311,24 +247,23 @@ class KVCacheManager:
         if delay_cache_blocks:
             return self.create_kv_cache_blocks(new_blocks)
         coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        if self._quiet_enabled:
-            self._note_quiet_horizon(rid)
+        self.quiet.note(rid)
         return self.create_kv_cache_blocks(new_blocks)
 
     def free(self, request: Request) -> None:
         """Free every group's table (group order, each tail first)."""
-        self.quiet_horizons.pop(request.request_id, None)
+        self.quiet.drop(request.request_id)
         self.coordinator.free(request.request_id)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Free out-of-window blocks (``num_prompt_tokens`` is only read by vLLM's R-SWA, not modelled)."""
-        self.quiet_horizons.pop(request_id, None)
+        self.quiet.drop(request_id)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        self.quiet_horizons.pop(request.request_id, None)
+        self.quiet.drop(request.request_id)
         if self.enable_caching:
             self.coordinator.cache_blocks(request, num_computed_tokens)
 

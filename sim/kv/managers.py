@@ -59,6 +59,10 @@ def trim_null_head(blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
     return blocks[i:] if i else blocks
 
 
+#: "No bound" in a :meth:`SingleTypeKVCacheManager.quiet_horizon` answer.
+QUIET_NO_BOUND = 1 << 62
+
+
 class SingleTypeKVCacheManager:
     """Shared bookkeeping; subclasses define lookup, skipping and retention."""
 
@@ -275,8 +279,36 @@ class SingleTypeKVCacheManager:
     def new_step_starts(self) -> None:
         return None
 
+    # ---------------------------------------------------------- quiet horizon
+    #: Whether this group type answers :meth:`quiet_horizon` (see :mod:`sim.kv.fastpath`);
+    #: a layout with any other group type always takes the full path.
+    has_quiet_horizon: bool = False
+
+    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None:
+        """``(max_main_tokens, max_processed_tokens)``: while a plain ``allocate_slots``
+        call (no hit, no external or lookahead tokens) has ``computed + new <=
+        max_main_tokens`` and ``processed <= max_processed_tokens``, it changes nothing
+        in this group's table and returns no block for it. ``None``: no such bound now.
+
+        Full-attention rule (block size ``B``, table length ``L``, ``N`` cached
+        slots): no new block while ``computed + new <= B * L``; nothing to cache
+        while ``computed + new < (N + 1) * B``; processing frees nothing.
+        """
+        table = self.req_to_blocks.get(request_id)
+        if table is None:
+            return None
+        bs = self.block_size
+        max_main = len(table) * bs
+        if self.enable_caching:
+            cache_bound = (self.num_cached_block.get(request_id, 0) + 1) * bs - 1
+            if cache_bound < max_main:
+                max_main = cache_bound
+        return max_main, QUIET_NO_BOUND
+
 
 class FullAttentionManager(SingleTypeKVCacheManager):
+    has_quiet_horizon = True
+
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -431,6 +463,7 @@ class MambaManager(SingleTypeKVCacheManager):
         self._num_retired_blocks: dict[str, int] = {}
         #: request -> (checkpoint position, reserved block index) of the current allocation.
         self._checkpoints: dict[str, tuple[int, int]] = {}
+        self.has_quiet_horizon = self._align
 
     @classmethod
     def find_longest_cache_hit(
@@ -638,6 +671,27 @@ class MambaManager(SingleTypeKVCacheManager):
             if not blocks[idx].is_null:
                 self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
                 blocks[idx] = self._null_block
+
+    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None:
+        """Align mode: the full-attention bounds on the table, plus: nothing retired
+        while ``processed <= (R + 1) * B`` (``R`` retired slots, if ``R < L``), and the
+        previous state block is kept while ``processed <= (idx + 1) * B``. A pending
+        prefill checkpoint gives no horizon (the next call re-keys or drops it)."""
+        if request_id in self._checkpoints:
+            return None
+        bounds = super().quiet_horizon(request_id)
+        if bounds is None:
+            return None
+        max_main, max_processed = bounds
+        table = self.req_to_blocks[request_id]
+        bs = self.block_size
+        retired = self._num_retired_blocks.get(request_id, 0)
+        if retired < len(table) and (retired + 1) * bs < max_processed:
+            max_processed = (retired + 1) * bs
+        idx = self.last_state_block_idx.get(request_id)
+        if idx is not None and not table[idx].is_null and (idx + 1) * bs < max_processed:
+            max_processed = (idx + 1) * bs
+        return max_main, max_processed
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self.last_state_block_idx.pop(request_id, None)

@@ -214,6 +214,6 @@ def test_three_groups_fixed_point_and_mamba_keyed_at_its_own_block():
 
 
 def test_quiet_path_is_off_with_mixed_block_sizes():
-    assert not make_manager([FA32, "mamba"], num_blocks=30)._quiet_enabled
+    assert not make_manager([FA32, "mamba"], num_blocks=30).quiet.enabled
     same = kv_cache_config_from_groups([FA32, {"type": "mamba", "block_size": 32}], block_size=16, num_blocks=30)
-    assert same.hash_block_size == 32 and KVCacheManager(same)._quiet_enabled
+    assert same.hash_block_size == 32 and KVCacheManager(same).quiet.enabled

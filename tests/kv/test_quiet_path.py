@@ -53,8 +53,8 @@ def _state(m):
 @given(layout=st.sampled_from(LAYOUTS), retention=st.sampled_from([None, 0, 32]), ops=st.lists(op, max_size=60))
 def test_quiet_path_matches_full_path(layout, retention, ops):
     fast = make_manager(layout, num_blocks=30, retention_interval=retention)
-    ref = make_manager(layout, num_blocks=30, retention_interval=retention)
-    ref._quiet_enabled = False
+    ref = make_manager(layout, num_blocks=30, retention_interval=retention, fast_paths=False)
+    assert not ref.quiet.enabled
     hbs = fast.kv_cache_config.hash_block_size
     waiting, running = [], []
     counter = 0
@@ -108,7 +108,12 @@ def test_quiet_path_matches_full_path(layout, retention, ops):
         check_invariants(fast)
     sizes = {g.spec.block_size for g in fast.kv_cache_config.groups}
     kinds = {g.spec.kind for g in fast.kv_cache_config.groups}
-    assert fast._quiet_enabled == (len(sizes) == 1 and "sliding_window" not in kinds)
+    assert fast.quiet.enabled == (len(sizes) == 1 and "sliding_window" not in kinds)
+
+
+def _bounds(m, rid):
+    h = m.quiet.get(rid)
+    return h.max_main_tokens, h.max_processed_tokens
 
 
 def test_quiet_path_skips_decode_inside_held_blocks():
@@ -121,9 +126,9 @@ def test_quiet_path_skips_decode_inside_held_blocks():
     req.status = RequestStatus.RUNNING
     req.num_computed_tokens = 20
     req.append_output_tokens(1)
-    assert m.quiet_horizons["r"][1:] == (31, 16)  # cache bound 2 * 16 - 1; Mamba slot 0 not yet retired
+    assert _bounds(m, "r") == (31, 16)  # cache bound 2 * 16 - 1; Mamba slot 0 not yet retired
     assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks  # full path: retires slot 0
-    assert m.quiet_horizons["r"][1:] == (31, 32)  # slot 1 (the state being written) retires past 32
+    assert _bounds(m, "r") == (31, 32)  # slot 1 (the state being written) retires past 32
     req.num_computed_tokens = 21
     req.append_output_tokens(1)
     assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks

@@ -1,0 +1,200 @@
+"""The simulator's fast paths, in one place (none of them is a vLLM feature).
+
+Each one skips work whose answer is already known exactly; with the switch off
+(``fast_paths: false``: ``RunOptions(fast_paths=False)``, ``HYBRIDSIM_PLAIN=1``,
+``hybridsim run --plain``) every call takes vLLM's plain path. Both paths give
+byte-identical tables (``tests/test_fastpath_differential.py``).
+
+* :class:`QuietHorizons` (around ``allocate_slots``). Most calls of the
+  scheduler's running loop give a running request a few more tokens inside
+  blocks it already holds; then vLLM's per-group steps (skip, count, allocate,
+  cache) change nothing and return no block. After each full call the KV
+  manager notes, per request, a *quiet horizon*: bounds on ``computed + new``
+  and on the processed tokens under which the next plain call (no hit, no
+  external or lookahead tokens) provably changes nothing in any group. Each
+  single-type manager answers its own bound (``quiet_horizon()``); this class
+  only takes the minimum over the groups. Supported layouts: full attention and
+  align-mode Mamba with one common block size; any other layout is plain.
+* :class:`LookupMemo` (around a group type's ``find_longest_cache_hit``). An
+  admission looks the same prefix up several times (the per-group hits of the
+  admissions table, then the policy's lookup, which repeats the full-attention
+  scan); while the pool's cache map is unchanged the answer is the same.
+
+The scheduler's reuse of a head-of-line request's last lookup across steps
+(``Scheduler.reuse_prefix_lookups``) is switched with these.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from sim.request import Request, RequestStatus
+
+
+class QuietGroup(Protocol):
+    """What a single-type manager offers the quiet horizons."""
+
+    block_size: int
+    has_quiet_horizon: bool
+    req_to_blocks: dict
+
+    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None: ...
+
+
+class QuietHorizon:
+    """One request's horizon: valid while its first group's table is ``table``."""
+
+    __slots__ = ("table", "max_main_tokens", "max_processed_tokens")
+
+    def __init__(self, table: list, max_main_tokens: int, max_processed_tokens: int) -> None:
+        self.table = table
+        self.max_main_tokens = max_main_tokens
+        self.max_processed_tokens = max_processed_tokens
+
+
+class QuietHorizons:
+    """The quiet horizons of every request, for one KV manager.
+
+    Invariant: a stored horizon is exact for the tables as they were after the
+    last full ``allocate_slots`` of its request. The KV manager drops it before
+    anything that could move a bound or replace a table (free, skip, cache, a
+    full allocation), so a caller that changes tables only through the manager
+    (the scheduler) may skip the call for a RUNNING request inside its horizon.
+    ``max_tokens`` caps ``num_new_tokens``: a longer chunk may export a Mamba
+    prefill checkpoint.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[QuietGroup],
+        *,
+        max_model_len: int,
+        watermark_blocks: int,
+        max_tokens: int,
+        enabled: bool = True,
+    ) -> None:
+        self._groups = tuple(groups)
+        self.enabled = (
+            enabled
+            and bool(groups)
+            and len({g.block_size for g in groups}) == 1
+            and all(g.has_quiet_horizon for g in groups)
+        )
+        self.max_model_len = max_model_len
+        self.max_tokens = max_tokens if self.enabled else 0
+        self._watermark = watermark_blocks > 0
+        self._first_tables: dict = groups[0].req_to_blocks if groups else {}
+        self._horizons: dict[str, QuietHorizon] = {}
+
+    def get(self, request_id: str) -> QuietHorizon | None:
+        return self._horizons.get(request_id)
+
+    def drop(self, request_id: str) -> None:
+        self._horizons.pop(request_id, None)
+
+    def note(self, request_id: str) -> None:
+        """After a full ``allocate_slots``: store the minimum of every group's bounds (or none)."""
+        if not self.enabled:
+            return
+        first = self._first_tables.get(request_id)
+        if first is None:
+            return
+        max_main = max_processed = 1 << 62
+        for group in self._groups:
+            bounds = group.quiet_horizon(request_id)
+            if bounds is None:
+                return
+            if bounds[0] < max_main:
+                max_main = bounds[0]
+            if bounds[1] < max_processed:
+                max_processed = bounds[1]
+        self._horizons[request_id] = QuietHorizon(first, max_main, max_processed)
+
+    def covers(self, request: Request, num_new_tokens: int) -> bool:
+        """A plain ``allocate_slots(request, num_new_tokens)`` is a proven no-op now.
+
+        Checks the table is the one the horizon was noted for, and (under a
+        watermark) that the request is not a WAITING/PREEMPTED admission.
+        """
+        horizon = self._horizons.get(request.request_id)
+        if horizon is None or not 0 < num_new_tokens <= self.max_tokens:
+            return False
+        computed = request.num_computed_tokens
+        if computed > self.max_model_len:
+            computed = self.max_model_len
+        return (
+            computed + num_new_tokens <= horizon.max_main_tokens
+            and computed - request.num_in_flight_tokens <= horizon.max_processed_tokens
+            and self._first_tables.get(request.request_id) is horizon.table
+            and not (self._watermark and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
+        )
+
+    def take_decodes(
+        self, running: list[Request], start: int, limit: int, scheduled: list[Request], num_scheduled: dict[str, int]
+    ) -> int:
+        """The scheduler's running loop over a run of quiet decodes, in one call.
+
+        From ``running[start]``, at most ``limit`` requests (the token budget),
+        each RUNNING request that has exactly one token left to compute, is below
+        ``max_model_len - 1`` and whose 1-token call is inside its horizon is
+        scheduled for 1 token (appended to ``scheduled`` / ``num_scheduled``), as
+        the plain loop would: every clip of the plain loop leaves such a request
+        at 1 token and ``allocate_slots`` would return no block. Stops at the
+        first request that is not such a decode; returns how many it took.
+        ``num_in_flight_tokens`` is 0 at ``schedule()`` (no async scheduling).
+        """
+        if not self.max_tokens:
+            return 0
+        horizons = self._horizons
+        decode_cap = self.max_model_len - 1
+        taken = 0
+        for request in running[start:start + limit]:
+            computed = request.num_computed_tokens
+            if computed + 1 != request.num_prompt_tokens + request.num_output_tokens or computed >= decode_cap:
+                break
+            horizon = horizons.get(request.request_id)
+            if horizon is None or computed >= horizon.max_main_tokens or computed > horizon.max_processed_tokens:
+                break
+            scheduled.append(request)
+            num_scheduled[request.request_id] = 1
+            taken += 1
+        return taken
+
+
+class LookupMemo:
+    """Remembers each group type's last ``find_longest_cache_hit`` answer, for one pool.
+
+    Key: the request's hash list (by identity, held so its id cannot be reused),
+    its length (it only grows), ``max_length``, the group ids, and the pool's
+    ``cache_generation`` (bumped on every cache-map change: while it is
+    unchanged every lookup reads the same map). Answers are copied both ways,
+    as callers trim the returned lists in place.
+    """
+
+    def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._pool = block_pool
+        self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list, ...], int]] = {}
+
+    def find_longest_cache_hit(
+        self, cls: Any, block_hashes: Sequence[int], max_length: int, group_ids: Sequence[int],
+        spec: Any, alignment_tokens: int,
+    ) -> tuple[tuple[list, ...], int]:
+        """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
+        pool = self._pool
+        if not self.enabled:
+            return cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
+        key = tuple(group_ids)
+        last = self._last.get(key)
+        generation = pool.cache_generation
+        if (
+            last is not None
+            and last[0] is block_hashes
+            and last[1] == len(block_hashes)
+            and last[2] == max_length
+            and last[3] == generation
+        ):
+            return tuple([*lst] for lst in last[4]), last[5]
+        found, hit = cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
+        self._last[key] = (block_hashes, len(block_hashes), max_length, generation, tuple([*lst] for lst in found), hit)
+        return found, hit

@@ -1,0 +1,106 @@
+"""``hybridsim timing check|fit PROFILE_DIR``: the step-time model against a Vidur-format kernel profile.
+
+Bad input (no such directory, a CSV without Vidur's columns, an unknown
+hardware preset, an unreadable overrides file) prints one line naming it and
+exits 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+import yaml
+
+EXIT_BAD_INPUT = 2
+
+timing_app = typer.Typer(no_args_is_help=True, help="Hold the step-time model against GPU kernel profiles.")
+
+_HARDWARE = typer.Option(..., "--hardware", help="Hardware preset the profile was taken on (a100-80g, h100-80g, ...).")
+_LAYERS = typer.Option(32, "--layers", min=1, help="Decoder layers of the profiled model (Vidur's CSVs do not say).")
+_KV_SAVE = typer.Option(False, "--prefill-kv-save/--no-prefill-kv-save",
+                        help="Count the profile's prefill attn_kv_cache_save (off: a profiler artefact, see docs).")
+
+
+def _bad(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _setup(profile_dir: Path, hardware: str, layers: int, prefill_kv_save: bool):
+    from sim.config.presets import hardware_preset
+    from sim.timing.profiles import ProfileError, load_profile, profiled_steps
+
+    try:
+        hw = hardware_preset(hardware)
+    except ValueError as exc:
+        _bad(f"--hardware: {exc}")
+    try:
+        profile = load_profile(profile_dir)
+    except ProfileError as exc:
+        _bad(str(exc))
+    steps = profiled_steps(profile, layers, include_prefill_kv_save=prefill_kv_save)
+    if not steps:
+        _bad(f"{profile_dir}: no step can be priced (no attention row matches a profiled token count)")
+    return hw, profile, profile.model(layers), steps
+
+
+@timing_app.command("check")
+def check(
+    profile_dir: Path = typer.Argument(..., help="Directory with Vidur's mlp.csv (and attention.csv)."),
+    hardware: str = _HARDWARE,
+    layers: int = _LAYERS,
+    overrides: Path | None = typer.Option(None, "--overrides", help="A hw.yaml written by `timing fit`."),
+    prefill_kv_save: bool = _KV_SAVE,
+    summary: bool = typer.Option(False, "--summary", help="Print only the per-regime summary."),
+) -> None:
+    """Predicted vs profiled time per step, error, and MAPE per regime (prefill, decode, mixed)."""
+    from sim.config.scenario import read_overrides_file
+    from sim.engine.timing import StepTimeModel
+    from sim.timing.check import compare, format_table, summarize
+
+    hw, profile, model, steps = _setup(profile_dir, hardware, layers, prefill_kv_save)
+    given = {}
+    if overrides is not None:
+        try:
+            given = read_overrides_file(str(overrides)).given()
+        except ValueError as exc:
+            _bad(f"--overrides: {str(exc).removeprefix('@overrides_path: ')}")
+    st = StepTimeModel.from_presets(model, hw, given)
+    rows = compare(st, steps)
+    typer.echo(f"profile {profile_dir} on {hw.name}, {layers} layers"
+               + ("" if profile.attention is not None else " (no attention.csv: linear and small ops only)"))
+    typer.echo(format_table(rows, summarize(rows), steps=not summary))
+
+
+@timing_app.command("fit")
+def fit(
+    profile_dir: Path = typer.Argument(..., help="Directory with Vidur's mlp.csv (and attention.csv)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Write the fitted hardware overrides here (YAML)."),
+    hardware: str = _HARDWARE,
+    layers: int = _LAYERS,
+    prefill_kv_save: bool = _KV_SAVE,
+) -> None:
+    """Fit the efficiencies and floors to the profile; write a file for ``hardware.overrides_path``."""
+    from sim.engine.timing import CALIBRATED, StepTimeModel, TimingParams
+    from sim.timing.check import compare, format_table, summarize
+    from sim.timing.fit import fit_profile, override_document
+
+    hw, profile, model, steps = _setup(profile_dir, hardware, layers, prefill_kv_save)
+    start = CALIBRATED.get(hw.name, TimingParams())
+    result = fit_profile(profile, model, hw, steps, start=start)
+    doc = override_document(result, hw, str(profile_dir))
+    try:
+        output.write_text(
+            "# hybridsim timing fit: use as `hardware: {preset: " + hw.name + ", overrides_path: "
+            + output.name + "}`\n" + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8"
+        )
+    except OSError as exc:
+        _bad(f"-o/--output {output}: cannot write ({exc.strerror or exc})")
+    for g in result.groups:
+        typer.echo(f"fitted {g.name}: {g.observations} rows, rms log error {g.rms_log_error:.3f}")
+    fitted = replace(start, **doc["overrides"])
+    rows = compare(StepTimeModel(model, hw, fitted), steps)
+    typer.echo(format_table(rows, summarize(rows), steps=False))
+    typer.echo(f"wrote {output}")

@@ -1,0 +1,197 @@
+"""Scenario -> lowered script for :mod:`sim.verify.vllm_side` (the one place hybridsim keys meet vLLM's).
+
+:func:`not_verifiable_reason` says why a scenario cannot be checked against
+vLLM 0.33 (``None`` when it can); :func:`lower` builds the run's components the
+way hybridsim does (so the layout, block sizes and requests are exactly the
+ones hybridsim runs) and writes them down as a plain dict.
+
+Token ids: hybridsim's prompt content is ``(stream, position)`` pairs or
+explicit ids. Explicit ids are kept as they are (they must lie in
+``[0, TOKEN_STRIDE)``); stream ``k`` (numbered by first appearance over the
+requests in arrival order) maps position ``p`` to ``(k + 1) * TOKEN_STRIDE + p``;
+request ``i``'s ``j``-th output token is ``(num_streams + 1 + i) * TOKEN_STRIDE + j``.
+So equal content gives equal ids, a stream token never equals an explicit
+id, and an output never equals a prompt token or another request's output,
+as DESIGN.md §6 requires.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.config.scenario import Scenario
+from sim.connector.scripted import ScriptedConnector
+from sim.engine.build import Components, build_components
+from sim.kv.specs import MambaSpec, SlidingWindowSpec
+from sim.tokens import IdsSegment, StreamSegment
+from sim.verify.vllm_side import SCRIPT_VERSION, ActionScript, ConnectorScript, GroupScript, LoweredScript, RequestScript
+
+#: Token-id range of one stream (and of explicit ids).
+TOKEN_STRIDE = 1 << 24
+
+VERIFIABLE_POLICIES = ("pr48425", "max_per_group")
+VERIFIABLE_CONNECTORS = ("none", "scripted")
+
+
+def not_verifiable_reason(scenario: Scenario) -> str | None:
+    """Why vLLM 0.33 cannot be run on ``scenario`` (``None``: it can).
+
+    Refused: the time clock (vLLM's scheduler has no simulated time), prefix
+    policies other than ``pr48425`` (vLLM as shipped) and ``max_per_group``
+    (the emulated pre-#48425 lookup), connectors other than ``none`` and
+    ``scripted``, eviction policies other than ``lru``, what-if options vLLM
+    lacks (``cache.corrected_mamba_accounting``), connector faults, LoRA and
+    cache salts, and a scripted connector that does not declare HMA support
+    (vLLM refuses such a connector with the hybrid KV-cache manager on).
+    """
+    if scenario.clock != "steps":
+        return "clock: time (vLLM's scheduler has no simulated time; verify needs clock: steps)"
+    policy = scenario.scheduler.prefix_policy
+    if policy not in VERIFIABLE_POLICIES:
+        return (f"scheduler.prefix_policy: {policy!r} is not in vLLM 0.33 "
+                f"(verifiable: {', '.join(VERIFIABLE_POLICIES)})")
+    ctype = scenario.connector.type
+    if ctype not in VERIFIABLE_CONNECTORS:
+        return f"connector.type: {ctype!r} has no vLLM counterpart in the harness (verifiable: none, scripted)"
+    eviction = scenario.cache.model_dump().get("eviction_policy", "lru")
+    if eviction != "lru":
+        return f"cache.eviction_policy: {eviction!r} is a what-if; vLLM 0.33 evicts in free-queue (lru) order"
+    if scenario.cache.corrected_mamba_accounting:
+        return "cache.corrected_mamba_accounting: true is a what-if option vLLM 0.33 does not have"
+    if ctype == "scripted" and scenario.connector.options().get("supports_hma", True) is False:
+        return "connector.supports_hma: false (vLLM refuses a connector without HMA support on a hybrid layout)"
+    for i, action in enumerate(scenario.actions):
+        if action.connector_fault is not None:
+            return f"actions.{i}.connector_fault: the harness's scripted connector takes no faults"
+    return None
+
+
+class NotVerifiable(ValueError):
+    """The scenario cannot be run through vLLM (message: why)."""
+
+
+def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
+    ids: list[int] = []
+    for seg in request.prompt:
+        if isinstance(seg, StreamSegment):
+            if seg.stream not in stream_base:
+                stream_base[seg.stream] = (len(stream_base) + 1) * TOKEN_STRIDE
+            if seg.start + seg.length > TOKEN_STRIDE:
+                raise NotVerifiable(f"request {request.request_id}: stream {seg.stream!r} is longer than "
+                                    f"{TOKEN_STRIDE} tokens")
+            base = stream_base[seg.stream] + seg.start
+            ids.extend(range(base, base + seg.length))
+        else:
+            assert isinstance(seg, IdsSegment)
+            values = [int(x) for x in seg.ids]
+            if values and (min(values) < 0 or max(values) >= TOKEN_STRIDE):
+                raise NotVerifiable(f"request {request.request_id}: explicit token ids must lie in [0, {TOKEN_STRIDE})")
+            ids.extend(values)
+    return ids
+
+
+def _groups(components: Components) -> list[GroupScript]:
+    out: list[GroupScript] = []
+    for g in components.kv_cache_config.groups:
+        spec = g.spec
+        out.append({
+            "type": spec.kind,  # type: ignore[typeddict-item]
+            "block_size": spec.block_size,
+            "window": spec.window if isinstance(spec, SlidingWindowSpec) else None,
+            "prefill_checkpoints": bool(isinstance(spec, MambaSpec) and spec.prefill_checkpoints),
+        })
+    return out
+
+
+def _connector(components: Components) -> ConnectorScript | None:
+    conn = components.connector
+    if conn is None:
+        return None
+    if not isinstance(conn, ScriptedConnector):
+        raise NotVerifiable(f"connector {type(conn).__name__} has no vLLM counterpart in the harness")
+    load_async = conn.load_async if isinstance(conn.load_async, bool) else dict(conn.load_async)
+    return {
+        "matched_tokens": dict(conn.matched_tokens),
+        "holds": dict(conn.holds),
+        "load_async": load_async,
+        "async_load_steps": conn.async_load_steps,
+        "supports_divergent_local_hybrid_hits": bool(conn.supports_divergent_local_hybrid_hits),
+    }
+
+
+def _actions(scenario: Scenario, components: Components) -> list[ActionScript]:
+    kinds = list(components.group_kinds)
+    out: list[ActionScript] = []
+    for action in scenario.actions:
+        at = int(action.at)
+        if action.reset_prefix_cache:
+            out.append({"at_step": at, "kind": "reset_prefix_cache"})
+            continue
+        ev = action.evict
+        assert ev is not None
+        groups = [ev.group] if isinstance(ev.group, int) else [i for i, k in enumerate(kinds) if k == ev.group]
+        for g in groups:
+            out.append({"at_step": at, "kind": "evict", "request": ev.prefix_of, "group": g,
+                        "block_indices": list(ev.blocks)})
+    return out
+
+
+def max_steps_bound(script: LoweredScript) -> int:
+    """A step bound no run that makes progress reaches: a stalled run stops there."""
+    tokens = sum(len(r["prompt_token_ids"]) + r["max_tokens"] for r in script["requests"])
+    last = max([r["arrival_step"] for r in script["requests"]] + [a["at_step"] for a in script["actions"]] + [0])
+    return last + 4 * tokens + 100
+
+
+def lower(scenario: Scenario, components: Components | None = None) -> LoweredScript:
+    """The lowered script of a verifiable scenario (raises :class:`NotVerifiable` otherwise)."""
+    reason = not_verifiable_reason(scenario)
+    if reason is not None:
+        raise NotVerifiable(reason)
+    if components is None:
+        components = build_components(scenario)
+    config = components.kv_cache_config
+    s = scenario.scheduler
+    assert s.max_num_seqs is not None and s.max_num_batched_tokens is not None and s.max_model_len is not None
+    stream_base: dict[str, int] = {}
+    # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
+    ordered = sorted((r for r in components.requests if r.num_prompt_tokens <= s.max_model_len),
+                     key=lambda r: (r.arrival_time, r.request_id))
+    prompts = {r.request_id: _token_ids(r, stream_base) for r in ordered}
+    first_output = len(stream_base) + 1
+    requests: list[RequestScript] = []
+    for i, r in enumerate(ordered):
+        for lora in (r.lora_name, r.cache_salt):
+            if lora:
+                raise NotVerifiable(f"request {r.request_id}: LoRA names and cache salts are not lowered")
+        requests.append({
+            "id": r.request_id,
+            "arrival_step": int(r.arrival_time),
+            "prompt_token_ids": prompts[r.request_id],
+            "max_tokens": int(r.output_len),
+            "priority": int(r.priority),
+            "output_token_base": (first_output + i) * TOKEN_STRIDE,
+        })
+    script: LoweredScript = {
+        "version": SCRIPT_VERSION,
+        "name": scenario.name,
+        "groups": _groups(components),
+        "num_blocks": config.num_blocks,
+        "scheduler_block_size": config.scheduler_block_size,
+        "hash_block_size": config.hash_block_size,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "retention_interval": config.retention_interval,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "max_model_len": s.max_model_len,
+        "long_prefill_token_threshold": s.long_prefill_token_threshold,
+        "scheduling_policy": s.policy,
+        "watermark": float(s.watermark),
+        "prefix_policy": s.prefix_policy,  # type: ignore[typeddict-item]
+        "connector": _connector(components),
+        "requests": requests,
+        "actions": _actions(scenario, components),
+        "max_steps": 0,
+    }
+    script["max_steps"] = max_steps_bound(script)
+    return script

@@ -1,0 +1,805 @@
+"""Run a lowered script through vLLM 0.33's real ``Scheduler`` + ``KVCacheManager`` on CPU.
+
+STANDALONE: this module imports only the standard library and (lazily) vllm and
+torch; it never imports ``sim``. ``hybridsim export vllm-test`` embeds it
+verbatim into a self-contained pytest, so keep it that way.
+
+Two plain, JSON-able formats cross this seam. Both are described here as
+TypedDicts (documentation and type checking only; nothing is validated
+against them at run time beyond what :func:`run_script` reads).
+
+Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
+----------------------------------------------------------------------------
+* ``groups``: one :class:`GroupScript` per KV-cache group, in group order:
+  ``type`` (``full_attention`` | ``sliding_window`` | ``mamba``),
+  ``block_size``, ``window`` (sliding window only) and ``prefill_checkpoints``
+  (Mamba: the layers export the block-boundary state from inside a chunk,
+  vLLM ``num_prefill_checkpoint_blocks = 1``).
+* ``num_blocks`` (block 0 is the null block), ``scheduler_block_size``,
+  ``hash_block_size``, ``enable_prefix_caching``, ``retention_interval``
+  (``None`` dense, ``0``, or ``N`` tokens).
+* scheduler limits: ``max_num_seqs``, ``max_num_batched_tokens``,
+  ``max_model_len``, ``long_prefill_token_threshold``, ``scheduling_policy``
+  (``fcfs`` | ``priority``), ``watermark``.
+* ``prefix_policy``: ``pr48425`` (vLLM 0.33 as shipped) or ``max_per_group``
+  (the pre-#48425 lookup, emulated on the scheduler instance: see
+  :func:`_install_max_per_group`).
+* ``connector``: ``None`` or a :class:`ConnectorScript` (the ``scripted``
+  connector of hybridsim's DESIGN.md §4: ``matched_tokens`` answered verbatim,
+  ``holds`` answered ``max(0, min(N, num_tokens - 1) aligned - local)``,
+  ``load_async`` bool or per-request map, ``async_load_steps``,
+  ``supports_divergent_local_hybrid_hits``).
+* ``requests``: :class:`RequestScript` each: ``id``, ``arrival_step`` (added
+  just before that step's ``schedule()``), explicit ``prompt_token_ids``,
+  ``max_tokens``, ``priority`` and ``output_token_base`` (the k-th sampled
+  token is ``output_token_base + k``; the lowering makes these never equal a
+  prompt token or another request's outputs).
+* ``actions``: :class:`ActionScript` each, applied just before step ``at_step``:
+  ``evict`` (``request``, ``group``, ``block_indices``: drop every block cached
+  under the hash of that request's prompt block ``i`` in that group, through
+  ``BlockPool.evict_blocks``) or ``reset_prefix_cache``.
+* ``max_steps``: the run stops after this many steps if requests remain.
+
+Decision trace (:class:`DecisionTrace`, returned by :func:`run_script`)
+-----------------------------------------------------------------------
+* ``steps``: one :class:`StepTrace` per step in which anything happened (a
+  scheduled token, a preemption, an admission attempt or a KV event), in step
+  order. ``scheduled`` is ``[[request_id, tokens], ...]`` in scheduling order;
+  ``preempted`` the request ids preempted in that step, in order;
+  ``admissions`` every admission attempt of a waiting request
+  (:class:`AdmissionTrace`: ``request``, ``kind`` ``first`` |
+  ``after_preemption`` | ``after_async_load``, per-group ``hits`` (each group's
+  independent hit capped at ``num_tokens - 1``), ``local`` and ``external``
+  (what ``allocate_slots`` was given, or the last values known before a
+  crash), ``hit_diverged`` (the lookup's flag), ``fallback`` (the
+  ``hit_diverged and external == 0`` re-lookup fired), ``result``
+  ``admitted`` | ``no_blocks`` (``allocate_slots`` returned ``None``) |
+  ``skipped`` (left waiting without an allocation: connector not ready,
+  no block-aligned chunk) | ``crash``); ``kv_events`` every change of the
+  prefix cache (:class:`KVEventTrace`: ``kind`` ``stored`` | ``removed`` |
+  ``cleared``, ``group``, ``block_id``, ``hash``: the block hash numbered by
+  first appearance in the trace, so two traces compare without sharing a hash
+  function; ``cleared`` has group, block and hash -1).
+* ``crash``: ``None`` or :class:`CrashTrace` (``step``, ``request`` (the
+  request being handled, or ``None``), ``type`` (exception class name),
+  ``message`` (its text; for a bare ``assert`` the asserted expression)).
+* ``finished``: request id -> number of generated tokens, for finished requests.
+* ``num_steps``: steps run; ``stopped``: ``""`` or why the run stopped early
+  (``crash``, ``max_steps``).
+
+``run_script(script, record=False)`` only steps (no trace is built; for
+``make bench``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+from typing import Any, Literal, Optional, TypedDict, Union
+
+# --------------------------------------------------------------------------- formats
+
+
+class GroupScript(TypedDict):
+    type: Literal["full_attention", "sliding_window", "mamba"]
+    block_size: int
+    window: Optional[int]
+    prefill_checkpoints: bool
+
+
+class ConnectorScript(TypedDict):
+    matched_tokens: dict[str, int]
+    holds: dict[str, int]
+    load_async: Union[bool, dict[str, bool]]
+    async_load_steps: int
+    supports_divergent_local_hybrid_hits: bool
+
+
+class RequestScript(TypedDict):
+    id: str
+    arrival_step: int
+    prompt_token_ids: list[int]
+    max_tokens: int
+    priority: int
+    output_token_base: int
+
+
+class ActionScript(TypedDict, total=False):
+    at_step: int
+    kind: Literal["evict", "reset_prefix_cache"]
+    request: str
+    group: int
+    block_indices: list[int]
+
+
+class LoweredScript(TypedDict):
+    version: int
+    name: str
+    groups: list[GroupScript]
+    num_blocks: int
+    scheduler_block_size: int
+    hash_block_size: int
+    enable_prefix_caching: bool
+    retention_interval: Optional[int]
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    long_prefill_token_threshold: int
+    scheduling_policy: Literal["fcfs", "priority"]
+    watermark: float
+    prefix_policy: Literal["pr48425", "max_per_group"]
+    connector: Optional[ConnectorScript]
+    requests: list[RequestScript]
+    actions: list[ActionScript]
+    max_steps: int
+
+
+class AdmissionTrace(TypedDict):
+    request: str
+    kind: str
+    hits: list[int]
+    local: int
+    external: int
+    hit_diverged: bool
+    fallback: bool
+    result: Literal["admitted", "no_blocks", "skipped", "crash"]
+
+
+class KVEventTrace(TypedDict):
+    kind: Literal["stored", "removed", "cleared"]
+    group: int
+    block_id: int
+    hash: int
+
+
+class StepTrace(TypedDict):
+    step: int
+    scheduled: list[list[Any]]
+    preempted: list[str]
+    admissions: list[AdmissionTrace]
+    kv_events: list[KVEventTrace]
+
+
+class CrashTrace(TypedDict):
+    step: int
+    request: Optional[str]
+    type: str
+    message: str
+
+
+class DecisionTrace(TypedDict):
+    steps: list[StepTrace]
+    crash: Optional[CrashTrace]
+    finished: dict[str, int]
+    num_steps: int
+    stopped: str
+
+
+SCRIPT_VERSION = 1
+CONNECTOR_CLASS_NAME = "HybridsimScriptedConnector"
+
+# --------------------------------------------------------------------------- vLLM import
+
+
+class VllmMissing(RuntimeError):
+    """vLLM (or torch) cannot be imported."""
+
+
+_VLLM: dict[str, Any] = {}
+
+
+def vllm_available() -> bool:
+    """Whether vLLM can be imported (imports it: about 10 s the first time)."""
+    try:
+        _load_vllm()
+    except VllmMissing:
+        return False
+    return True
+
+
+def _load_vllm() -> dict[str, Any]:
+    """Import the vLLM pieces once per process (``VLLM_TARGET_DEVICE=cpu`` first)."""
+    if _VLLM:
+        return _VLLM
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        import torch
+        from vllm.config import CacheConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1,
+            KVConnectorMetadata,
+            SupportsHMA,
+        )
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256_cbor
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.block_pool import BlockHashToBlockMap
+        from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, UnitaryKVCacheCoordinator
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            MambaSpec,
+            SlidingWindowSpec,
+        )
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.request import Request, RequestStatus
+        from vllm.v1.structured_output import StructuredOutputManager
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise VllmMissing(f"vLLM 0.33 is not importable ({exc}); install it with `make vllm-env`") from None
+    kv_cache_utils.init_none_hash(sha256_cbor)
+    _VLLM.update(locals())
+    _VLLM.pop("exc", None)
+    _define_connector()
+    return _VLLM
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+# --------------------------------------------------------------------------- scripted connector
+
+
+def _define_connector() -> None:
+    """Define the scripted connector class in this module's namespace.
+
+    vLLM's ``KVConnectorFactory`` loads it by module path (this module's
+    ``__name__``) and class name, as any out-of-tree connector.
+    """
+    v = _VLLM
+
+    class HybridsimScriptedConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):
+        """hybridsim's ``scripted`` connector (DESIGN.md §4), scheduler role only.
+
+        Its script comes in ``kv_connector_extra_config["script"]``. It answers
+        ``get_num_new_matched_tokens`` from the script, starts an async load in
+        ``update_state_after_alloc`` (``async_load_steps`` steps; the harness
+        reports it in ``finished_recving``), holds no KV and never delays a free.
+        """
+
+        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+            super().__init__(vllm_config, role, kv_cache_config)
+            extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+            script: ConnectorScript = extra["script"]
+            self.script = script
+            self.block_size: int = int(extra["scheduler_block_size"])
+            self.loading: dict[str, int] = {}
+            #: (request id, answer) of the last call, read by the harness.
+            self.last_answer: Optional[tuple[str, Optional[int]]] = None
+
+        @property
+        def supports_divergent_local_hybrid_hits(self) -> bool:
+            return bool(self.script["supports_divergent_local_hybrid_hits"])
+
+        @property
+        def requires_kv_delivery(self) -> bool:
+            return False
+
+        def _is_async(self, rid: str) -> bool:
+            la = self.script["load_async"]
+            return bool(la) if isinstance(la, bool) else bool(la.get(rid, False))
+
+        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
+            rid = request.request_id
+            if rid in self.script["matched_tokens"]:
+                ext = int(self.script["matched_tokens"][rid])
+            elif rid in self.script["holds"]:
+                held = min(int(self.script["holds"][rid]), request.num_tokens - 1)
+                held -= held % self.block_size
+                ext = max(0, held - num_computed_tokens)
+            else:
+                ext = 0
+            self.last_answer = (rid, ext)
+            return ext, ext > 0 and self._is_async(rid)
+
+        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+            if num_external_tokens > 0 and self._is_async(request.request_id):
+                self.loading[request.request_id] = int(self.script["async_load_steps"])
+
+        def step_finished_recving(self) -> set[str]:
+            """Count one step for every load in flight; those done are reported this step."""
+            done = set()
+            for rid in list(self.loading):
+                self.loading[rid] -= 1
+                if self.loading[rid] <= 0:
+                    del self.loading[rid]
+                    done.add(rid)
+            return done
+
+        def build_connector_meta(self, scheduler_output: Any) -> Any:
+            return v["KVConnectorMetadata"]()
+
+        def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
+            return False, None
+
+        def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
+            return False, None
+
+        # Worker-side hooks: never called on the scheduler role.
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            return None
+
+        def wait_for_layer_load(self, layer_name: str) -> None:
+            return None
+
+        def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+            return None
+
+        def wait_for_save(self) -> None:
+            return None
+
+    HybridsimScriptedConnector.__module__ = __name__
+    globals()[CONNECTOR_CLASS_NAME] = HybridsimScriptedConnector
+
+
+# --------------------------------------------------------------------------- building the scheduler
+
+_MODEL_DIRS: dict[str, str] = {}
+
+
+def _model_dir(hybrid: bool) -> str:
+    """A folder holding only a tiny ``config.json`` (Llama-style, or Jamba-style when hybrid)."""
+    key = "hybrid" if hybrid else "attention"
+    if key in _MODEL_DIRS and os.path.isdir(_MODEL_DIRS[key]):
+        return _MODEL_DIRS[key]
+    d = tempfile.mkdtemp(prefix=f"hybridsim-vllm-{key}-")
+    common = {
+        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 32000,
+        "intermediate_size": 64, "max_position_embeddings": 1 << 20, "torch_dtype": "float32",
+    }
+    if hybrid:
+        cfg = dict(common, architectures=["JambaForCausalLM"], model_type="jamba", num_hidden_layers=2,
+                   attn_layer_period=2, attn_layer_offset=1, expert_layer_period=100, expert_layer_offset=99,
+                   num_experts=1, mamba_d_state=4, mamba_d_conv=2, mamba_expand=1)
+    else:
+        cfg = dict(common, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1)
+    with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(cfg, fh)
+    _MODEL_DIRS[key] = d
+    return d
+
+
+def cleanup_model_dirs() -> None:
+    for d in _MODEL_DIRS.values():
+        shutil.rmtree(d, ignore_errors=True)
+    _MODEL_DIRS.clear()
+
+
+def _group_spec(g: GroupScript, mamba_mode: str) -> Any:
+    v = _VLLM
+    torch = v["torch"]
+    if g["type"] == "full_attention":
+        return v["FullAttentionSpec"](block_size=g["block_size"], num_kv_heads=1, head_size=8, dtype=torch.float32)
+    if g["type"] == "sliding_window":
+        return v["SlidingWindowSpec"](block_size=g["block_size"], num_kv_heads=1, head_size=8, dtype=torch.float32,
+                                      sliding_window=int(g["window"] or 0))
+    checkpoints = bool(g["prefill_checkpoints"]) and mamba_mode == "align"
+    return v["MambaSpec"](block_size=g["block_size"], shapes=((4,),), dtypes=(torch.float32,),
+                          mamba_cache_mode=mamba_mode,
+                          num_prefill_checkpoint_blocks=1 if checkpoints else 0,
+                          prefill_checkpoint_alignment=1 if checkpoints else None)
+
+
+def build_scheduler(script: LoweredScript) -> Any:
+    """vLLM's ``Scheduler`` for ``script``: configs, hand-built ``KVCacheConfig``, connector by module path."""
+    v = _load_vllm()
+    hybrid = any(g["type"] == "mamba" for g in script["groups"])
+    model_config = v["ModelConfig"](model=_model_dir(hybrid), skip_tokenizer_init=True,
+                                    max_model_len=script["max_model_len"], dtype="float32")
+    scheduler_config = v["SchedulerConfig"](
+        max_num_seqs=script["max_num_seqs"],
+        max_num_batched_tokens=script["max_num_batched_tokens"],
+        max_model_len=script["max_model_len"],
+        long_prefill_token_threshold=script["long_prefill_token_threshold"],
+        enable_chunked_prefill=True,
+        policy=script["scheduling_policy"],
+        watermark=script["watermark"],
+        is_encoder_decoder=False,
+    )
+    cache_config = v["CacheConfig"](block_size=script["scheduler_block_size"],
+                                    enable_prefix_caching=script["enable_prefix_caching"])
+    kv_transfer = None
+    if script["connector"] is not None:
+        kv_transfer = v["KVTransferConfig"](
+            kv_connector=CONNECTOR_CLASS_NAME,
+            kv_connector_module_path=__name__,
+            kv_role="kv_both",
+            kv_connector_extra_config={"script": script["connector"],
+                                       "scheduler_block_size": script["scheduler_block_size"]},
+        )
+    vllm_config = v["VllmConfig"](
+        model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
+        kv_transfer_config=kv_transfer,
+        kv_events_config=v["KVEventsConfig"](enable_kv_cache_events=True, publisher="null"),
+    )
+    mamba_mode = cache_config.mamba_cache_mode if hybrid else "none"
+    groups = [v["KVCacheGroupSpec"]([f"layer{i}"], _group_spec(g, mamba_mode)) for i, g in enumerate(script["groups"])]
+    kv_cache_config = v["KVCacheConfig"](
+        num_blocks=script["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups,
+        prefix_cache_retention_interval=script["retention_interval"],
+        hash_block_size=script["hash_block_size"],
+    )
+    cache_config.num_gpu_blocks = script["num_blocks"]
+    return v["Scheduler"](
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=v["StructuredOutputManager"](vllm_config),
+        block_size=script["scheduler_block_size"],
+        hash_block_size=script["hash_block_size"],
+    )
+
+
+def _make_request(r: RequestScript, hash_block_size: int) -> Any:
+    v = _VLLM
+    params = v["SamplingParams"](max_tokens=r["max_tokens"], ignore_eos=True)
+    hasher = v["kv_cache_utils"].get_request_block_hasher(hash_block_size, v["sha256_cbor"])
+    return v["Request"](request_id=r["id"], prompt_token_ids=list(r["prompt_token_ids"]), sampling_params=params,
+                        pooling_params=None, arrival_time=float(r["arrival_step"]), priority=r["priority"],
+                        block_hasher=hasher)
+
+
+# --------------------------------------------------------------------------- the pre-#48425 lookup
+
+
+def _install_max_per_group(scheduler: Any) -> None:
+    """Emulate the pre-#48425 local lookup (``max_per_group``) on this scheduler instance.
+
+    What vLLM did before PR #48425: with a connector attached, Mamba layers and
+    the hybrid coordinator (no capability flag), the local hit is the maximum
+    of ``find_longest_cache_hit_per_group``, each group claiming its own
+    per-group blocks; no shared-prefix boundary (0) and never ``hit_diverged``.
+    Otherwise the plain ``get_computed_blocks``. Everything else in
+    ``schedule()`` stays 0.33's, so this answers "what would 0.33 do with the
+    old lookup". Not vLLM 0.33 as shipped.
+    """
+    v = _VLLM
+    kvm = scheduler.kv_cache_manager
+    coordinator = kvm.coordinator
+
+    def lookup(request: Any, max_cache_hit_length: Optional[int] = None) -> tuple[Any, int, int, bool]:
+        gated = (
+            scheduler.connector is not None
+            and kvm.kv_cache_config.has_mamba_layers
+            and isinstance(coordinator, v["HybridKVCacheCoordinator"])
+        )
+        if not gated:
+            blocks, num_local, boundary = kvm.get_computed_blocks(request, max_cache_hit_length)
+            return blocks, num_local, boundary, False
+        if not kvm.prefix_cache_lookup_enabled(request):
+            return kvm.empty_kv_cache_blocks, 0, 0, False
+        limit = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+        computed, hits = coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)
+        return kvm.create_kv_cache_blocks(computed), max(hits), 0, False
+
+    scheduler._get_local_prefix_cache_hit = lookup
+
+
+# --------------------------------------------------------------------------- the recording harness
+
+
+def _crash_message(exc: BaseException) -> str:
+    text = str(exc)
+    if text or not isinstance(exc, AssertionError):
+        return text
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = (frames[-1].line or "").strip() if frames else ""
+    return line[len("assert "):].split(",")[0].strip() if line.startswith("assert ") else line
+
+
+class _Recorder:
+    """Wraps methods of one scheduler instance to observe its decisions."""
+
+    def __init__(self, scheduler: Any, record: bool) -> None:
+        self.s = scheduler
+        self.record = record
+        self.num_groups = len(scheduler.kv_cache_config.kv_cache_groups)
+        self.admissions: list[AdmissionTrace] = []
+        self.open: Optional[AdmissionTrace] = None
+        self.preempted: list[str] = []
+        self.events: list[KVEventTrace] = []
+        self.hash_ids: dict[bytes, int] = {}
+        self.in_lookup = False
+        self.current: Optional[str] = None
+        if record:
+            self._wrap()
+
+    # -- helpers
+    def _hits(self, request: Any) -> list[int]:
+        v = _VLLM
+        kvm = self.s.kv_cache_manager
+        coord = kvm.coordinator
+        if not kvm.prefix_cache_lookup_enabled(request):
+            return [0] * self.num_groups
+        limit = request.num_tokens - 1
+        if isinstance(coord, v["HybridKVCacheCoordinator"]):
+            return list(coord.find_longest_cache_hit_per_group(request.block_hashes, limit)[1])
+        return [int(coord.find_longest_cache_hit(request.block_hashes, limit)[1])] * self.num_groups
+
+    def _kind(self, request: Any) -> str:
+        if request.num_computed_tokens > 0:
+            return "after_async_load"
+        return "after_preemption" if request.num_preemptions else "first"
+
+    def close_open(self, result: str) -> None:
+        if self.open is not None:
+            self.open["result"] = result  # type: ignore[typeddict-item]
+            self.admissions.append(self.open)
+            self.open = None
+
+    def _start(self, request: Any) -> AdmissionTrace:
+        self.close_open("skipped")
+        att: AdmissionTrace = {
+            "request": request.request_id, "kind": self._kind(request), "hits": [0] * self.num_groups,
+            "local": 0, "external": 0, "hit_diverged": False, "fallback": False, "result": "skipped",
+        }
+        self.open = att
+        return att
+
+    def _hash_id(self, key: bytes) -> int:
+        from vllm.v1.core.kv_cache_utils import get_block_hash
+
+        h = bytes(get_block_hash(key))
+        if h not in self.hash_ids:
+            self.hash_ids[h] = len(self.hash_ids)
+        return self.hash_ids[h]
+
+    # -- wrapping
+    def _wrap(self) -> None:
+        s = self.s
+        kvm = s.kv_cache_manager
+        rec = self
+
+        orig_lookup = s._get_local_prefix_cache_hit
+
+        def lookup(request: Any, max_cache_hit_length: Optional[int] = None) -> Any:
+            rec.current = request.request_id
+            att = rec._start(request)
+            att["hits"] = rec._hits(request)
+            rec.in_lookup = True
+            try:
+                out = orig_lookup(request, max_cache_hit_length)
+            finally:
+                rec.in_lookup = False
+            att["local"] = int(out[1])
+            att["hit_diverged"] = bool(out[3])
+            return out
+
+        s._get_local_prefix_cache_hit = lookup
+
+        orig_gcb = kvm.get_computed_blocks
+
+        def get_computed_blocks(request: Any, max_cache_hit_length: Optional[int] = None) -> Any:
+            out = orig_gcb(request, max_cache_hit_length)
+            att = rec.open
+            if not rec.in_lookup and att is not None and att["request"] == request.request_id:
+                att["fallback"] = True
+                att["local"] = int(out[1])
+            return out
+
+        kvm.get_computed_blocks = get_computed_blocks
+
+        orig_alloc = kvm.allocate_slots
+        running = _VLLM["RequestStatus"].RUNNING
+
+        def allocate_slots(request: Any, num_new_tokens: int, *args: Any, **kwargs: Any) -> Any:
+            rec.current = request.request_id
+            if request.status == running:
+                return orig_alloc(request, num_new_tokens, *args, **kwargs)
+            att = rec.open
+            if att is None or att["request"] != request.request_id:
+                att = rec._start(request)
+            att["local"] = int(kwargs.get("num_new_computed_tokens", 0))
+            att["external"] = int(kwargs.get("num_external_computed_tokens", 0))
+            try:
+                out = orig_alloc(request, num_new_tokens, *args, **kwargs)
+            except BaseException:
+                rec.close_open("crash")
+                raise
+            rec.close_open("no_blocks" if out is None else "admitted")
+            return out
+
+        kvm.allocate_slots = allocate_slots
+
+        orig_preempt = s._preempt_request
+
+        def preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
+            rec.preempted.append(request.request_id)
+            return orig_preempt(request, *args, **kwargs)
+
+        s._preempt_request = preempt
+
+        if s.connector is not None:
+            conn = s.connector
+            orig_match = conn.get_num_new_matched_tokens
+
+            def match(request: Any, num_computed_tokens: int) -> Any:
+                rec.current = request.request_id
+                ext, load_async = orig_match(request, num_computed_tokens)
+                att = rec.open
+                if att is not None and att["request"] == request.request_id:
+                    att["external"] = 0 if (ext is None or request.skip_reading_prefix_cache) else int(ext)
+                return ext, load_async
+
+            conn.get_num_new_matched_tokens = match
+
+        self._wrap_pool()
+
+    def _wrap_pool(self) -> None:
+        pool = self.s.kv_cache_manager.block_pool
+        rec = self
+        from vllm.v1.core.kv_cache_utils import get_group_id
+
+        class RecordingMap(_VLLM["BlockHashToBlockMap"]):
+            def insert(self, key: Any, block: Any) -> None:
+                super().insert(key, block)
+                rec.events.append({"kind": "stored", "group": int(get_group_id(key)), "block_id": int(block.block_id),
+                                   "hash": rec._hash_id(key)})
+
+            def pop(self, key: Any, block_id: int) -> Any:
+                out = super().pop(key, block_id)
+                if out is not None:
+                    rec.events.append({"kind": "removed", "group": int(get_group_id(key)), "block_id": int(block_id),
+                                       "hash": rec._hash_id(key)})
+                return out
+
+        def install() -> None:
+            fresh = RecordingMap()
+            old = pool.cached_block_hash_to_block
+            assert len(old) == 0, "the block map is replaced only while empty"
+            pool.cached_block_hash_to_block = fresh
+
+        install()
+        orig_reset = pool.reset_prefix_cache
+
+        def reset_prefix_cache() -> bool:
+            ok = orig_reset()
+            if ok:
+                install()
+                rec.events.append({"kind": "cleared", "group": -1, "block_id": -1, "hash": -1})
+            return ok
+
+        pool.reset_prefix_cache = reset_prefix_cache
+
+    def take_step(self, step: int, scheduled: list[list[Any]]) -> Optional[StepTrace]:
+        self.close_open("skipped")
+        trace: StepTrace = {"step": step, "scheduled": scheduled, "preempted": self.preempted,
+                            "admissions": self.admissions, "kv_events": self.events}
+        self.preempted, self.admissions, self.events = [], [], []
+        if scheduled or trace["preempted"] or trace["admissions"] or trace["kv_events"]:
+            return trace
+        return None
+
+
+def _apply_action(scheduler: Any, action: ActionScript, prompts: dict[str, Any], script: LoweredScript) -> None:
+    kvm = scheduler.kv_cache_manager
+    if action["kind"] == "reset_prefix_cache":
+        kvm.reset_prefix_cache()
+        return
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+    request = prompts[action["request"]]
+    group = int(action["group"])
+    group_bs = script["groups"][group]["block_size"]
+    ratio = group_bs // script["hash_block_size"]
+    fine = request.block_hashes
+    pool = kvm.block_pool
+    ids: set[int] = set()
+    for i in action["block_indices"]:
+        j = (i + 1) * ratio - 1
+        if j >= len(fine):
+            continue
+        key = make_block_hash_with_group_id(fine[j], group)
+        entry = pool.cached_block_hash_to_block._cache.get(key)
+        if entry is None:
+            continue
+        if isinstance(entry, dict):
+            ids.update(int(b) for b in entry)
+        else:
+            ids.add(int(entry.block_id))
+    if ids:
+        kvm.evict_blocks(ids)
+
+
+def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
+    """Step vLLM's scheduler through ``script``; the decision trace (empty ``steps`` when ``record=False``)."""
+    v = _load_vllm()
+    if script.get("version") != SCRIPT_VERSION:
+        raise ValueError(f"lowered script version {script.get('version')!r}, expected {SCRIPT_VERSION}")
+    scheduler = build_scheduler(script)
+    if script["prefix_policy"] == "max_per_group":
+        _install_max_per_group(scheduler)
+    elif script["prefix_policy"] != "pr48425":
+        raise ValueError(f"prefix_policy {script['prefix_policy']!r} is not verifiable (pr48425, max_per_group)")
+    rec = _Recorder(scheduler, record)
+    arrivals: dict[int, list[RequestScript]] = {}
+    for r in script["requests"]:
+        arrivals.setdefault(int(r["arrival_step"]), []).append(r)
+    actions: dict[int, list[ActionScript]] = {}
+    for a in script["actions"]:
+        actions.setdefault(int(a["at_step"]), []).append(a)
+    # Prompt-only requests for the evict actions' hashes (as hybridsim: from the prompt content).
+    prompts = {r["id"]: _make_request(r, script["hash_block_size"]) for r in script["requests"]}
+    bases = {r["id"]: int(r["output_token_base"]) for r in script["requests"]}
+    last_event = max([*arrivals, *actions], default=0)
+    steps: list[StepTrace] = []
+    crash: Optional[CrashTrace] = None
+    finished: dict[str, int] = {}
+    generated: dict[str, int] = {}
+    stopped = ""
+    step = 0
+    connector = scheduler.connector
+    while True:
+        if step >= script["max_steps"]:
+            stopped = "max_steps"
+            break
+        if step > last_event and not scheduler.has_requests():
+            break
+        try:
+            for a in actions.get(step, ()):
+                _apply_action(scheduler, a, prompts, script)
+            for r in arrivals.get(step, ()):
+                scheduler.add_request(_make_request(r, script["hash_block_size"]))
+            out = scheduler.schedule()
+            scheduled = [[rid, int(n)] for rid, n in out.num_scheduled_tokens.items()]
+            rec.current = None
+            sampled: list[list[int]] = []
+            req_ids: list[str] = []
+            for rid in out.num_scheduled_tokens:
+                req = scheduler.requests[rid]
+                req_ids.append(rid)
+                if req.num_computed_tokens >= req.num_tokens:
+                    sampled.append([bases[rid] + req.num_output_tokens])
+                else:
+                    sampled.append([])
+            recving = connector.step_finished_recving() if connector is not None else set()
+            mro = v["ModelRunnerOutput"](
+                req_ids=req_ids,
+                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                sampled_token_ids=sampled,
+                kv_connector_output=v["KVConnectorOutput"](finished_recving=recving) if recving else None,
+            )
+            engine_out = scheduler.update_from_output(out, mro)
+            for rid, tokens in zip(req_ids, sampled):
+                generated[rid] = generated.get(rid, 0) + len(tokens)
+            for outs in engine_out.values():
+                for o in outs.outputs:
+                    if o.finish_reason is not None:
+                        finished[o.request_id] = generated.get(o.request_id, 0)
+            scheduler.kv_cache_manager.take_events()
+        except (AssertionError, ValueError) as exc:
+            rec.close_open("crash")
+            crash = {"step": step, "request": rec.current, "type": type(exc).__name__, "message": _crash_message(exc)}
+            trace = rec.take_step(step, [])
+            if trace is not None:
+                steps.append(trace)
+            stopped = "crash"
+            break
+        trace = rec.take_step(step, scheduled)
+        if record and trace is not None:
+            steps.append(trace)
+        step += 1
+    return {"steps": steps, "crash": crash, "finished": finished, "num_steps": step, "stopped": stopped}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python vllm_side.py SCRIPT.json``: print the decision trace as JSON."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: vllm_side.py LOWERED_SCRIPT.json", file=sys.stderr)
+        return 2
+    with open(args[0], encoding="utf-8") as fh:
+        script = json.load(fh)
+    print(json.dumps(run_script(script), indent=1))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
