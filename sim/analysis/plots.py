@@ -351,6 +351,35 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path, *, group_kinds: Sequence[str] | None = None,
+                          min_turns: int = 5) -> Path:
+    """Usable hit rate by turn index (sessions): the share of the tokens a turn could reuse from its
+    parent's prompt + answer that it did reuse, overall and per group (``sim.analysis.sessions``).
+    Turn indices with fewer than ``min_turns`` turns are left out (their rate is noise)."""
+    from sim.analysis.sessions import by_turn
+
+    table = by_turn(turns)
+    table = table[(table["turn"] > 1) & (table["n"] >= min_turns)] if len(table) else table
+    kinds = list(group_kinds or [])
+    fig, axes = _figure()
+    ax = axes[0][0]
+    ax.set_title(f"Usable prefix hit rate by turn (turn indices with >= {min_turns} turns)")
+    if not len(table) or table["usable_hit_rate"].isna().all():
+        _empty(ax, "no later turns with reusable tokens")
+        return _save(fig, path)
+    ax.plot(table["turn"], table["usable_hit_rate"], marker="o", color="C0", label="local hit (all groups)")
+    for i, col in enumerate(c for c in table.columns if c.startswith("usable_hit_g")):
+        ax.plot(table["turn"], table[col], marker=".", linestyle=_LINESTYLES[(i + 1) % len(_LINESTYLES)],
+                color=f"C{i + 1}", label=_group_label(i, kinds))
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("reused / reusable tokens")
+    ax.set_ylim(0, 1.02)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def plot_all(result: Any, out_dir: str | Path, fmt: str = "png",
              *, group_kinds: Sequence[str] | None = None) -> list[Path]:
     """Every single-run figure into ``out_dir``; returns the paths written, in a fixed order."""

@@ -34,6 +34,7 @@ decreases; every request given to the engine ends in exactly one
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -97,6 +98,9 @@ class EngineLoop:
     step_columns: Callable[[], dict] | None = None
     progress: Callable[[int, float, int], None] | None = None
     max_steps: int | None = None
+    #: Called once per step with the requests that finished in it and the step's end time
+    #: (closed-loop sessions, :mod:`sim.engine.sessions`); it may call :meth:`release`.
+    on_finished: Callable[[list[Request], float], None] | None = None
 
     times: dict[str, RequestTimes] = field(default_factory=dict)
     crash: CrashInfo | None = None
@@ -123,6 +127,12 @@ class EngineLoop:
         if self.transfers is not None and hasattr(self.transfers, "on_complete"):
             self.transfers.on_complete = self.wake
         self.process = self.env.process(self._run())
+
+    def release(self, request: Request) -> None:
+        """Queue a request that was held back; its ``arrival_time`` must not be in the past."""
+        assert request.arrival_time >= self.env.now, (request.request_id, request.arrival_time, self.env.now)
+        bisect.insort(self.requests, request, lo=self._next_request, key=_arrival_time)  # type: ignore[arg-type]
+        self._by_id[request.request_id] = request
 
     # ------------------------------------------------------------ wake-ups
     def wake(self) -> None:
@@ -255,6 +265,8 @@ class EngineLoop:
                     awaiting.pop(rid).first_token = end
         for request in finished:
             self.times[request.request_id].finished = end
+        if finished and self.on_finished is not None:
+            self.on_finished(finished, end)
         # Nothing ran and nothing moved: sleep until something new can happen.
         self._idle = not output.num_scheduled_tokens and not output.preempted_req_ids
         self.num_finished += len(finished)
@@ -304,6 +316,10 @@ class EngineLoop:
         for request in self.scheduler.requests.values():
             if not request.is_finished():
                 request.status = RequestStatus.FINISHED_ERROR
+
+
+def _arrival_time(request: Request) -> float:
+    return request.arrival_time
 
 
 class InvariantViolation(Exception):

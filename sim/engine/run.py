@@ -27,6 +27,7 @@ from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.interrupts import pause_hook
+from sim.engine.sessions import SessionDriver
 from sim.request import Request, RequestStatus
 from sim.trace.bundle import LoadedResult
 
@@ -66,6 +67,8 @@ class RunResult(LoadedResult):
     exit_code: int = EXIT_OK
     plots: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (:mod:`sim.analysis.sessions`).
+    session_tables: dict[str, Any] = field(default_factory=dict)
 
     @property
     def crash(self) -> dict | None:
@@ -94,6 +97,14 @@ def _step_duration_fn(components: Components):
         )
 
     return duration
+
+
+def _session_driver(scenario: Scenario, requests: list[Request]) -> SessionDriver | None:
+    """The closed-loop session driver, or ``None`` (no sessions, or open-loop replay)."""
+    spec = scenario.workload.sessions
+    if spec is None or spec.mode != "closed":
+        return None
+    return SessionDriver(requests, spec)
 
 
 def _transfer_service(env: simpy.Environment, clock: str):
@@ -130,7 +141,7 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
     admissions = rec.admissions.data
     worst = _worst_outcomes(admissions["request_id"], admissions["outcome"])
     crashed = loop.crash.request_id if loop.crash is not None else None
-    for request in loop.requests:
+    for request in components.requests:
         t = loop.times.get(request.request_id)
         arrived = t is not None
         rec.record_request(
@@ -175,8 +186,9 @@ def build_engine(
     check_invariants: bool = False,
     progress: Callable[[int, float, int], None] | None = None,
     max_steps: int | None = None,
-) -> tuple[simpy.Environment, EngineLoop]:
-    """Wire built components into a SimPy environment and an :class:`EngineLoop`, ready to ``env.run``.
+) -> tuple[simpy.Environment, EngineLoop, SessionDriver | None]:
+    """Wire built components into a SimPy environment and an :class:`EngineLoop`, ready to ``env.run``;
+    with closed-loop sessions also the :class:`~sim.engine.sessions.SessionDriver` that releases later turns.
 
     Binds the connector to the layout and the clock's transfer service. Shared by
     :func:`run_scenario` and cheap in-process drivers (``hybridsim shrink``) that
@@ -200,10 +212,11 @@ def build_engine(
         check = partial(check_manager, components.kv_manager)
 
     step_columns = getattr(connector, "step_columns", None) if connector is not None else None
+    sessions = _session_driver(scenario, components.requests)
     loop = EngineLoop(
         env=env,
         scheduler=components.scheduler,
-        requests=components.requests,
+        requests=sessions.initial if sessions is not None else components.requests,
         clock=scenario.clock,
         step_duration=_step_duration_fn(components),
         recorder=components.recorder,
@@ -216,8 +229,11 @@ def build_engine(
         step_columns=step_columns,
         progress=progress,
         max_steps=max_steps,
+        on_finished=sessions.on_finished if sessions is not None else None,
     )
-    return env, loop
+    if sessions is not None:
+        sessions.release = loop.release
+    return env, loop, sessions
 
 
 def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = None, *,
@@ -233,7 +249,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     components = build_components(scenario, fast_paths=options.use_fast_paths())
     assert components is not None
     progress = _Progress(scenario, len(components.requests)) if options.progress else None
-    env, loop = build_engine(
+    env, loop, sessions = build_engine(
         scenario, components, check_invariants=options.check_invariants,
         progress=progress.update if progress else pause_hook("run"), max_steps=options.max_steps,
     )
@@ -295,9 +311,19 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
         add_ideal_hit_rate(summary, tables, components.requests, components.kv_cache_config.scheduler_block_size)
     if connector is not None and hasattr(connector, "metrics"):
         summary["connector_metrics"] = connector.metrics()
+    session_tables: dict[str, Any] = {}
+    if scenario.workload.sessions is not None:
+        from sim.analysis.sessions import session_table, sessions_summary, turn_table
+
+        turns = turn_table(components.requests, tables, sessions.think_used if sessions is not None else {})
+        session_tables = {"turns": turns, "sessions": session_table(turns)}
+        summary["sessions"] = sessions_summary(
+            scenario.workload.sessions.mode, turns, session_tables["sessions"]
+        )
     partial = status not in ("complete", "crashed")
     result = RunResult(
-        summary=summary, tables=tables, path=None, group_kinds=list(components.group_kinds), exit_code=exit_code
+        summary=summary, tables=tables, path=None, group_kinds=list(components.group_kinds), exit_code=exit_code,
+        session_tables=session_tables,
     )
     if out_dir is not None:
         out = Path(out_dir)
@@ -311,6 +337,13 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
                 from sim.analysis.plots import plot_all
 
                 drawn = plot_all(result, stage / "plots", fmt=options.plot_format, group_kinds=components.group_kinds)
+                if session_tables:
+                    from sim.analysis.plots import plot_hit_rate_by_turn
+
+                    drawn.append(plot_hit_rate_by_turn(
+                        session_tables["turns"], stage / "plots" / f"hit_rate_by_turn.{options.plot_format}",
+                        group_kinds=components.group_kinds,
+                    ))
                 result.plots = [out / p.relative_to(stage) for p in drawn]
 
         write_result(out, scenario_yaml=resolved_yaml(scenario), summary=summary, tables=tables,

@@ -106,7 +106,7 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
     """
     components = build_components(scenario)
     assert components is not None
-    env, loop = build_engine(scenario, components, max_steps=max_steps)
+    env, loop, _sessions = build_engine(scenario, components, max_steps=max_steps)
     try:
         env.run(until=loop.process)
     except (StopRun, InvariantViolation):  # a crash, a stall, the step cap: what was recorded is the observation

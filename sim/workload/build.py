@@ -14,6 +14,7 @@ from sim.workload.errors import WorkloadError
 from sim.workload.generators import generate
 from sim.workload.options import apply_options
 from sim.workload.script import script_drafts
+from sim.workload.sessions import annotate_sessions
 from sim.workload.spec import WorkloadSpec
 from sim.workload.traces import read_trace
 
@@ -58,6 +59,10 @@ def build_requests(
             drafts = itertools.islice(drafts, read_at_most)
     kept = apply_options(drafts, spec, sample_rng, clock)
     _check_unique_ids(kept)
+    if spec.sessions is not None:
+        # A third child of the same seed: the first two are unchanged by it.
+        (session_rng,) = rng.spawn(1)
+        annotate_sessions(kept, spec, clock=clock, rng=session_rng, base_dir=base_dir)
     return [d.to_request() for d in kept]
 
 

@@ -23,7 +23,10 @@ Structures with an optional ``system`` pool put the system prompt first.
 Turns and branches are open-loop: a turn arrives ``think_time`` after the
 previous turn *arrived* (the workload cannot know when the answer finishes), so
 choose think times longer than a turn's latency. ``metadata`` keeps
-``parent`` and ``think_time`` for a closed-loop driver.
+``parent``/``parents`` and ``think_time`` for the closed-loop driver
+(``workload.sessions``, :mod:`sim.workload.sessions`), which releases a turn
+after its parents *finished* instead. A ``fanout`` with ``join_len`` adds a
+join request per task that quotes every branch's answer and waits for them all.
 """
 
 from __future__ import annotations
@@ -179,8 +182,9 @@ def _fanout(
     spacing = sample_values(s.spacing, rng, total, base_dir)
     max_tokens, output_len = out.draw(total)
     drafts: list[RequestDraft] = []
+    shared_prefixes = [system[i] + (StreamSegment(f"gen:a{i}:ctx", 0, int(context[i])),) for i in range(n)]
     for i in range(n):
-        shared = system[i] + (StreamSegment(f"gen:a{i}:ctx", 0, int(context[i])),)
+        shared = shared_prefixes[i]
         at = float(times[i])
         for b in range(int(branches[i])):
             j = len(drafts)
@@ -193,7 +197,42 @@ def _fanout(
                     metadata={"task": i, "branch": b, "system_prompt": picks[i]},
                 )
             )
+    if s.join_len is not None:
+        drafts += _fanout_joins(s, drafts, shared_prefixes, rng, out, base_dir)
     return drafts
+
+
+def _fanout_joins(
+    s: FanoutStructure, branches: list[RequestDraft], shared_prefixes: list[tuple[Segment, ...]],
+    rng: np.random.Generator, out: _Outputs, base_dir: Path,
+) -> list[RequestDraft]:
+    """One join ``a<i>j`` per task: context, each branch's answer, ``join_len`` new tokens.
+
+    Drawn after every branch draw, so a spec without ``join_len`` draws exactly
+    what it did before. Open-loop, the join arrives ``join_think`` after its
+    last branch *arrived*; ``metadata['parents']`` lists the branches.
+    """
+    assert s.join_len is not None
+    n = len(shared_prefixes)
+    lengths = sample_lengths(s.join_len, rng, n, base_dir)
+    think = sample_values(s.join_think, rng, n, base_dir)
+    max_tokens, output_len = out.draw(n)
+    by_task: dict[int, list[RequestDraft]] = {}
+    for d in branches:
+        by_task.setdefault(d.metadata["task"], []).append(d)
+    joins = []
+    for i in range(n):
+        kids = by_task[i]
+        prompt = shared_prefixes[i] + tuple(StreamSegment(output_stream(k.request_id), 0, k.output_len) for k in kids)
+        prompt += (StreamSegment(f"gen:a{i}:join", 0, int(lengths[i])),)
+        joins.append(
+            RequestDraft(
+                f"a{i}j", max(k.arrival for k in kids) + float(think[i]), prompt, int(max_tokens[i]),
+                int(output_len[i]), order=len(branches) + i,
+                metadata={"task": i, "parents": [k.request_id for k in kids], "think_time": float(think[i])},
+            )
+        )
+    return joins
 
 
 def _rag(

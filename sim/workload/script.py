@@ -70,5 +70,8 @@ def script_drafts(requests: Sequence[ScriptRequestSpec], clock: str) -> list[Req
             )
         if not math.isfinite(spec.at):
             raise WorkloadError(f"workload.requests[{order}] (id {spec.id!r}): 'at' must be finite")
-        drafts.append(to_draft(spec, order, [to_segment(s) for s in spec.prompt]))
+        draft = to_draft(spec, order, [to_segment(s) for s in spec.prompt])
+        if spec.after:
+            draft.metadata.update(parents=list(spec.after), think_time=spec.think)
+        drafts.append(draft)
     return drafts

@@ -126,10 +126,23 @@ class RequestFields(_Model):
     cache_salt: str | None = None
 
 
+def _one_to_list(value: Any) -> Any:
+    return [value] if isinstance(value, (str, int)) and not isinstance(value, bool) else value
+
+
 class ScriptRequestSpec(RequestFields):
-    """One scripted request: ``{id, at, prompt, max_tokens, output_len?, priority?, lora?, cache_salt?}``."""
+    """One scripted request: ``{id, at, prompt, max_tokens, output_len?, priority?, lora?, cache_salt?}``.
+
+    Session keys (used by ``workload.sessions``, see :mod:`sim.workload.sessions`):
+    ``after`` names the request(s) this one waits for (one id or a list: a join
+    waits for all of them) and ``think`` is the think time after the last of
+    them finished (steps with ``clock: steps``, else seconds). Open-loop
+    replay ignores both and uses ``at``; closed-loop replay ignores ``at``.
+    """
 
     prompt: list[ScriptSegment] = Field(min_length=1)
+    after: Annotated[list[RequestId], BeforeValidator(_one_to_list)] | None = None
+    think: NonNegativeFloat = 0.0
 
 
 class RecordSpec(RequestFields):
@@ -360,6 +373,11 @@ class FanoutStructure(_Model):
     branches: Distribution
     branch_len: Distribution
     spacing: Distribution = Field(default_factory=lambda: FixedDist(dist="fixed", value=0.0))
+    #: With a length, each task ends in a join request ``a<i>j``: the context, every branch's
+    #: answer in branch order, then ``join_len`` new tokens; it waits for all branches.
+    join_len: Distribution | None = None
+    #: Think time before the join (after the last branch finished; closed-loop sessions).
+    join_think: Distribution = Field(default_factory=lambda: FixedDist(dist="fixed", value=0.0))
 
 
 class RagStructure(_Model):
@@ -454,6 +472,41 @@ class TraceSpec(_Model):
         return self
 
 
+# --------------------------------------------------------------------------- sessions
+
+
+class SessionSpec(_Model):
+    """``workload.sessions``: replay a workload's sessions open- or closed-loop.
+
+    ``mode: open`` keeps every arrival time (today's behaviour) and only adds
+    the session metrics. ``mode: closed`` releases a turn when the turn(s) it
+    waits for have finished, plus a think time: the generator's (or the
+    script's ``think``), or ``think_time`` when given; for a trace, the recorded
+    gap minus the simulated response time of its parent. Every think time is
+    floored at ``min_think``. ``concurrency: N`` (closed only) keeps N sessions
+    in flight, like a benchmark's client pool: N sessions start at time 0 and
+    each one that ends starts the next, ignoring first-turn arrival times.
+    ``orphans``: a turn whose parent is not in the workload (dropped by
+    ``sample``/``time_window``/``limit`` or absent from the trace) is an error,
+    or (``root``) starts a session of its own. ``min_shared_blocks``: a
+    Mooncake turn's parent is the latest earlier request whose full 512-token
+    blocks, at least this many, are all a prefix of the turn's.
+    """
+
+    mode: Literal["open", "closed"] = "closed"
+    concurrency: PositiveInt | None = None
+    think_time: Distribution | None = None
+    min_think: NonNegativeFloat = 0.0
+    orphans: Literal["error", "root"] = "error"
+    min_shared_blocks: PositiveInt = 2
+
+    @model_validator(mode="after")
+    def _closed_for_concurrency(self) -> "SessionSpec":
+        if self.concurrency is not None and self.mode != "closed":
+            raise ValueError("sessions: 'concurrency' needs mode: closed (open-loop replay keeps arrival times)")
+        return self
+
+
 # --------------------------------------------------------------------------- workload
 
 
@@ -477,6 +530,7 @@ class WorkloadSpec(_Model):
     #: A prompt longer than ``scheduler.max_model_len``: ``reject`` it as vLLM does (outcome ``rejected``,
     #: counted, the run goes on) or make it an ``error`` naming both fixes.
     too_long: Literal["reject", "error"] = "reject"
+    sessions: SessionSpec | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> "WorkloadSpec":
