@@ -283,7 +283,9 @@ def _write_crash(out: Path, scenario: Scenario, components: Components, crash: d
             detail["hits"] = [admissions[f"hit_g{g}"][i] for g in range(components.recorder.num_groups)]
             detail["local_tokens"] = admissions["local_tokens"][i]
             detail["external_tokens"] = admissions["external_tokens"][i]
-            detail["claimed_boundary"] = admissions["num_computed_tokens"][i]
+            detail["claimed_boundary"] = admissions["claimed_boundary"][i]
+            attempt = admissions["request_id"][: i + 1].count(crash["request_id"])
+            detail["explain"] = f"hybridsim explain {out} {crash['request_id']} --attempt {attempt}"
             break
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"
     (out / "crash.json").write_text(text, encoding="utf-8")
