@@ -252,6 +252,24 @@ def show(result_dir: Path = typer.Argument(..., help="A result bundle directory.
     print_summary(result.summary, title=str(result_dir))
 
 
+# ------------------------------------------------------------------ explain
+@app.command()
+@handles_errors
+def explain(
+    bundle: Path = typer.Argument(..., help="A result bundle directory."),
+    request: str = typer.Argument(..., help="A request id."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="Admission attempt (1-based; default the last)."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also draw the block map to this PNG/SVG."),
+) -> None:
+    """The story of one admission: hits, cached blocks, policy, connector, fallback, outcome and why."""
+    from sim.analysis.explain import explain_bundle, render_block_map
+
+    story = explain_bundle(bundle, request, attempt)
+    typer.echo(story.text(), nl=False)
+    if plot_path is not None:
+        typer.echo(str(render_block_map(story, plot_path)))
+
+
 # --------------------------------------------------------------------- plot
 @app.command()
 @handles_errors
