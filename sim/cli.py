@@ -125,9 +125,10 @@ def handles_errors(fn: Callable) -> Callable:
 
 
 def _console():
+    """A rich console; piped output is not cut to 80 columns (rich's default without a terminal)."""
     from rich.console import Console
 
-    return Console()
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _show_progress() -> bool:
@@ -295,6 +296,7 @@ def plot(
 def compare(
     result_dirs: List[Path] = typer.Argument(..., help="Result bundle directories (two or more)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory for the overlay plots."),
+    labels: List[str] = typer.Option([], "--label", help="A run's label (repeatable, in order; default the folder name)."),
 ) -> None:
     """One table and overlay plots across runs (e.g. one run per prefix policy)."""
     from rich.table import Table
@@ -305,9 +307,11 @@ def compare(
 
     if len(result_dirs) < 2:
         _fail("compare needs at least two result directories")
+    if len(labels) > len(result_dirs):
+        _fail(f"--label given {len(labels)} times for {len(result_dirs)} result directories")
     results = {}
-    for directory in result_dirs:
-        label = directory.name
+    for i, directory in enumerate(result_dirs):
+        label = labels[i] if i < len(labels) else directory.name
         while label in results:
             label = f"{label}'"
         results[label] = load_result(directory)

@@ -237,6 +237,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             "seed": scenario.seed,
             "clock": scenario.clock,
             "policy": scenario.scheduler.prefix_policy,
+            "lookup_path": components.scheduler.prefix_policy.lookup_path(components.connector),
             "connector": scenario.connector.type,
             "num_blocks": components.kv_cache_config.num_blocks,
             "block_sizes": [g.spec.block_size for g in components.kv_cache_config.groups],
