@@ -169,9 +169,10 @@ def handles_errors(fn: Callable) -> Callable:
 
 
 def _console():
+    """A rich console; piped output is not cut to 80 columns (rich's default without a terminal)."""
     from rich.console import Console
 
-    return Console()
+    return Console() if sys.stdout.isatty() else Console(width=200)
 
 
 def _show_progress() -> bool:
@@ -307,6 +308,24 @@ def show(result_dir: Path = typer.Argument(..., help="A result bundle directory.
     print_summary(result.summary, title=f"{result_dir}  (PARTIAL)" if result.partial else str(result_dir))
 
 
+# ------------------------------------------------------------------ explain
+@app.command()
+@handles_errors
+def explain(
+    bundle: Path = typer.Argument(..., help="A result bundle directory."),
+    request: str = typer.Argument(..., help="A request id."),
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="Admission attempt (1-based; default the last)."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also draw the block map to this PNG/SVG."),
+) -> None:
+    """The story of one admission: hits, cached blocks, policy, connector, fallback, outcome and why."""
+    from sim.analysis.explain import explain_bundle, render_block_map
+
+    story = explain_bundle(bundle, request, attempt)
+    typer.echo(story.text(), nl=False)
+    if plot_path is not None:
+        typer.echo(str(render_block_map(story, plot_path)))
+
+
 # --------------------------------------------------------------------- plot
 @app.command()
 @handles_errors
@@ -339,6 +358,7 @@ def plot(
 def compare(
     result_dirs: List[Path] = typer.Argument(..., help="Result bundle directories (two or more)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory for the overlay plots."),
+    labels: List[str] = typer.Option([], "--label", help="A run's label (repeatable, in order; default the folder name)."),
 ) -> None:
     """One table and overlay plots across runs (e.g. one run per prefix policy)."""
     from rich.table import Table
@@ -349,9 +369,11 @@ def compare(
 
     if len(result_dirs) < 2:
         _fail("compare needs at least two result directories")
+    if len(labels) > len(result_dirs):
+        _fail(f"--label given {len(labels)} times for {len(result_dirs)} result directories")
     results = {}
-    for directory in result_dirs:
-        label = directory.name
+    for i, directory in enumerate(result_dirs):
+        label = labels[i] if i < len(labels) else directory.name
         while label in results:
             label = f"{label}'"
         results[label] = load_result(directory)

@@ -295,6 +295,11 @@ class Scheduler:
         #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
         self.reuse_prefix_lookups = True
         self._last_lookup: tuple[tuple, tuple[int, ...], PrefixLookup] | None = None
+        #: The current admission attempt's lookup position in kv_events and last connector question
+        #: (``-1``: not asked / not answered); recorded on its admissions row.
+        self._attempt_seq = 0
+        self._asked_at = -1
+        self._answer = -1
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
         self.step = 0
@@ -521,6 +526,10 @@ class Scheduler:
         (head-of-line stop) or :class:`EngineCrash`.
         """
         rid = request.request_id
+        if self.recorder is not None:
+            # Where the attempt's lookup stands in kv_events (for `hybridsim explain`).
+            self._attempt_seq = len(self.recorder.kv_events) + self.kv.num_pending_events
+            self._asked_at, self._answer = -1, -1
         lookup: PrefixLookup | None = None
         hits: tuple[int, ...] = (0,) * self.num_groups
         ext = 0
@@ -633,10 +642,13 @@ class Scheduler:
         partial_tail = local % self.block_size
         aligned_local = local - partial_tail
         # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
+        self._asked_at, self._answer = aligned_local, -1
         ext_answer, load_async = self._guarded(
             lambda: self.connector.get_num_new_matched_tokens(request, aligned_local),
             **row, local=local, fallback=fallback,
         )
+        if ext_answer is not None:
+            self._answer = ext_answer
         if request.skip_reading_prefix_cache:
             ext_answer, load_async = 0, False
         if ext_answer is None:
@@ -739,6 +751,9 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens if num_computed is None else num_computed,
             tokens_lost=tokens_lost,
             taint_origin=taint_origin,
+            lookup_seq=self._attempt_seq,
+            connector_asked_at=self._asked_at,
+            connector_answer=self._answer,
         )
 
     def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:

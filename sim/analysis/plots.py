@@ -21,6 +21,7 @@ under ``clock: steps`` (from ``summary["clock"]``; without it, seconds when
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -99,9 +100,19 @@ def _empty(ax: Axes, message: str) -> None:
     ax.set_yticks([])
 
 
-def _figure(nrows: int = 1, ncols: int = 1, *, width: float = 9.0, height: float = 4.5, **kw) -> tuple[Figure, np.ndarray]:
-    fig = Figure(figsize=(width, height), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+def _figure(nrows: int = 1, ncols: int = 1, *, width: float = 9.0, height: float = 4.5, legend_right: float = 0.0,
+            **kw) -> tuple[Figure, np.ndarray]:
+    """A figure with fixed margins in inches (``legend_right``: room for legends right of the axes).
+
+    Fixed margins instead of a layout engine: constrained or tight layout (or a
+    tight bounding box) draws every figure twice, which doubled plotting time.
+    """
+    fig = Figure(figsize=(width, height))
+    # A fixed title height: matplotlib's automatic one measures every tick label at draw time.
+    with matplotlib.rc_context({"axes.titley": 1.0}):
+        axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    fig.subplots_adjust(left=0.85 / width, right=1 - (0.25 + legend_right) / width, bottom=0.65 / height,
+                        top=1 - 0.65 / height, hspace=0.55 * nrows / max(height - 1.3, 1.0), wspace=0.28)
     return fig, axes
 
 
@@ -113,46 +124,140 @@ def _save(fig: Figure, path: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     metadata = {"Software": None} if fmt == "png" else {"Date": None, "Creator": None}
     with matplotlib.rc_context({"svg.hashsalt": "hybridsim", "svg.fonttype": "path"}):
-        fig.savefig(out, format=fmt, dpi=100, metadata=metadata)
+        # Fast zlib level: PNG compression was a third of the plotting time.
+        extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
+        fig.savefig(out, format=fmt, dpi=100, metadata=metadata, **extra)
     return out
 
 
 # ---------------------------------------------------------------- single run
 
 
-def plot_block_usage(result: Any, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
-    """Free blocks of the shared pool, then per group blocks in use and cached blocks per step.
+@dataclass(frozen=True)
+class GroupPanel:
+    """One panel for one or more KV-cache groups of one kind."""
 
-    Evictions (``removed`` events) are a rug of red ticks along each group's
-    time axis.
-    """
+    label: str
+    groups: tuple[int, ...]
+
+
+def group_panels(steps: pd.DataFrame, kinds: Sequence[str]) -> list[GroupPanel]:
+    """Groups merged into panels by kind (e.g. Nemotron-H's six Mamba groups: one ``"g0-g5 mamba ×6"``
+    panel). Groups of one kind share the pool and the scheduler's decisions, so their blocks in use
+    agree; their cached counts and evictions may differ, which a merged panel draws as a band and a sum.
+    Without kinds every group is its own panel."""
+    n = max(infer_num_groups(steps.columns), len(kinds))
+    merged: list[tuple[tuple, list[int]]] = []
+    for g in range(n):
+        key = (kinds[g],) if kinds else (g,)
+        for k, members in merged:
+            if k == key:
+                members.append(g)
+                break
+        else:
+            merged.append((key, [g]))
+    panels = []
+    for _, members in merged:
+        if len(members) == 1:
+            panels.append(GroupPanel(_group_label(members[0], kinds), (members[0],)))
+            continue
+        contiguous = members == list(range(members[0], members[-1] + 1))
+        names = f"g{members[0]}-g{members[-1]}" if contiguous else ",".join(f"g{m}" for m in members)
+        panels.append(GroupPanel(f"{names} {kinds[members[0]]} ×{len(members)}", tuple(members)))
+    return panels
+
+
+#: Up to this many evictions in a panel are drawn one tick each; more as a density.
+MAX_EVICTION_TICKS = 150
+
+
+def eviction_marks(times: pd.Series, span: tuple[float, float], bins: int = 80) -> tuple[str, np.ndarray, np.ndarray]:
+    """How to draw a panel's evictions: ``("ticks", x, [])`` when few, else ``("density", bin
+    edges, evictions per bin)`` over ``span``."""
+    x = times.to_numpy(dtype=float)
+    if len(x) <= MAX_EVICTION_TICKS:
+        return "ticks", x, np.array([])
+    lo, hi = span
+    edges = np.linspace(lo, hi if hi > lo else lo + 1, bins + 1)
+    counts, _ = np.histogram(x, bins=edges)
+    return "density", edges, counts
+
+
+def crash_positions(result: Any, xcol: str) -> list[float]:
+    """Where the run's crashes are on the x axis (crashed admission rows; else ``summary["crash"]``)."""
+    adm = _tables(result)["admissions"]
+    rows = adm[adm["outcome"] == "crash"]
+    if len(rows):
+        return sorted(float(v) for v in rows[xcol])
+    crash = (getattr(result, "summary", None) or {}).get("crash")
+    if crash:
+        return [float(crash["step" if xcol == "step" else "time_s"])]
+    return []
+
+
+def _mark_crashes(ax: Axes, xs: Sequence[float], label: bool) -> None:
+    for i, x in enumerate(xs):
+        ax.axvline(x, color="#000000", linewidth=1.5, linestyle="-.", label="crash" if label and i == 0 else None)
+
+
+def series_band(steps: pd.DataFrame, prefix: str, groups: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, the min and max of ``<prefix><g>`` over ``groups`` (equal arrays when they agree)."""
+    values = steps[[f"{prefix}{g}" for g in groups]].to_numpy()
+    return values.min(axis=1), values.max(axis=1)
+
+
+def _series(ax: Axes, steps: pd.DataFrame, xcol: str, prefix: str, groups: Sequence[int], label: str,
+            colour: str, style: str) -> None:
+    lo, hi = series_band(steps, prefix, groups)
+    if np.array_equal(lo, hi):
+        ax.step(steps[xcol], lo, where="post", label=label, color=colour, linestyle=style)
+        return
+    ax.fill_between(steps[xcol], lo, hi, step="post", color=colour, alpha=0.35,
+                    label=f"{label} (min-max of {len(groups)})", linewidth=0)
+    ax.step(steps[xcol], hi, where="post", color=colour, linestyle=style, linewidth=0.8)
+
+
+def plot_block_usage(result: Any, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
+    """Free blocks of the shared pool, then per group panel (groups of one kind merged) blocks in use
+    and cached blocks per step; evictions as ticks (few) or a density (many); crashes marked."""
     t = _tables(result)
     steps, kv = t["steps"], t["kv_events"]
     n = infer_num_groups(steps.columns)
     kinds = _kinds(result, group_kinds, n)
-    fig, axes = _figure(n + 1, 1, width=10.0, height=2.2 * (n + 1) + 0.8, sharex=True)
+    panels = group_panels(steps, kinds) if not steps.empty else []
+    fig, axes = _figure(len(panels) + 1, 1, width=11.0, height=2.0 * (len(panels) + 1) + 0.8, sharex=True,
+                        legend_right=3.6)
     fig.suptitle("KV-cache blocks over time")
     if steps.empty:
         _empty(axes[0, 0], "no steps recorded")
-        for ax in axes[1:, 0]:
-            ax.set_axis_off()
         return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps)
+    crashes = crash_positions(result, xcol)
+    span = (float(steps[xcol].min()), float(steps[xcol].max()))
     ax = axes[0, 0]
     ax.step(steps[xcol], steps["free_blocks"], where="post", color="#7f7f7f", label="free blocks")
+    _mark_crashes(ax, crashes, True)
     ax.set_title("shared block pool", loc="left", fontsize=10)
     _finish_panel(ax)
     removed = kv[kv["kind"] == "removed"]
-    for g in range(n):
-        ax = axes[g + 1, 0]
-        ax.step(steps[xcol], steps[f"blocks_g{g}"], where="post", label="blocks in use", color="#1f77b4")
-        ax.step(steps[xcol], steps[f"cached_g{g}"], where="post", label="cached blocks", color="#9467bd",
-                linestyle="--")
-        ev = removed[removed["group"] == g]
-        if len(ev):
-            ax.plot(ev[xcol], np.zeros(len(ev)), linestyle="none", marker="|", markersize=12,
-                    color="#d62728", label=f"evictions ({len(ev)})")
-        ax.set_title(_group_label(g, kinds), loc="left", fontsize=10)
+    for panel, ax in zip(panels, axes[1:, 0]):
+        _series(ax, steps, xcol, "blocks_g", panel.groups, "blocks in use", "#1f77b4", "-")
+        _series(ax, steps, xcol, "cached_g", panel.groups, "cached blocks", "#9467bd", "--")
+        ev = removed[removed["group"].isin(panel.groups)]
+        kind, xs, counts = eviction_marks(ev[xcol], span)
+        if kind == "ticks" and len(xs):
+            ax.plot(xs, np.zeros(len(xs)), linestyle="none", marker="|", markersize=12,
+                    color="#d62728", label=f"evictions ({len(xs)})")
+        elif kind == "density":
+            # Scaled into the panel (no second y axis, which cost a third of this figure's time).
+            top = max(float(series_band(steps, "blocks_g", panel.groups)[1].max()),
+                      float(series_band(steps, "cached_g", panel.groups)[1].max()), 1.0)
+            peak = int(counts.max())
+            ax.stairs(counts * (0.4 * top / max(peak, 1)), xs, fill=True, color="#d62728", alpha=0.3,
+                      label=f"evictions ({len(ev)}): density, peak {peak} per {(xs[1] - xs[0]):.3g} "
+                            f"{'steps' if xcol == 'step' else 's'} at 40% height")
+        _mark_crashes(ax, crashes, False)
+        ax.set_title(panel.label, loc="left", fontsize=10)
         _finish_panel(ax)
     axes[-1, 0].set_xlabel(xlabel)
     return _save(fig, path)
@@ -186,7 +291,7 @@ def plot_divergence(result: Any, path: str | Path, *, group_kinds: Sequence[str]
     adm = t["admissions"]
     n = infer_num_groups(adm.columns)
     kinds = _kinds(result, group_kinds, n)
-    fig, axes = _figure(width=7.5, height=6.0)
+    fig, axes = _figure(width=8.5, height=6.0, legend_right=1.7)
     ax = axes[0, 0]
     fig.suptitle("Per-group prefix hits at admission")
     pair = _divergence_groups(kinds, n)
@@ -217,25 +322,31 @@ def plot_divergence(result: Any, path: str | Path, *, group_kinds: Sequence[str]
 
 
 def plot_eviction_raster(result: Any, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
-    """One dot per evicted cache entry: time (or step) × block id, one panel per group."""
+    """One dot per evicted cache entry: time (or step) × block id, one panel per group panel
+    (groups of one kind merged, the first one drawn); crashes marked."""
     t = _tables(result)
     kv, steps = t["kv_events"], t["steps"]
     n = max(infer_num_groups(t["admissions"].columns), infer_num_groups(steps.columns))
     kinds = _kinds(result, group_kinds, n)
     removed = kv[kv["kind"] == "removed"]
-    fig, axes = _figure(max(n, 1), 1, height=2.2 * max(n, 1) + 0.8, sharex=True, sharey=True)
+    panels = group_panels(steps, kinds) if n else []
+    fig, axes = _figure(max(len(panels), 1), 1, height=2.0 * max(len(panels), 1) + 0.8, sharex=True, sharey=True)
     fig.suptitle("Evictions (cache entries removed)")
     if removed.empty or n == 0:
         _empty(axes[0, 0], "no evictions")
         return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps) if not steps.empty else ("step", "engine step")
-    for g in range(n):
-        ax = axes[g, 0]
+    crashes = crash_positions(result, xcol)
+    for panel, ax in zip(panels, axes[:, 0]):
+        g = panel.groups[0]
         ev = removed[removed["group"] == g]
-        ax.scatter(ev[xcol], ev["block_id"].astype(float), s=6, marker="s", color=f"C{g % 10}", linewidths=0)
+        ax.scatter(ev[xcol], ev["block_id"].astype(float), s=6, marker="s", color=f"C{g % 10}", linewidths=0,
+                   rasterized=len(ev) > 2000)
+        _mark_crashes(ax, crashes, False)
         ax.set_ylabel("block id")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{_group_label(g, kinds)}: {len(ev)} evictions", loc="left", fontsize=10)
+        shown = f" (g{g} shown)" if len(panel.groups) > 1 else ""
+        ax.set_title(f"{panel.label}: {len(ev)} evictions{shown}", loc="left", fontsize=10)
         ax.grid(alpha=0.3)
     if not steps.empty:
         axes[-1, 0].set_xlim(steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1))
@@ -256,8 +367,13 @@ def _ecdf(ax: Axes, values: pd.Series, label: str | None = None, index: int = 0)
     return True
 
 
+def latency_unit(result: Any) -> str:
+    """``"steps"`` on the step clock (latencies count engine steps there), else ``"s"``."""
+    return "steps" if (getattr(result, "summary", None) or {}).get("clock") == "steps" else "s"
+
+
 def plot_latency_cdfs(result: Any, path: str | Path) -> Path:
-    """Empirical CDFs of TTFT, TPOT and E2E latency over finished requests."""
+    """Empirical CDFs of TTFT, TPOT and E2E latency over finished requests (in steps on the step clock)."""
     per_req = request_metrics(_tables(result)["requests"])
     done = per_req[per_req["finished"]]
     fig, axes = _figure(1, 3, width=12.0, height=4.0)
@@ -267,7 +383,7 @@ def plot_latency_cdfs(result: Any, path: str | Path) -> Path:
         if not _ecdf(ax, done[col]):
             _empty(ax, f"no {name} data")
             continue
-        ax.set_xlabel(f"{name} (s)")
+        ax.set_xlabel(f"{name} ({latency_unit(result)})")
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -297,15 +413,66 @@ def _outcome_table(adm: pd.DataFrame, by: str | pd.Series) -> pd.DataFrame:
     return table[_ordered_outcomes(list(table.columns))]
 
 
+def outcome_counts(result: Any) -> tuple[pd.Series, pd.Series]:
+    """(requests by final outcome, each request once; admission attempts by outcome), in outcome order."""
+    t = _tables(result)
+    final = t["requests"]["outcome"].value_counts()
+    attempts = t["admissions"]["outcome"].value_counts()
+    return (final.reindex(_ordered_outcomes(list(final.index))).astype(int),
+            attempts.reindex(_ordered_outcomes(list(attempts.index))).astype(int))
+
+
 def plot_outcomes(result: Any, path: str | Path) -> Path:
-    """Admission attempts per policy, split by outcome."""
-    adm = _tables(result)["admissions"]
-    fig, axes = _figure(width=8.0, height=4.5)
-    fig.suptitle("Admission outcomes per prefix policy")
-    if adm.empty:
-        _empty(axes[0, 0], "no admissions")
+    """Requests by final outcome (each once), and admission attempts by outcome in a second panel."""
+    final, attempts = outcome_counts(result)
+    fig, axes = _figure(1, 2, width=10.0, height=4.5)
+    fig.suptitle("Outcomes")
+    for ax, counts, what in ((axes[0, 0], final, "requests (final outcome)"),
+                             (axes[0, 1], attempts, "admission attempts")):
+        ax.set_title(what, fontsize=10)
+        if counts.empty:
+            _empty(ax, f"no {what.split(' ')[0]}")
+            continue
+        others = [o for o in counts.index if o not in OUTCOME_COLOURS]
+        bars = ax.bar([str(o) for o in counts.index], counts.to_numpy(),
+                      color=[_outcome_colour(o, others) for o in counts.index])
+        ax.bar_label(bars, fontsize=8)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("count")
+        ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def connector_columns(steps: pd.DataFrame) -> list[str]:
+    """The connector's per-step columns of the ``steps`` table (``conn_*``), in table order."""
+    return [c for c in steps.columns if c.startswith("conn_")]
+
+
+def plot_connector(result: Any, path: str | Path) -> Path:
+    """Connector per step: tier occupancy (``conn_tier_bytes``, GB) and loads / stores in flight."""
+    steps = _tables(result)["steps"]
+    fig, axes = _figure(2, 1, width=10.0, height=5.0, sharex=True, legend_right=1.6)
+    fig.suptitle(f"Connector ({(getattr(result, 'summary', None) or {}).get('connector', '')})")
+    if steps.empty or not connector_columns(steps):
+        _empty(axes[0, 0], "no connector columns in the steps table")
         return _save(fig, path)
-    _bars(axes[0, 0], _outcome_table(adm, "policy"), "admission attempts", "prefix policy")
+    xcol, xlabel = _time_axis(result, steps)
+    ax = axes[0, 0]
+    if "conn_tier_bytes" in steps:
+        ax.step(steps[xcol], steps["conn_tier_bytes"].astype(float) / 1e9, where="post", color="#8c564b",
+                label="tier occupancy")
+    ax.set_ylabel("GB")
+    ax.set_title("tier occupancy", loc="left", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax = axes[1, 0]
+    for col, colour in (("conn_loads_in_flight", "#1f77b4"), ("conn_stores_in_flight", "#ff7f0e")):
+        if col in steps:
+            ax.step(steps[xcol], steps[col], where="post", color=colour, label=col[5:].replace("_", " "))
+    ax.set_ylabel("transfers")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_xlabel(xlabel)
     return _save(fig, path)
 
 
@@ -392,4 +559,4 @@ def plot_all(result: Any, out_dir: str | Path, fmt: str = "png",
         plot_eviction_raster(result, out / f"eviction_raster.{fmt}", group_kinds=group_kinds),
         plot_latency_cdfs(result, out / f"latency_cdfs.{fmt}"),
         plot_outcomes(result, out / f"outcomes.{fmt}"),
-    ]
+    ] + ([plot_connector(result, out / f"connector.{fmt}")] if connector_columns(_tables(result)["steps"]) else [])

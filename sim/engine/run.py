@@ -296,6 +296,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
             "seed": scenario.seed,
             "clock": scenario.clock,
             "policy": scenario.scheduler.prefix_policy,
+            "lookup_path": components.scheduler.prefix_policy.lookup_path(components.connector),
             "connector": scenario.connector.type,
             "num_blocks": components.kv_cache_config.num_blocks,
             "block_sizes": [g.spec.block_size for g in components.kv_cache_config.groups],
@@ -332,7 +333,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
 
         def extras(stage: Path) -> None:
             if crash is not None:
-                _write_crash(stage, scenario, components, crash)
+                _write_crash(stage, scenario, components, crash, final=out)
             if plots:
                 from sim.analysis.plots import plot_all
 
@@ -354,7 +355,9 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     return result
 
 
-def _write_crash(out: Path, scenario: Scenario, components: Components, crash: dict) -> None:
+def _write_crash(out: Path, scenario: Scenario, components: Components, crash: dict, *, final: Path) -> None:
+    """Write ``crash.json`` and the replay bundle into ``out`` (the staging folder); the commands it names
+    point at ``final``, where the bundle will be once it is renamed into place."""
     """``crash.json`` (with the crashing admission's per-group hits) and the replay bundle."""
     admissions = components.recorder.admissions.data
     detail = dict(crash)
@@ -363,10 +366,12 @@ def _write_crash(out: Path, scenario: Scenario, components: Components, crash: d
             detail["hits"] = [admissions[f"hit_g{g}"][i] for g in range(components.recorder.num_groups)]
             detail["local_tokens"] = admissions["local_tokens"][i]
             detail["external_tokens"] = admissions["external_tokens"][i]
-            detail["claimed_boundary"] = admissions["num_computed_tokens"][i]
+            detail["claimed_boundary"] = admissions["claimed_boundary"][i]
+            attempt = admissions["request_id"][: i + 1].count(crash["request_id"])
+            detail["explain"] = f"hybridsim explain {final} {crash['request_id']} --attempt {attempt}"
             break
     detail["next"] = (
-        f"hybridsim replay {out / 'replay'} reproduces it; hybridsim shrink {out} -o small.yaml reduces it to a "
+        f"hybridsim replay {final / 'replay'} reproduces it; hybridsim shrink {final} -o small.yaml reduces it to a "
         "minimal scenario; hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
     )
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"

@@ -320,6 +320,11 @@ class KVCacheManager:
     def take_events(self) -> list[KVEvent]:
         return self.block_pool.take_events()
 
+    @property
+    def num_pending_events(self) -> int:
+        """Events emitted and not yet taken by :meth:`take_events`."""
+        return self.block_pool.num_pending_events
+
     def num_blocks_per_group(self) -> tuple[int, ...]:
         """Distinct real blocks held by each group's tables (steps table ``blocks_gN``); O(groups)."""
         return tuple([m.num_held_blocks for m in self.coordinator.single_type_managers])

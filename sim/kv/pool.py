@@ -458,6 +458,11 @@ class BlockPool:
             return 0.0
         return 1.0 - self.get_num_free_blocks() / total
 
+    @property
+    def num_pending_events(self) -> int:
+        """Events emitted and not yet taken (their ``kv_events.seq`` continues the recorded ones)."""
+        return len(self._events)
+
     def take_events(self) -> list[KVEvent]:
         events = self._events
         self._events = []

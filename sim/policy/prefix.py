@@ -75,6 +75,11 @@ class PrefixPolicy:
         """Local hit for ``request``; ``connector`` is ``None`` when none is attached."""
         raise NotImplementedError
 
+    def lookup_path(self, connector: Any | None) -> str:
+        """The lookup this policy takes with ``connector`` for the whole run (the run summary's
+        ``lookup_path``); the policy's own name unless it switches on the connector."""
+        return self.name
+
 
 def reconciled_lookup(kv_manager: Any, request: Request) -> PrefixLookup:
     """vLLM's ``get_computed_blocks``: the fixed-point hit every group agrees on."""
@@ -118,6 +123,13 @@ class PR48425Policy(PrefixPolicy):
             blocks, num_local, boundary, diverged = kv_manager.get_computed_blocks_for_connector(request)
             return PrefixLookup(blocks, num_local, boundary, bool(diverged))
         return reconciled_lookup(kv_manager, request)
+
+    def lookup_path(self, connector: Any | None) -> str:
+        """``divergent`` (``get_computed_blocks_for_connector``) with an opted-in connector, else
+        ``reconciled`` (plain ``get_computed_blocks``: no connector, or one that does not opt in)."""
+        if connector is not None and connector.supports_divergent_local_hybrid_hits:
+            return "divergent"
+        return "reconciled"
 
 
 class PR48425RequeryPolicy(PR48425Policy):

@@ -1,4 +1,10 @@
-"""Sweep figures: metrics against one grid key, one line per value of another.
+"""Sweep figures: metrics against one grid key, one line (numeric x) or one bar per group
+(categorical x, e.g. the prefix policy) per value of another.
+
+Titles are readable (``cache.hit_rate.g0`` -> ``cache hit rate g0 (full_attention)``, the group's
+type from the table's ``groups`` column); rates (a metric named ``..rate..``, not per second) are
+drawn in percent, as the run summary prints them; count metrics (integers) get integer ticks.
+:func:`sweep_points` computes what is drawn (testable without a figure).
 
 Only ``status == "ok"`` rows are plotted. The seeds of a grid point are summarised
 as a mean line with a min-max band. Every other grid column must be constant in
@@ -15,9 +21,13 @@ import numbers
 from pathlib import Path
 from typing import Any, Sequence
 
+import json
+
+import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from sim.sweep.grid import yaml_text
 
@@ -84,6 +94,57 @@ def _check_columns(frame: pd.DataFrame, x: str, hue: str | None, metrics: Sequen
             )
 
 
+def group_kinds_of(frame: pd.DataFrame) -> list[str]:
+    """The group types recorded in the table's ``groups`` column (JSON list text), or ``[]``."""
+    if "groups" not in frame.columns:
+        return []
+    for text in frame["groups"].dropna():
+        try:
+            kinds = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(kinds, list) and all(isinstance(k, str) for k in kinds):
+            return kinds
+    return []
+
+
+def metric_title(metric: str, kinds: Sequence[str] = ()) -> str:
+    """``cache.hit_rate.g0`` -> ``cache hit rate g0 (full_attention)`` (the type when known)."""
+    words = []
+    for part in metric.split("."):
+        if part.startswith("g") and part[1:].isdigit() and int(part[1:]) < len(kinds):
+            words.append(f"{part} ({kinds[int(part[1:])]})")
+        else:
+            words.append(part.replace("_", " "))
+    return " ".join(words)
+
+
+def is_rate(metric: str) -> bool:
+    """A fraction in [0, 1] drawn as percent: ``rate`` in its name, not a per-second throughput."""
+    return "rate" in metric and "per_s" not in metric
+
+
+def sweep_points(frame: pd.DataFrame, x: str, metric: str, hue: str | None = None,
+                 missing: float | None = None) -> pd.DataFrame:
+    """What a panel draws: per (hue label, x label) the mean, min and max over seeds of ``ok`` runs,
+    in percent for a rate; columns ``hue, x, mean, min, max, count`` in hue then x order."""
+    ok = frame[frame["status"] == "ok"] if "status" in frame.columns else frame
+    values = ok[metric].astype(float)
+    if missing is not None:
+        values = values.fillna(missing)
+    if is_rate(metric):
+        values = values * 100.0
+    x_labels = _ordered_labels(frame[x])
+    hue_labels = _ordered_labels(frame[hue]) if hue is not None else ["all"]
+    keys = pd.DataFrame({"hue": ok[hue].map(_label) if hue is not None else "all", "x": ok[x].map(_label),
+                         "v": values})
+    stats = keys.groupby(["hue", "x"], sort=False)["v"].agg(["mean", "min", "max", "count"]).reset_index()
+    stats = stats[stats["count"] > 0]
+    stats["_h"] = stats["hue"].map(hue_labels.index)
+    stats["_x"] = stats["x"].map(x_labels.index)
+    return stats.sort_values(["_h", "_x"]).drop(columns=["_h", "_x"]).reset_index(drop=True)
+
+
 def plot_sweep(
     sweep_df: pd.DataFrame,
     x: str,
@@ -95,10 +156,11 @@ def plot_sweep(
     logx: bool = False,
     missing: float | None = None,
 ) -> Figure:
-    """One panel per metric against ``x``; one line per ``hue`` value (mean over seeds, min-max band).
+    """One panel per metric against ``x``; per ``hue`` value the mean over seeds with its min-max.
 
-    A numeric ``x`` without nulls is placed on a numeric axis (``logx`` makes it log2); anything else is
-    categorical, in numeric order when the values are numbers (``null`` first), else in order of appearance.
+    A numeric ``x`` without nulls is placed on a numeric axis (``logx`` makes it log2) with one line per
+    hue value and a min-max band; anything else is categorical (numeric order when the values are numbers,
+    ``null`` first, else order of appearance) with grouped bars and min-max error bars.
     ``missing`` replaces a metric that a successful run's summary lacks (null cell); summaries leave zero
     counts out of count mappings (``admissions.by_outcome.crash``), so ``missing=0`` is right for those.
     Without it such runs are left out of that metric's mean. Writes a PNG to ``out`` when given; returns the
@@ -108,45 +170,48 @@ def plot_sweep(
     frame = sweep_df[sweep_df["status"] == "ok"] if "status" in sweep_df.columns else sweep_df
     numeric_x = pd.api.types.is_numeric_dtype(sweep_df[x]) and not pd.api.types.is_bool_dtype(sweep_df[x]) and sweep_df[x].notna().all()
     x_labels = _ordered_labels(sweep_df[x])
-    position = {label: i for i, label in enumerate(x_labels)}
     hue_labels = _ordered_labels(sweep_df[hue]) if hue is not None else ["all"]
+    x_value = {_label(v): float(v) for v in sweep_df[x]} if numeric_x else {k: float(i) for i, k in enumerate(x_labels)}
+    kinds = group_kinds_of(sweep_df)
 
-    data = pd.DataFrame(
-        {
-            "_x": frame[x].astype(float) if numeric_x else frame[x].map(lambda v: position[_label(v)]),
-            "_hue": frame[hue].map(_label) if hue is not None else "all",
-        }
-    )
     ncols = min(len(metrics), 3)
     nrows = math.ceil(len(metrics) / ncols)
     legend_width = 2.2 if hue is not None else 0.0
     fig = Figure(figsize=(max(4.6 * ncols, 6.0) + legend_width, 3.6 * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    width = 0.8 / max(len(hue_labels), 1)
     for ax, metric in zip(axes, metrics):
-        values = frame[metric].astype(float)
-        if missing is not None:
-            values = values.fillna(missing)
+        points = sweep_points(sweep_df, x, metric, hue, missing)
         for i, label in enumerate(hue_labels):
-            mask = data["_hue"] == label
-            stats = values[mask].groupby(data["_x"][mask]).agg(["mean", "min", "max", "count"])
-            stats = stats[stats["count"] > 0].sort_index()
+            stats = points[points["hue"] == label]
             if stats.empty:
+                continue
+            xs = np.array([x_value[v] for v in stats["x"]])
+            mean, lo, hi = (stats[c].to_numpy(dtype=float) for c in ("mean", "min", "max"))
+            if not numeric_x:
+                ax.bar(xs + (i - (len(hue_labels) - 1) / 2) * width, mean, width, label=label,
+                       color=f"C{i % 10}", yerr=np.vstack([mean - lo, hi - mean]) if (hi > lo).any() else None,
+                       capsize=3)
                 continue
             # Distinct markers and shrinking sizes keep lines that coincide (common: policies that agree) visible.
             (line,) = ax.plot(
-                stats.index,
-                stats["mean"],
+                xs,
+                mean,
                 marker=_MARKERS[i % len(_MARKERS)],
                 markersize=max(9 - 1.5 * i, 3),
                 linestyle=_LINESTYLES[i % len(_LINESTYLES)],
                 label=label,
             )
-            if (stats["max"] > stats["min"]).any():
-                ax.fill_between(stats.index, stats["min"], stats["max"], color=line.get_color(), alpha=0.2, linewidth=0)
-        ax.set_title(metric)
+            if (hi > lo).any():
+                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        name = metric_title(metric, kinds)
+        ax.set_title(name)
         ax.set_xlabel(x)
-        ax.set_ylabel(metric)
+        ax.set_ylabel(f"{name} (%)" if is_rate(metric) else name)
+        values = frame[metric].dropna()
+        if not is_rate(metric) and len(values) and bool((values.astype(float) % 1 == 0).all()):
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
         if not numeric_x:
             ax.set_xticks(range(len(x_labels)), x_labels)
@@ -167,8 +232,9 @@ def plot_sweep(
                     labels.append(l)
         fig.legend(handles, labels, title=hue, loc="outside right upper")
     seeds = frame["seed"].nunique() if "seed" in frame.columns else 1
-    heading = title or (f"{' and '.join(metrics)} vs {x}" if len(metrics) <= 2 else f"{len(metrics)} metrics vs {x}")
-    spread = f"mean over {seeds} seeds; band: min-max over seeds" if seeds > 1 else "one seed per point"
+    names = [metric_title(m, kinds) for m in metrics]
+    heading = title or (f"{' and '.join(names)} vs {x}" if len(metrics) <= 2 else f"{len(metrics)} metrics vs {x}")
+    spread = f"mean over {seeds} seeds; {'band' if numeric_x else 'error bar'}: min-max over seeds" if seeds > 1 else "one seed per point"
     fig.suptitle(f"{heading}\n{spread}", fontsize="medium")
     if out is not None:
         out = Path(out)

@@ -42,6 +42,10 @@ def admission_columns(num_groups: int) -> list[str]:
             "num_computed_tokens",
             "tokens_lost",
             "taint_origin",
+            "lookup_seq",
+            "claimed_boundary",
+            "connector_asked_at",
+            "connector_answer",
         ]
     )
 
@@ -162,8 +166,20 @@ class Recorder:
         num_computed_tokens: int = 0,
         tokens_lost: int = 0,
         taint_origin: str = "",
+        lookup_seq: int = 0,
+        connector_asked_at: int = -1,
+        connector_answer: int = -1,
     ) -> None:
-        """One admission attempt (DESIGN.md §6 ``admissions``)."""
+        """One admission attempt (DESIGN.md §6 ``admissions``).
+
+        Extensions for ``hybridsim explain``: ``lookup_seq`` is the number of
+        KV events emitted before the attempt's lookup (the cache it saw is
+        ``kv_events`` rows with ``seq < lookup_seq``); ``claimed_boundary`` is
+        ``local_tokens + external_tokens`` (set for a crashed attempt too);
+        ``connector_asked_at`` / ``connector_answer`` are the position the
+        connector was last shown and its answer (``-1``: not asked / no
+        answer, i.e. not ready).
+        """
         if len(hits) != self.num_groups:
             raise ValueError(f"expected {self.num_groups} per-group hits, got {len(hits)}")
         cols = self.admissions.data
@@ -184,6 +200,10 @@ class Recorder:
             ("num_computed_tokens", num_computed_tokens),
             ("tokens_lost", tokens_lost),
             ("taint_origin", taint_origin),
+            ("lookup_seq", lookup_seq),
+            ("claimed_boundary", local_tokens + external_tokens),
+            ("connector_asked_at", connector_asked_at),
+            ("connector_answer", connector_answer),
         ):
             cols[name].append(value)
         for name, h in zip(self._hit_names, hits):

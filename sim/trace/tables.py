@@ -59,6 +59,7 @@ _FIXED_DTYPES: dict[str, dict[str, str]] = {
         "local_tokens": _INT, "external_tokens": _INT, "hit_diverged": _BOOL, "fallback": _BOOL,
         "policy": _STR, "outcome": _STR, "crash_reason": _STR, "kind": _STR, "reason": _STR,
         "num_computed_tokens": _INT, "tokens_lost": _INT, "taint_origin": _STR,
+        "lookup_seq": _INT, "claimed_boundary": _INT, "connector_asked_at": _INT, "connector_answer": _INT,
     },
     "requests": {
         "request_id": _STR, "arrival_s": _FLOAT, "first_scheduled_s": _FLOAT,
@@ -308,6 +309,8 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
         )
     num_groups = infer_num_groups(df.columns)
     order = contract_columns(table, num_groups)
+    if table == "admissions" and len(df.columns) and "lookup_seq" not in df.columns:
+        df = _with_explain_columns(df)
     missing = [c for c in order if c not in df.columns]
     if missing:
         raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
@@ -324,6 +327,19 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     if len(result) > 1 and not _is_sorted(result, keys):
         result = result.sort_values(keys, kind="mergesort", na_position="last")
     return result.reset_index(drop=True)
+
+
+def _with_explain_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """An ``admissions`` table from a bundle older than the explain columns, with them filled:
+    ``lookup_seq`` / ``connector_*`` ``-1`` (unknown), ``claimed_boundary`` = local + external."""
+    df = df.copy()
+    df["lookup_seq"] = -1
+    local = _to_number(df["local_tokens"], "admissions", "local_tokens") if "local_tokens" in df else 0
+    external = _to_number(df["external_tokens"], "admissions", "external_tokens") if "external_tokens" in df else 0
+    df["claimed_boundary"] = local + external
+    df["connector_asked_at"] = -1
+    df["connector_answer"] = -1
+    return df
 
 
 def table_from_columns(table: str, columns: Columns) -> pd.DataFrame:

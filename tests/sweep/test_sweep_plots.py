@@ -62,7 +62,10 @@ def test_categorical_x_orders_numbers_with_null_first():
     fig = plot_sweep(frame, x="cache.num_blocks", metrics=["divergences"], hue="scheduler.prefix_policy")
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["null", "400"]
-    assert _lines(ax)["pr48425"] == ([0, 1], [1.0, 2.0])
+    # Categorical x: grouped bars (pr48425 left of max_per_group at each position), no lines.
+    assert [l for l in _lines(ax) if l != "_nolegend_"] == []  # error-bar caps only
+    bars = {(round(p.get_x() + p.get_width() / 2, 2), p.get_height()) for p in ax.patches}
+    assert bars == {(-0.2, 1.0), (0.8, 2.0), (0.2, 2.5), (1.2, 3.5)}
 
 
 def test_plot_errors_name_the_problem():
@@ -84,3 +87,27 @@ def test_without_hue_after_filtering_draws_a_single_line():
     fig = plot_sweep(one, x="cache.num_blocks", metrics=["divergences"])
     assert _lines(fig.axes[0]) == {"all": ([400.0, 800.0], [3.5, 2.5])}
     assert fig.legends == []
+
+
+def test_sweep_points_titles_rates_and_counts():
+    from sim.sweep.plots import is_rate, metric_title, sweep_points
+
+    frame = _frame()
+    pts = sweep_points(frame, "scheduler.prefix_policy", "divergences", hue="cache.num_blocks")
+    assert pts[["hue", "x", "mean", "min", "max", "count"]].values.tolist() == [
+        ["400", "pr48425", 2.0, 2.0, 2.0, 2], ["400", "max_per_group", 3.5, 3.0, 4.0, 2],
+        ["800", "pr48425", 1.0, 1.0, 1.0, 2], ["800", "max_per_group", 2.5, 2.0, 3.0, 2],
+    ]
+    assert metric_title("cache.hit_rate.g1", ["full_attention", "mamba"]) == "cache hit rate g1 (mamba)"
+    assert metric_title("admissions.tokens_recomputed") == "admissions tokens recomputed"
+    assert is_rate("cache.hit_rate.g0") and not is_rate("throughput.requests_per_s")
+    frame["cache.hit_rate.g1"] = 0.25
+    frame["groups"] = '["full_attention", "mamba"]'
+    assert sweep_points(frame, "cache.num_blocks", "cache.hit_rate.g1")["mean"].tolist() == [25.0, 25.0]
+    fig = plot_sweep(frame, x="scheduler.prefix_policy", metrics=["cache.hit_rate.g1", "divergences"],
+                     hue="cache.num_blocks")
+    rate, div = fig.axes[:2]
+    assert rate.get_title() == "cache hit rate g1 (mamba)" and rate.get_ylabel() == "cache hit rate g1 (mamba) (%)"
+    assert {p.get_height() for p in rate.patches} == {25.0}
+    fig.canvas.draw()
+    assert all(float(t) == int(float(t)) for t in div.get_yticks())  # a count axis: integer ticks
