@@ -55,6 +55,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Literal
 
+from sim.kv.fastpath import DecodeCohort
 from sim.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
 from sim.request import Request, RequestStatus
@@ -154,10 +155,14 @@ class SchedulerOutput:
     sampling_reqs: list[Request] = field(default_factory=list)
     #: ``num_computed_tokens`` before this step, parallel to ``num_scheduled_tokens``.
     computed_before: list[int] = field(default_factory=list)
+    #: Parked decodes (:class:`sim.kv.fastpath.DecodeCohort`) scheduled for one token each this
+    #: step; they are in neither ``num_scheduled_tokens`` nor ``sampling_reqs`` but are counted
+    #: in ``decode_tokens`` / ``decode_context_tokens``. Always 0 on the plain path.
+    num_parked_decodes: int = 0
 
     @property
     def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
+        return sum(self.num_scheduled_tokens.values()) + self.num_parked_decodes
 
     @property
     def num_computed_tokens_before(self) -> dict[str, int]:
@@ -302,6 +307,14 @@ class Scheduler:
         self._answer = -1
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
+        #: The event-driven running set (sim.kv.fastpath): with the quiet horizons, when no
+        #: per-request schedule row, priority victim or recorded crash needs every member in order.
+        self.cohort = DecodeCohort(
+            enabled=kv_manager.quiet.enabled
+            and not self.priority
+            and on_crash == "stop"
+            and not (recorder is not None and recorder.schedule_enabled)
+        )
         self.step = 0
         # Counters.
         self.num_preemptions = 0
@@ -354,7 +367,13 @@ class Scheduler:
         # vLLM: the threshold only applies when someone else could be starved.
         threshold = self.config.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
-        budget = self._schedule_running(out, budget, threshold, preempted)
+        cohort = self.cohort
+        if cohort.members:
+            cohort.materialize_due()
+        if cohort.members:
+            budget = self._schedule_running_parked(out, budget, threshold, preempted)
+        else:
+            budget = self._schedule_running(out, budget, threshold, preempted)
         if not preempted:
             self._schedule_waiting(out, budget, threshold, kinds)
 
@@ -367,8 +386,6 @@ class Scheduler:
     ) -> int:
         req_index = 0
         running = self.running
-        max_model_len = self.max_model_len
-        need_split = self.need_mamba_split
         allocate_slots = self.kv.allocate_running_slots
         # The kv manager's quiet horizons (sim.kv.fastpath): inside one, allocate_slots is a proven no-op.
         quiet = self.kv.quiet
@@ -385,19 +402,7 @@ class Scheduler:
                 if req_index >= len(running) or budget <= 0:
                     break
             request = running[req_index]
-            num_prompt = request.num_prompt_tokens
-            num_tokens = num_prompt + request.num_output_tokens
-            computed = request.num_computed_tokens
-            n = num_tokens - computed
-            if 0 < threshold < n:
-                n = threshold
-            if n > budget:
-                n = budget
-            if n > max_model_len - computed - 1:
-                n = max_model_len - computed - 1
-            # The split only clips prefill chunks (it returns ``n`` once prefill is done).
-            if need_split and (computed < num_tokens - 1 or computed < num_prompt):
-                n = self._mamba_block_aligned_split(request, n)
+            n = self._running_tokens(request, budget, threshold)
             if n <= 0:
                 # vLLM `continue`s here (not FCFS-strict): later requests may still run.
                 req_index += 1
@@ -422,6 +427,87 @@ class Scheduler:
             num_scheduled[rid] = n
             budget -= n
             req_index += 1
+        return budget
+
+    def _running_tokens(self, request: Request, budget: int, threshold: int) -> int:
+        """The running loop's chunk for ``request``: what it still needs, clipped by the
+        long-prefill threshold, the budget, ``max_model_len`` and the Mamba split."""
+        num_prompt = request.num_prompt_tokens
+        num_tokens = num_prompt + request.num_output_tokens
+        computed = request.num_computed_tokens
+        n = num_tokens - computed
+        if 0 < threshold < n:
+            n = threshold
+        if n > budget:
+            n = budget
+        if n > self.max_model_len - computed - 1:
+            n = self.max_model_len - computed - 1
+        # The split only clips prefill chunks (it returns ``n`` once prefill is done).
+        if self.need_mamba_split and (computed < num_tokens - 1 or computed < num_prompt):
+            n = self._mamba_block_aligned_split(request, n)
+        return n
+
+    def _schedule_running_parked(
+        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]
+    ) -> int:
+        """:meth:`_schedule_running` with parked decodes (:class:`DecodeCohort`) in ``running``.
+
+        Only the other (*active*) requests are visited, in ``running`` order; the
+        parked ones between them take one token of the budget each, as the plain
+        loop would give them, without being touched. Positions in ``running`` are
+        stable during the loop: only preemption (which pops from the end; a parked
+        victim is unparked first) removes requests, and the cohort is off with
+        priority scheduling and with ``on_crash="record"``. Where the plain loop
+        would stop (budget used up, or an allocation that fails even after
+        preempting), the parked requests from there on are not scheduled this
+        step: they are unparked with their counters as they are.
+        """
+        running = self.running
+        members = self.cohort.members
+        actives = [(i, r) for i, r in enumerate(running) if r.request_id not in members]
+        allocate_slots = self.kv.allocate_running_slots
+        scheduled_running = out.scheduled_running_reqs
+        num_scheduled = out.num_scheduled_tokens
+        prev = -1  # the last visited active position
+        cut = -1  # from this position on, nothing more is scheduled (-1: everything was)
+        for pos, request in actives:
+            if pos >= len(running):
+                break  # preempted (with everything after it)
+            parked = pos - prev - 1
+            if parked >= budget:
+                cut = prev + 1 + budget
+                budget = 0
+                break
+            budget -= parked
+            prev = pos
+            n = self._running_tokens(request, budget, threshold)
+            if n <= 0:
+                continue
+            try:
+                new_blocks = allocate_slots(request, n)
+            except (AssertionError, ValueError) as exc:
+                new_blocks = self._allocation_crash(request, exc)  # raises: on_crash is "stop"
+            if new_blocks is None:
+                new_blocks, _, budget = self._preempt_for(request, n, pos, budget, out, preempted, allocate_slots)
+                if new_blocks is None:
+                    cut = pos
+                    break
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = n
+            budget -= n
+            if budget <= 0:
+                cut = pos + 1
+                break
+        if cut == -1:
+            # The parked ones after the last active still there take one token each.
+            parked = len(running) - prev - 1
+            if parked > budget:
+                cut = prev + 1 + budget
+            budget -= min(parked, budget)
+        if cut != -1:
+            materialize = self.cohort.materialize
+            for request in running[cut:]:
+                materialize(request.request_id)
         return budget
 
     def _allocation_crash(self, request: Request, exc: BaseException) -> None:
@@ -795,6 +881,14 @@ class Scheduler:
                     continue
             prefill += n
             add_chunk((n, before))
+        cohort = self.cohort
+        if cohort.members:
+            # The parked decodes, in aggregate: each computes one token on its context.
+            parked, parked_context = cohort.decode_totals()
+            out.num_parked_decodes = parked
+            decode += parked
+            decode_context += parked_context
+            cohort.sched_clock += 1
         out.decode_tokens += decode
         out.decode_context_tokens += decode_context
         out.prefill_tokens += prefill
@@ -810,6 +904,7 @@ class Scheduler:
         Its ``schedule`` row (0 tokens, ``preempted=True``) carries the
         computed tokens it lost.
         """
+        self.cohort.materialize(request.request_id)
         if self.recorder is not None:
             self.recorder.record_schedule(request.request_id, "running", 0, request.num_computed_tokens, True)
         self.kv.free(request)
@@ -919,6 +1014,9 @@ class Scheduler:
         finished: list[Request] = []
         running_status = RequestStatus.RUNNING
         max_model_len = self.max_model_len
+        cohort = self.cohort
+        if out.num_parked_decodes:
+            cohort.out_clock += 1  # every parked decode sampled one token (none can stop)
         # Prefill chunks that leave tokens to compute sample nothing; `sampling_reqs` skips them.
         for request in out.sampling_reqs:
             if request.status is not running_status:
@@ -938,9 +1036,29 @@ class Scheduler:
                 self.running.remove(request)
                 self._free_request(request)
                 finished.append(request)
+        if cohort.enabled:
+            self._park_quiet_decodes(out.sampling_reqs)
         self._drain_events()
         self.step += 1
         return finished
+
+    def _park_quiet_decodes(self, sampled: list[Request]) -> None:
+        """Park each request that just sampled and whose next steps are quiet decodes
+        (:meth:`DecodeCohort.quiet_steps`, at least two of them)."""
+        cohort = self.cohort
+        horizons = self.kv.quiet
+        running_status = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
+        for request in sampled:
+            if request.status is not running_status:
+                continue
+            steps = cohort.quiet_steps(request, horizons.get(request.request_id), max_model_len)
+            if steps >= 2:
+                cohort.park(request, steps)
+
+    def settle(self) -> None:
+        """Write every parked decode's counters back (the run ends; tables read requests)."""
+        self.cohort.materialize_all()
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         """vLLM ``check_stop`` order: EOS (here: the workload's ``output_len``), then length caps."""
@@ -981,6 +1099,7 @@ class Scheduler:
 
     def _remove_from_queues(self, request: Request) -> None:
         if request.status == RequestStatus.RUNNING:
+            self.cohort.materialize(request.request_id)
             self.running.remove(request)
         else:
             self.waiting.remove({request})

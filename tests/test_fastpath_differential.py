@@ -114,3 +114,105 @@ def random_scenario(seed: int) -> str:
 @pytest.mark.parametrize("seed", range(36))
 def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> None:
     _assert_same(scenario_from_text(random_scenario(seed), f"<fuzz {seed}>", overrides=OVERRIDES))
+
+
+# --------------------------------------------------------------------------- the event-driven running set
+# The decode cohort (sim.kv.fastpath.DecodeCohort) is off with the schedule table and with
+# on_crash="record": these variants run without both, so parked decodes are in play.
+COHORT_OVERRIDES = ["outputs.plots=false", "outputs.schedule_table=false", "on_crash=stop"]
+
+
+@pytest.fixture
+def parks(monkeypatch) -> list[int]:
+    """Counts ``DecodeCohort.park`` calls (a test that parks nothing could not fail)."""
+    from sim.kv.fastpath import DecodeCohort
+
+    counted = [0]
+    park = DecodeCohort.park
+
+    def counting(self, request, steps):
+        counted[0] += 1
+        return park(self, request, steps)
+
+    monkeypatch.setattr(DecodeCohort, "park", counting)
+    return counted
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_scenario_files_identical_with_parked_decodes(path: Path) -> None:
+    _assert_same(load_scenario(path, COHORT_OVERRIDES))
+
+
+@pytest.mark.parametrize("seed", range(36))
+def test_random_scenarios_identical_with_parked_decodes(seed: int) -> None:
+    text = random_scenario(seed).replace("on_crash: record", "on_crash: stop")
+    _assert_same(scenario_from_text(text, f"<fuzz {seed}>", overrides=COHORT_OVERRIDES[:2]))
+
+
+def _cohort_scenario(name: str, *, layout: str, num_blocks: int, seqs: int, budget: int, rate: float,
+                     output: str, extra: str = "", clock: str = "steps", system: str = "low: 40, high: 400",
+                     user: str = "low: 4, high: 200", threshold: int = 0) -> str:
+    return f"""\
+name: {name}
+seed: 7
+clock: {clock}
+cache: {{block_size: 16, num_blocks: {num_blocks}, groups: {layout}}}
+scheduler: {{max_num_seqs: {seqs}, max_num_batched_tokens: {budget}, max_model_len: 4096, prefix_policy: pr48425,
+            long_prefill_token_threshold: {threshold}}}
+workload:
+  generator:
+    arrivals: {{process: poisson, rate: {rate}}}
+    count: 80
+    structure:
+      kind: shared_system
+      system: {{num_prompts: 3, length: {{dist: uniform, {system}}}, zipf: 1.0}}
+      user_len: {{dist: uniform, {user}}}
+    output: {output}
+{extra}"""
+
+
+COHORT_CASES = {
+    # 64 concurrent long decodes (parked ones far outnumber the rest), FA + Mamba.
+    "many-decodes": dict(layout="[full_attention, mamba]", num_blocks=3000, seqs=64, budget=4096, rate=8.0,
+                         output="{dist: uniform, low: 100, high: 400}"),
+    # Tight pool: preemptions pop parked decodes from the end of `running`.
+    "preemption": dict(layout="[full_attention, {type: mamba, prefill_checkpoints: true}]", num_blocks=120,
+                       seqs=32, budget=512, rate=4.0, output="{dist: uniform, low: 40, high: 300}"),
+    # Short prompts, a small budget: parked decodes take most of it every step.
+    "budget-cuts": dict(layout="[full_attention]", num_blocks=2000, seqs=64, budget=40, rate=20.0,
+                        output="{dist: uniform, low: 30, high: 200}", system="low: 4, high: 12", user="low: 2, high: 8"),
+    # max_tokens below most EOS points: length-capped finishes right after a parked stretch.
+    "max-tokens": dict(layout="[full_attention, mamba]", num_blocks=1500, seqs=48, budget=2048, rate=4.0,
+                       output="{dist: uniform, low: 50, high: 500}\n    max_tokens: 90"),
+    # A scripted connector (sync and async loads) next to parked decodes.
+    "connector": dict(layout="[full_attention, mamba]", num_blocks=400, seqs=32, budget=1024, rate=4.0,
+                      output="{dist: uniform, low: 20, high: 200}",
+                      extra="connector: {type: scripted, holds: {r3: 64, r10: 200, r20: 16, r41: 64}, load_async: true}\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COHORT_CASES))
+def test_parked_decodes_change_nothing(case: str, parks: list[int], monkeypatch) -> None:
+    from sim.scheduler import Scheduler
+
+    parked_victims = [0]
+    preempt = Scheduler._preempt_request
+
+    def counting_preempt(self, request):
+        parked_victims[0] += request.request_id in self.cohort.members
+        return preempt(self, request)
+
+    monkeypatch.setattr(Scheduler, "_preempt_request", counting_preempt)
+    text = _cohort_scenario(case, **COHORT_CASES[case])
+    tables = _assert_same(scenario_from_text(text, f"<{case}>", overrides=COHORT_OVERRIDES[:2]))
+    assert parks[0] > 0, "no decode was parked: the case does not exercise the cohort"
+    summary = json.loads(tables["summary"])
+    assert summary["status"] == "complete"
+    if case == "preemption":
+        assert parked_victims[0] > 0, "no parked decode was preempted"
+
+
+def test_parked_decodes_change_nothing_on_the_time_clock(parks: list[int]) -> None:
+    """The step-time model's decode totals include the parked decodes (Nemotron-H 8B on H100, time clock)."""
+    _assert_same(load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", COHORT_OVERRIDES))
+    assert parks[0] > 0

@@ -274,6 +274,7 @@ def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = N
     finally:
         if progress:
             progress.stop()
+    components.scheduler.settle()  # parked decodes (sim.kv.fastpath.DecodeCohort) write their counters back
     stopped = status != "complete"
     if stopped:
         loop.fail_in_flight()

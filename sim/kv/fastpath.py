@@ -26,6 +26,7 @@ The scheduler's reuse of a head-of-line request's last lookup across steps
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, Protocol, Sequence
 
 from sim.request import Request, RequestStatus
@@ -198,3 +199,114 @@ class LookupMemo:
         found, hit = cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
         self._last[key] = (block_hashes, len(block_hashes), max_length, generation, tuple([*lst] for lst in found), hit)
         return found, hit
+
+
+class _Parked:
+    """One parked decode: its counters and both cohort clocks when it was parked."""
+
+    __slots__ = ("request", "computed", "output", "sched_entry", "out_entry", "due")
+
+    def __init__(self, request: Request, sched_entry: int, out_entry: int, due: int) -> None:
+        self.request = request
+        self.computed = request.num_computed_tokens
+        self.output = request.num_output_tokens
+        self.sched_entry = sched_entry
+        self.out_entry = out_entry
+        self.due = due
+
+
+class DecodeCohort:
+    """The event-driven running set: quiet decodes parked between their events.
+
+    A RUNNING request that just sampled a token and whose next ``K >= 2`` steps
+    are provably plain 1-token decodes (inside its quiet horizon, below
+    ``max_model_len``, not reaching ``output_len``) is *parked*: the scheduler
+    stops touching it per step. Its counters advance with two clocks instead,
+    ``sched_clock`` (steps whose ``schedule()`` scheduled the cohort: its
+    ``num_computed_tokens``) and ``out_clock`` (steps whose
+    ``update_from_output`` sampled it: its ``num_output_tokens``); the step-time
+    model's decode totals come from :meth:`decode_totals`. It is unparked
+    (*materialized*: counters written back, block hashes caught up) at its event
+    (``due``: the ``sched_clock`` after its K parked steps), or earlier when
+    something else needs it: it is preempted, aborted, left unscheduled by the
+    token budget, or the run ends.
+
+    Invariant: every member is in the scheduler's ``running`` list, and each
+    ``schedule()`` either schedules every member for one token or unparks it
+    first; so ``sched_clock - sched_entry`` is the number of steps it was
+    scheduled while parked. Members never finish, never cross a horizon
+    bound and never touch a KV table while parked, so the plain path would
+    have changed nothing else for them.
+    """
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self.sched_clock = 0
+        self.out_clock = 0
+        self.members: dict[str, _Parked] = {}
+        #: Sum over members of ``computed - sched_entry`` (the context sum is this + n * sched_clock).
+        self._context_base = 0
+        self._heap: list[tuple[int, int, _Parked]] = []
+        self._seq = 0
+
+    def park(self, request: Request, steps: int) -> None:
+        """Park ``request`` for its next ``steps`` decode steps (its counters are current)."""
+        member = _Parked(request, self.sched_clock, self.out_clock, self.sched_clock + steps)
+        self.members[request.request_id] = member
+        self._context_base += member.computed - member.sched_entry
+        self._seq += 1
+        heapq.heappush(self._heap, (member.due, self._seq, member))
+
+    def materialize(self, request_id: str) -> Request | None:
+        """Unpark one member (no-op for a non-member): write its counters back; returns it."""
+        member = self.members.pop(request_id, None)
+        if member is None:
+            return None
+        request = member.request
+        request.num_computed_tokens = member.computed + self.sched_clock - member.sched_entry
+        request.num_output_tokens = member.output + self.out_clock - member.out_entry
+        request.update_block_hashes()
+        self._context_base -= member.computed - member.sched_entry
+        return request
+
+    def materialize_due(self) -> None:
+        """Before ``schedule()``: unpark every member whose parked steps are used up."""
+        heap = self._heap
+        clock = self.sched_clock
+        members = self.members
+        while heap and heap[0][0] <= clock:
+            member = heapq.heappop(heap)[2]
+            if members.get(member.request.request_id) is member:
+                self.materialize(member.request.request_id)
+
+    def materialize_all(self) -> None:
+        """Unpark everyone (the run ends, or a step the cohort cannot follow)."""
+        for rid in list(self.members):
+            self.materialize(rid)
+        self._heap.clear()
+
+    def decode_totals(self) -> tuple[int, int]:
+        """``(members, sum of their num_computed_tokens)`` at the current ``sched_clock``."""
+        n = len(self.members)
+        return n, self._context_base + n * self.sched_clock
+
+    @staticmethod
+    def quiet_steps(request: Request, horizon: QuietHorizon | None, max_model_len: int) -> int:
+        """How many next steps are plain 1-token decodes for ``request`` (right after it sampled).
+
+        With ``c`` computed and ``o`` output tokens (``c + 1`` known tokens), its
+        ``j``-th next step computes token ``c + j`` from ``c + j - 1``: the running
+        loop takes it as a quiet decode while ``c + j - 1 < max_model_len - 1``,
+        ``c + j <= max_main_tokens`` and ``c + j - 1 <= max_processed_tokens``
+        (:meth:`QuietHorizons.take_decodes`), and it samples without stopping
+        while ``o + j < output_len`` and ``c + j + 1 < max_model_len``.
+        """
+        if horizon is None:
+            return 0
+        c = request.num_computed_tokens
+        return min(
+            max_model_len - c - 2,
+            horizon.max_main_tokens - c,
+            horizon.max_processed_tokens - c + 1,
+            request.output_len - request.num_output_tokens - 1,
+        )
