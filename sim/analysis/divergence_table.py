@@ -103,7 +103,7 @@ A hybrid model caches each KV-cache group on its own, so after evictions the
 full-attention (FA) prefix and the Mamba states of one document can reach
 different depths (vLLM issue #46453). The scheduler must choose one resume
 boundary; the prefix-boundary policy (DESIGN.md §3) decides it, the connector
-may add external tokens, and the truth checker (`sim/policy/truth.py`)
+may add external tokens, and the truth checker (`sim/admission_truth.py`)
 classifies the admission:
 
 * **ok**: every claimed FA block is resident with the right hash, a valid

@@ -149,7 +149,7 @@ def build_components(
 ) -> Components | None:
     """Build (or, with ``dry_run``, only check) everything a run needs."""
     from sim.kv.manager import KVCacheManager
-    from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker
+    from sim.admission_truth import make_truth_checker  # divergence helper: admission truth checker
     from sim.scheduler import Scheduler, SchedulerConfig
 
     config = build_kv_cache_config(scenario)

@@ -6,7 +6,7 @@ from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim
 from sim.kv.specs import kv_cache_config_from_groups  # isort: skip
 from sim.connector import ScriptedConnector
 from sim.policy.prefix import PrefixLookup
-from sim.policy.truth import make_truth_checker
+from sim.admission_truth import make_truth_checker
 from sim.request import Request
 from sim.scheduler import Admission
 from sim.tokens import StreamSegment
