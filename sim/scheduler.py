@@ -52,6 +52,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
+from sim.kv.hashing import RequestBlockHasher
 from sim.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
 from sim.request import Request, RequestStatus
@@ -248,6 +249,7 @@ class Scheduler:
         self.max_model_len = config.max_model_len or kv_cfg.max_model_len
         self.block_size = kv_cfg.scheduler_block_size
         self.hash_block_size = kv_cfg.hash_block_size
+        self._block_hasher = RequestBlockHasher(self.hash_block_size)
         self.num_groups = len(kv_cfg.groups)
         # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
         if connector is not None and getattr(connector, "name", "") == "none":
@@ -292,7 +294,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
-        """Queue a new request (vLLM ``add_request``); binds its hash block size."""
+        """Queue a new request (vLLM ``add_request``); injects its block hasher."""
         if request.request_id in self.requests:
             raise ValueError(f"request {request.request_id!r}: duplicate request id")
         if request.num_prompt_tokens > self.max_model_len:
@@ -300,7 +302,7 @@ class Scheduler:
                 f"request {request.request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
                 f"max_model_len {self.max_model_len}"
             )
-        request.set_hash_block_size(self.hash_block_size)
+        request.set_block_hasher(self._block_hasher)
         self.requests[request.request_id] = request
         self.waiting.add(request)
         if self.connector is not None:

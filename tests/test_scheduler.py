@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim.request import cycle)
-from sim.kv.specs import kv_cache_config_from_groups  # isort: skip
 from sim.connector import ScriptedConnector
 from sim.connector.context import ConnectorContext, GroupLayout
+from sim.kv.hashing import RequestBlockHasher
+from sim.kv.manager import KVCacheManager
+from sim.kv.specs import kv_cache_config_from_groups
 from sim.request import Request, RequestStatus
 from sim.scheduler import EngineCrash, Scheduler, SchedulerConfig
 from sim.tokens import StreamSegment
@@ -340,7 +341,7 @@ def _divergence_harness(policy, connector):
 
 def _evict(h, blocks_by_group):
     hashes = req("probe", 80, content="doc")
-    hashes.set_hash_block_size(16)
+    hashes.set_block_hasher(RequestBlockHasher(16))
     ids = []
     for group, idxs in blocks_by_group.items():
         for i in idxs:

@@ -5,6 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from sim.kv.hashing import RequestBlockHasher
 from sim.tokens import StreamSegment, output_stream
 from sim.workload import workload_stats
 from sim.workload.generators import zipf_probabilities
@@ -25,7 +26,7 @@ def gen(structure, *, count=200, output=32, arrivals=None, **extra):
 
 
 def hashes(req, with_output=False):
-    req.set_hash_block_size(B)
+    req.set_block_hasher(RequestBlockHasher(B))
     if with_output:
         req.append_output_tokens(req.output_len)
     return list(req.block_hashes)
