@@ -864,14 +864,14 @@ class Scheduler:
         """vLLM ``_request_remaining_blocks``: blocks to hold the full sequence (admission cap applied)."""
         full = min(request.num_tokens, self.max_model_len)
         return self.kv.coordinator.get_num_blocks_to_allocate(
-            request.request_id,
-            full,
-            self.kv.empty_kv_cache_blocks.blocks,
-            request.num_computed_tokens,
-            request.num_computed_tokens,
-            full,
-            True,
-            max(request.num_prompt_tokens, request.num_tokens - 1),
+            request_id=request.request_id,
+            num_tokens=full,
+            new_computed_blocks=self.kv.empty_kv_cache_blocks.blocks,
+            total_computed_tokens=request.num_computed_tokens,
+            num_local_computed_tokens=request.num_computed_tokens,
+            num_tokens_main_model=full,
+            apply_admission_cap=True,
+            prefill_end=max(request.num_prompt_tokens, request.num_tokens - 1),
         )
 
     # ------------------------------------------------------ async KV loads

@@ -211,7 +211,7 @@ class EngineLoop:
                 sched.update_from_kv_xfer_finished(sorted(recving), sorted(sending))
             errors = self.connector.get_block_ids_with_load_errors()
             if errors:
-                self.kv_manager.block_pool.evict_blocks(sorted(errors), cause="load_error")
+                self.kv_manager.evict_blocks(sorted(errors), cause="load_error")
         try:
             output = sched.schedule()
         except EngineCrash as crash:
@@ -258,7 +258,7 @@ class EngineLoop:
             waiting=waiting,
             prefill_tokens=output.prefill_tokens,
             decode_tokens=output.decode_tokens,
-            free_blocks=self.kv_manager.block_pool.get_num_free_blocks(),
+            free_blocks=self.kv_manager.num_free_blocks(),
             blocks_per_group=self.kv_manager.num_blocks_per_group(),
             cached_per_group=self.kv_manager.num_cached_per_group(),
             **extra,

@@ -378,6 +378,10 @@ class KVCacheManager:
     def take_events(self) -> list[KVEvent]:
         return self.block_pool.take_events()
 
+    def num_free_blocks(self) -> int:
+        """Free blocks in the pool (steps table ``free_blocks``)."""
+        return self.block_pool.get_num_free_blocks()
+
     def num_blocks_per_group(self) -> tuple[int, ...]:
         """Distinct real blocks held by each group's tables (steps table ``blocks_gN``); O(groups)."""
         return tuple([m.num_held_blocks for m in self.coordinator.single_type_managers])
