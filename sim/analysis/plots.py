@@ -31,7 +31,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sim.analysis.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
+from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
 
 PLOT_FORMATS = ("png", "svg")

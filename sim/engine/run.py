@@ -150,7 +150,7 @@ def _replay_yaml(scenario: Scenario, crash_step: int) -> str:
 def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = None, *,
                  options: RunOptions | None = None) -> RunResult:
     """Run ``scenario`` (a Scenario or a YAML path); write the bundle to ``out_dir`` if given."""
-    from sim.analysis.metrics import run_summary
+    from sim.results.metrics import run_summary
     from sim.trace.bundle import write_result
     from sim.trace.tables import tables_from_recorder
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from sim.analysis.metrics import divergence_counts, first_admissions, request_metrics, run_summary
+from sim.results.metrics import divergence_counts, first_admissions, request_metrics, run_summary
 from sim.trace.bundle import dumps_summary
 from sim.trace.tables import empty_table
 

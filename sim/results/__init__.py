@@ -1,0 +1,1 @@
+"""The results layer: a finished run's tables and summary (below analysis, above the engine)."""
