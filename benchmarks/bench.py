@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sim.config import load_scenario  # noqa: E402
-from sim.engine.run import RunOptions, run_scenario  # noqa: E402
+from sim.api import RunOptions, run_scenario  # noqa: E402
 
 DEMO = ROOT / "scenarios" / "demo-pressure.yaml"
 MOONCAKE = ROOT / "scenarios" / "mooncake-conversation-nemotron.yaml"

@@ -146,7 +146,7 @@ def run(
 ) -> None:
     """Run scenario(s) and write a result bundle for each."""
     from sim.config import load_scenario
-    from sim.engine.run import RunOptions, run_scenario
+    from sim.api import RunOptions, run_scenario
 
     overrides = list(set_)
     if seed is not None:
@@ -329,7 +329,7 @@ def replay(
 ) -> None:
     """Re-run a crash replay bundle and check that the same crash happens."""
     from sim.config import load_scenario
-    from sim.engine.run import RunOptions, run_scenario
+    from sim.api import RunOptions, run_scenario
 
     scenario_file = bundle / "replay.yaml" if bundle.is_dir() else bundle
     if not scenario_file.is_file():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
 from sim.trace.tables import TABLE_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent

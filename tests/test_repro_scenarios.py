@@ -8,7 +8,7 @@ import pytest
 
 from sim.analysis.divergence_table import CONNECTORS, DIRECTIONS, POLICIES, divergence_matrix, render
 from sim.config import load_scenario
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"

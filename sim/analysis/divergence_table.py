@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.config import load_scenario
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
 
 REPRO_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "repro"
 #: direction -> base scenario file (in ``scenarios/repro``).

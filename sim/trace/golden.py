@@ -71,7 +71,7 @@ def golden_scenarios(only: Sequence[str] = ()) -> list[GoldenScenario]:
 
 def write_trace(scenario: GoldenScenario, out_dir: Path) -> Path:
     """Run ``scenario`` (no bundle, no plots) and write its golden tables as CSV into ``out_dir``."""
-    from sim.engine.run import run_scenario
+    from sim.api import run_scenario
 
     result = run_scenario(scenario.path)
     out_dir.mkdir(parents=True, exist_ok=True)
