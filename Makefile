@@ -26,7 +26,7 @@ bench: venv
 	$(PY) benchmarks/bench.py
 
 golden: venv
-	$(PY) -m sim.trace.golden regenerate
+	$(VENV)/bin/hybridsim golden regenerate
 
 clean:
 	rm -rf $(VENV) results/demo-pressure

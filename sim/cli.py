@@ -48,6 +48,8 @@ trace_app = typer.Typer(no_args_is_help=True, help="Compare result traces.")
 workload_app = typer.Typer(no_args_is_help=True, help="Inspect workloads.")
 app.add_typer(trace_app, name="trace")
 app.add_typer(workload_app, name="workload")
+golden_app = typer.Typer(no_args_is_help=True, help="Golden traces: re-run the golden scenarios and check or rewrite them.")
+app.add_typer(golden_app, name="golden")
 
 _state = {"debug": False}
 
@@ -406,6 +408,56 @@ def sweep(
     typer.echo(result.describe())
     if result.failed:
         raise typer.Exit(EXIT_SWEEP_FAILURES)
+
+
+# ------------------------------------------------------- golden, divergence
+_GOLDEN_ONLY = typer.Option([], "--scenario", help="Only this golden scenario (repeatable); default: all.")
+_SCENARIOS_DIR = typer.Option(Path("scenarios"), "--scenarios-dir", help="Directory of the golden scenarios.")
+_GOLDEN_DIR = typer.Option(Path("results/golden"), "--golden-dir", help="Directory of the stored golden traces.")
+_BATCH_EXECUTOR = typer.Option("serial", "--executor", help="serial, local (process pool) or ray.")
+_BATCH_JOBS = typer.Option(None, "-j", "--jobs", help="Parallel runs (local executor).")
+
+
+@golden_app.command("check")
+@handles_errors
+def golden_check(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCENARIOS_DIR,
+                 golden_dir: Path = _GOLDEN_DIR, executor: str = _BATCH_EXECUTOR,
+                 jobs: Optional[int] = _BATCH_JOBS) -> None:
+    """Re-run the golden scenarios and compare; exit 1 if a trace differs, 2 if one is missing."""
+    from sim.sweep import golden
+
+    code = golden.check(scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs)
+    raise typer.Exit(code)
+
+
+@golden_app.command("regenerate")
+@handles_errors
+def golden_regenerate(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCENARIOS_DIR,
+                      golden_dir: Path = _GOLDEN_DIR, executor: str = _BATCH_EXECUTOR,
+                      jobs: Optional[int] = _BATCH_JOBS) -> None:
+    """Re-run the golden scenarios, print what changed, and overwrite the stored traces."""
+    from sim.sweep import golden
+
+    golden.regenerate(scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs)
+
+
+@app.command("divergence-table")
+@handles_errors
+def divergence_table(
+    write: Optional[Path] = typer.Option(None, "--write", help="Write the markdown here instead of stdout."),
+    repro_dir: Path = typer.Option(Path("scenarios/repro"), "--repro-dir", help="Directory of divergence-*.yaml."),
+    executor: str = _BATCH_EXECUTOR,
+    jobs: Optional[int] = _BATCH_JOBS,
+) -> None:
+    """Run every (direction, policy, connector) cell and render docs/divergence.md."""
+    from sim.analysis.divergence_table import render
+    from sim.sweep.divergence import divergence_matrix
+
+    text = render(divergence_matrix(repro_dir, executor=executor, jobs=jobs))
+    if write is None:
+        sys.stdout.write(text)
+    else:
+        write.write_text(text, encoding="utf-8")
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Golden traces: every golden scenario still makes exactly the stored cache and admission decisions.
 
 A failure here means a change altered what the simulator decides. If the change is intended,
-run ``python -m sim.trace.golden regenerate`` (``make golden``), read the printed diff and commit it.
+run ``hybridsim golden regenerate`` (``make golden``), read the printed diff and commit it.
 """
 
 from __future__ import annotations
@@ -13,20 +13,28 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
-from sim.trace import golden
+from sim.cli import app
+from sim.sweep import golden
+from sim.trace.golden import compare, golden_scenarios
 
-SCENARIOS = golden.golden_scenarios()
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCENARIO_ROOT = REPO_ROOT / "scenarios"
+GOLDEN_ROOT = REPO_ROOT / "results" / "golden"
+SCENARIOS = golden_scenarios(scenario_root=SCENARIO_ROOT, golden_root=GOLDEN_ROOT)
+ROOTS = {"scenario_root": SCENARIO_ROOT}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_golden_trace_is_unchanged(scenario: golden.GoldenScenario) -> None:
-    report = golden.check_scenario(scenario)
+def test_golden_trace_is_unchanged(scenario, tmp_path: Path) -> None:
+    fresh = golden.fresh_traces([scenario], tmp_path)[scenario.name]
+    report = compare(scenario.golden_dir, fresh)
     assert report.identical, "\n" + report.format()
 
 
 def test_golden_pressure_exercises_eviction_in_both_groups_and_divergence() -> None:
-    d = golden.GOLDEN_ROOT / "golden-pressure"
+    d = GOLDEN_ROOT / "golden-pressure"
     events = pd.read_csv(d / "kv_events.csv")
     admissions = pd.read_csv(d / "admissions.csv")
     evicted = events[(events["kind"] == "removed") & (events["cause"] == "evict_lru")]
@@ -37,16 +45,15 @@ def test_golden_pressure_exercises_eviction_in_both_groups_and_divergence() -> N
 
 
 def test_golden_csvs_are_not_git_ignored() -> None:
-    files = [str(p.relative_to(golden.REPO_ROOT)) for p in golden.GOLDEN_ROOT.rglob("*.csv")]
+    files = [str(p.relative_to(REPO_ROOT)) for p in GOLDEN_ROOT.rglob("*.csv")]
     assert len(files) == 2 * len(SCENARIOS)
-    done = subprocess.run(["git", "check-ignore", *files], cwd=golden.REPO_ROOT, capture_output=True, text=True)
+    done = subprocess.run(["git", "check-ignore", *files], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.stdout == "", f"git ignores golden files:\n{done.stdout}"
 
 
-def test_check_reports_a_tampered_trace_and_regenerate_restores_it(tmp_path: Path, monkeypatch) -> None:
+def test_check_reports_a_tampered_trace_and_regenerate_restores_it(tmp_path: Path) -> None:
     name = "pr48425-fa-deeper-ext0"
-    shutil.copytree(golden.GOLDEN_ROOT / name, tmp_path / name)
-    monkeypatch.setattr(golden, "GOLDEN_ROOT", tmp_path)
+    shutil.copytree(GOLDEN_ROOT / name, tmp_path / name)
     adm = tmp_path / name / "admissions.csv"
     lines = adm.read_text().splitlines(keepends=True)
     last = lines[-1].split(",")
@@ -54,19 +61,29 @@ def test_check_reports_a_tampered_trace_and_regenerate_restores_it(tmp_path: Pat
     adm.write_text("".join(lines[:-1]) + ",".join(last))
 
     out = io.StringIO()
-    assert golden.check([name], out=out) == 1
+    assert golden.check([name], golden_root=tmp_path, out=out, **ROOTS) == 1
     assert "admissions: DIFFERENT" in out.getvalue()
     assert "request_id" in out.getvalue()
 
     out = io.StringIO()
-    assert golden.regenerate([name], out=out) == 0
+    assert golden.regenerate([name], golden_root=tmp_path, out=out, **ROOTS) == 0
     assert f"== {name}: CHANGED" in out.getvalue()
-    assert golden.check([name], out=io.StringIO()) == 0
+    assert golden.check([name], golden_root=tmp_path, out=io.StringIO(), **ROOTS) == 0
+    assert (tmp_path / name / "admissions.csv").read_bytes() == (GOLDEN_ROOT / name / "admissions.csv").read_bytes()
 
 
-def test_check_without_golden_dir_exits_2_and_unknown_name_is_rejected(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(golden, "GOLDEN_ROOT", tmp_path)
+def test_check_without_golden_dir_exits_2_and_unknown_name_is_rejected(tmp_path: Path) -> None:
     out = io.StringIO()
-    assert golden.check(["taint-propagation"], out=out) == 2
+    assert golden.check(["taint-propagation"], golden_root=tmp_path, out=out, **ROOTS) == 2
     assert "no golden trace" in out.getvalue()
-    assert golden.main(["check", "--scenario", "nope"]) == 2
+    done = CliRunner().invoke(app, ["golden", "check", "--scenario", "nope", "--golden-dir", str(tmp_path)])
+    assert done.exit_code == 2
+    assert "unknown golden scenario" in done.output
+
+
+def test_cli_golden_check_passes_on_the_stored_traces(monkeypatch) -> None:
+    """The defaults are relative to the current directory (the repository root in a checkout)."""
+    monkeypatch.chdir(REPO_ROOT)
+    done = CliRunner().invoke(app, ["golden", "check", "--scenario", "taint-propagation"])
+    assert done.exit_code == 0, done.output
+    assert "== taint-propagation: identical" in done.output
