@@ -16,7 +16,7 @@ from sim.kv.hashing import RequestBlockHasher
 from sim.kv.manager import KVCacheManager
 from sim.request import RequestStatus
 
-from test_scheduler import Harness, req
+from support.scheduler import Harness, req
 
 LAYOUTS = [
     ("full_attention",),

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from sim.kv.manager import check_invariants
 from sim.request import RequestStatus
 
-from kv_helpers import make_manager, make_request
+from support.kv import make_manager, make_request
 
 LAYOUTS = [
     ["full_attention", "mamba"],
