@@ -1,26 +1,44 @@
-# hybridsim: the commands a user needs. `make run` sets up and runs the default
-# scenario end to end; `make test` runs the test suite.
+# hybridsim: the commands a user needs. `make run` sets up (runtime dependencies only) and runs the
+# default scenario end to end; `make test` adds the test extras and runs the whole suite; `make test-fast`
+# runs the unit tier (no end-to-end scenario runs); `make lint` runs ruff and mypy.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SCENARIO ?= scenarios/demo-pressure.yaml
 OUT    ?= results/demo-pressure
+# Extras `make test` / `make lint` install on top of the runtime (CI adds ray: EXTRAS=test,dev,ray).
+EXTRAS ?= test,dev
+# Files `ruff format --check` enforces (none yet: the repo-wide `ruff format` is a later, separate step).
+FORMATTED ?=
 
-.PHONY: venv run test bench golden clean
+.PHONY: venv venv-extras run test test-fast lint bench golden clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-extras: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
 venv: $(VENV)/.installed
 
+venv-extras: $(VENV)/.installed-extras
+
 run: venv
 	$(VENV)/bin/hybridsim run $(SCENARIO) -o $(OUT)
 
-test: venv
+test: venv-extras
 	$(PY) -m pytest -n 2 -p no:cacheprovider
+
+test-fast: venv-extras
+	$(PY) -m pytest -m "not slow" -p no:cacheprovider
+
+lint: venv-extras
+	$(PY) -m ruff check sim tests benchmarks
+	$(PY) -m mypy
+	$(if $(FORMATTED),$(PY) -m ruff format --check $(FORMATTED))
 
 bench: venv
 	$(PY) benchmarks/bench.py
