@@ -62,7 +62,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.interfaces import SchedulerConnector
 from sim.kv.hash_view import block_hashes_at
+from sim.kv.manager import KVCacheManager
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 
@@ -73,8 +75,8 @@ OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 SIDE_EFFECT_FREE_CONNECTORS = frozenset({"scripted"})
 
 
-def _side_effect_free(connector: Any) -> bool:
-    return getattr(connector, "side_effect_free_lookup", False) or getattr(connector, "name", "") in SIDE_EFFECT_FREE_CONNECTORS
+def _side_effect_free(connector: SchedulerConnector) -> bool:
+    return connector.side_effect_free_lookup or connector.name in SIDE_EFFECT_FREE_CONNECTORS
 
 
 class TruthChecker:
@@ -84,10 +86,10 @@ class TruthChecker:
     corrupt request caches later); one checker per kv manager.
     """
 
-    def __init__(self, kv_manager: Any, connector: Any | None = None) -> None:
+    def __init__(self, kv_manager: KVCacheManager, connector: SchedulerConnector | None = None) -> None:
         self.kv = kv_manager
         self.pool = kv_manager.block_pool
-        if connector is not None and getattr(connector, "name", "") == "none":
+        if connector is not None and connector.name == "none":
             connector = None
         self.connector = connector
         self.align = kv_manager.kv_cache_config.scheduler_block_size
@@ -136,7 +138,7 @@ class TruthChecker:
         return outcome, lost, origin
 
     def _supplies_mamba(self, ext: int) -> bool:
-        return ext > 0 and self.connector is not None and getattr(self.connector, "supplies_mamba_state", True)
+        return ext > 0 and self.connector is not None and self.connector.supplies_mamba_state
 
     def _classify(self, adm: Any) -> tuple[str, int, str]:
         request = adm.request
@@ -144,7 +146,7 @@ class TruthChecker:
         resume = local + ext
         claimed = adm.blocks.blocks if adm.blocks is not None else ()
         mamba_supplied = self._supplies_mamba(ext)
-        refilled = ext > 0 and self.connector is not None and getattr(self.connector, "pulls_unhashed_blocks", False)
+        refilled = ext > 0 and self.connector is not None and self.connector.pulls_unhashed_blocks
         bad: int | None = None
         origin = ""
 
@@ -196,7 +198,7 @@ class TruthChecker:
         conn = self.connector
         if conn is None or adm.request.skip_reading_prefix_cache or not _side_effect_free(conn):
             return 0
-        if not getattr(conn, "supplies_mamba_state", True) and any(k == "mamba" for _, k, _, _ in self.groups):
+        if not conn.supplies_mamba_state and any(k == "mamba" for _, k, _, _ in self.groups):
             return 0
         hits = [adm.hits[gid] for gid, kind, _, _ in self.groups if kind == "full_attention"]
         if not hits:
@@ -253,6 +255,6 @@ def _clean_state(found: list | None, own_table: Any, index: int) -> bool:
     return not (index < len(own_table) and own_table[index] is blk)
 
 
-def make_truth_checker(kv_manager: Any, connector: Any | None = None) -> TruthChecker:
+def make_truth_checker(kv_manager: KVCacheManager, connector: SchedulerConnector | None = None) -> TruthChecker:
     """The checker the engine passes to the scheduler as ``admission_checker``."""
     return TruthChecker(kv_manager, connector)

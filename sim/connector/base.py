@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sim.kv.pool import KVEvent
 from sim.request import Request
 
 
@@ -51,6 +52,12 @@ class KVConnector:
 
     supports_hma: bool = True
     supports_divergent_local_hybrid_hits: bool = False
+    #: ``get_num_new_matched_tokens`` can be asked again with no side effect (the truth checker asks).
+    side_effect_free_lookup: bool = False
+    #: A non-zero answer ships the Mamba state at the resume boundary (vLLM's NIXL does).
+    supplies_mamba_state: bool = True
+    #: A load refills the request's unhashed blocks too (the NIXL-like ``remote`` pull).
+    pulls_unhashed_blocks: bool = False
 
     #: The context given by :meth:`bind` (``None`` until bound).
     ctx: Any = None
@@ -91,7 +98,7 @@ class KVConnector:
         """GPU block ids whose load failed since the last call (none by default)."""
         return set()
 
-    def take_events(self) -> list:
+    def take_events(self) -> list[KVEvent]:
         """KV events of the connector's own tier since the last call."""
         return []
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
+from sim.kv.pool import KVEvent
 from sim.request import Request
 
 
@@ -145,10 +146,6 @@ class FaultyConnector(KVConnector):
         finally:
             self._factor = 1.0
 
-    def bind_kv_cache_manager(self, kv_cache_manager: Any, block_size: int) -> None:
-        if hasattr(self.inner, "bind_kv_cache_manager"):
-            self.inner.bind_kv_cache_manager(kv_cache_manager, block_size)
-
     def on_new_request(self, request: Request) -> None:
         rid = request.request_id
         if rid in self.slow:
@@ -224,16 +221,16 @@ class FaultyConnector(KVConnector):
     def has_pending_block_frees(self) -> bool:
         return self.inner.has_pending_block_frees()
 
-    def take_events(self) -> list:
+    def take_events(self) -> list[KVEvent]:
         return self.inner.take_events()
 
     def metrics(self) -> dict[str, Any]:
-        out = dict(getattr(self.inner, "metrics", dict)())
+        out = dict(self.inner.metrics())
         out.update({f"fault_{k}": v for k, v in self.counters.items()})
         return out
 
     def step_columns(self) -> dict[str, float | int]:
-        return dict(getattr(self.inner, "step_columns", dict)())
+        return dict(self.inner.step_columns())
 
 
 def _build_inner(spec: Mapping[str, Any]) -> KVConnector:
