@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sim.connector.context import ConnectorContext
 from sim.kv.pool import KVEvent
 from sim.request import Request
 
@@ -59,10 +60,11 @@ class KVConnector:
     #: A load refills the request's unhashed blocks too (the NIXL-like ``remote`` pull).
     pulls_unhashed_blocks: bool = False
 
-    #: The context given by :meth:`bind` (``None`` until bound).
+    #: The context given by :meth:`bind` (``None`` until bound; typed loosely so that the
+    #: subclasses, which only run bound, need no ``None`` checks).
     ctx: Any = None
 
-    def bind(self, ctx: Any) -> None:
+    def bind(self, ctx: ConnectorContext) -> None:
         """Receive the run's :class:`~sim.connector.context.ConnectorContext` (once, before step 0)."""
         self.ctx = ctx
 

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario
 from sim.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec, cdiv, kv_cache_config_from_groups, kv_cache_config_from_model
+from sim.connector.protocol import Connector
+from sim.engine.timing import StepTimeModel
+from sim.kv.manager import KVCacheManager
 from sim.request import Request
+from sim.scheduler import Scheduler
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
@@ -30,12 +33,12 @@ class Components:
 
     scenario: Scenario
     kv_cache_config: KVCacheConfig
-    kv_manager: Any
-    scheduler: Any
-    connector: Any | None
+    kv_manager: KVCacheManager
+    scheduler: Scheduler
+    connector: Connector | None
     recorder: Recorder
     requests: list[Request]
-    step_time_model: Any | None
+    step_time_model: StepTimeModel | None
     group_kinds: list[str]
     connector_rng: np.random.Generator
 
@@ -119,7 +122,7 @@ def _check_fits(config: KVCacheConfig, requests: list[Request], max_model_len: i
         )
 
 
-def _build_connector(scenario: Scenario, config: KVCacheConfig):
+def _build_connector(scenario: Scenario, config: KVCacheConfig) -> Connector:
     """The scenario's connector, HMA-checked; the registry's errors already name ``connector.type``."""
     from sim.connector import create_connector
     from sim.connector.context import check_connector_compatible
@@ -148,9 +151,8 @@ def build_components(
     dry_run: bool = False,
 ) -> Components | None:
     """Build (or, with ``dry_run``, only check) everything a run needs."""
-    from sim.kv.manager import KVCacheManager
     from sim.admission_truth import make_truth_checker  # divergence helper: admission truth checker
-    from sim.scheduler import Scheduler, SchedulerConfig
+    from sim.scheduler import SchedulerConfig
 
     config = build_kv_cache_config(scenario)
     root = np.random.default_rng(scenario.seed)
@@ -211,7 +213,7 @@ def build_components(
         kv_cache_config=config,
         kv_manager=kv_manager,
         scheduler=scheduler,
-        connector=scheduler.connector,
+        connector=connector if scheduler.connector is not None else None,  # `none` is no connector
         recorder=recorder,
         requests=requests,
         step_time_model=step_time_model,

@@ -37,8 +37,12 @@ from typing import Any, Callable, Sequence
 
 import simpy
 
+from sim.connector.protocol import Connector
+from sim.engine.transfer import EngineTransferService
+from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
 from sim.scheduler import EngineCrash, Scheduler, SchedulerOutput
+from sim.trace.recorder import Recorder
 
 
 @dataclass
@@ -83,14 +87,14 @@ class EngineLoop:
     requests: Sequence[Request]
     clock: str
     step_duration: Callable[[SchedulerOutput, Scheduler], float]
-    recorder: Any
-    kv_manager: Any
-    connector: Any | None = None
-    transfers: Any | None = None
+    recorder: Recorder
+    kv_manager: KVCacheManager
+    connector: Connector | None = None
+    transfers: EngineTransferService | None = None
     actions: Sequence[Action] = ()
     on_crash: str = "stop"
     check_invariants: Callable[[], None] | None = None
-    step_columns: Callable[[], dict] | None = None
+    step_columns: Callable[[], dict[str, Any]] | None = None
     progress: Callable[[int, float, int], None] | None = None
     max_steps: int | None = None
 
@@ -116,7 +120,7 @@ class EngineLoop:
         self._by_id = {r.request_id: r for r in self.requests}
         #: Requests scheduled at least once whose first token has not come yet.
         self._awaiting_first_token: dict[str, RequestTimes] = {}
-        if self.transfers is not None and hasattr(self.transfers, "on_complete"):
+        if self.transfers is not None:
             self.transfers.on_complete = self.wake
         self.process = self.env.process(self._run())
 
@@ -202,9 +206,8 @@ class EngineLoop:
         self._apply_actions()
         self._admit_arrivals()
         self._record_kv_events()  # the actions' events belong to this step
-        advance = getattr(self.transfers, "advance", None)
-        if advance is not None:
-            advance(self.step)
+        if self.transfers is not None:
+            self.transfers.advance(self.step)
         if self.connector is not None:
             recving, sending = self.connector.get_finished()
             if recving or sending:
