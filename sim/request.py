@@ -94,7 +94,7 @@ class Request:
         priority: int = 0,
         lora_name: str | None = None,
         cache_salt: str | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, object] | None = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id}: max_tokens must be >= 1")
@@ -121,7 +121,7 @@ class Request:
         #: Prefix-cache hit tokens at the first admission (-1 until admitted).
         self.num_cached_tokens = -1
         self.num_external_computed_tokens = 0
-        self.metadata: dict = metadata or {}
+        self.metadata: dict[str, object] = metadata or {}
         #: Granularity of ``block_hashes`` (0 until the engine binds it); read-only outside this class.
         self.hash_block_size = 0
         self._block_hasher: BlockHasher | None = None

@@ -465,8 +465,8 @@ def check_invariants(manager: KVCacheManager) -> None:
             continue
         if b.is_null:
             raise AssertionError("cached map: the null block holds a cache key")
-        entry = pool.cached_block_hash_to_block.get(key[1], {}).get(key[0])
-        found = entry is b if not isinstance(entry, dict) else entry.get(b.block_id) is b
+        mapped = pool.cached_block_hash_to_block.get(key[1], {}).get(key[0])
+        found = mapped is b if not isinstance(mapped, dict) else mapped.get(b.block_id) is b
         if not found:
             raise AssertionError(f"cached map: block {b.block_id} holds key {key} but the map does not point to it")
     for gid in set(counts) | set(pool.cached_block_hash_to_block):

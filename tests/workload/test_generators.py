@@ -152,6 +152,8 @@ def test_same_seed_same_workload_and_different_seed_differs(build):
     a = build(gen(structure, count=50), seed=3)
     b = build(gen(structure, count=50), seed=3)
     c = build(gen(structure, count=50), seed=4)
-    key = lambda reqs: [(r.request_id, r.arrival_time, r.prompt, r.output_len) for r in reqs]
+    def key(reqs):
+        return [(r.request_id, r.arrival_time, r.prompt, r.output_len) for r in reqs]
+
     assert key(a) == key(b)
     assert key(a) != key(c)
