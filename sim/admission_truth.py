@@ -65,6 +65,7 @@ from typing import Any
 from sim.interfaces import SchedulerConnector
 from sim.kv.hash_view import block_hashes_at
 from sim.kv.manager import KVCacheManager
+from sim.kv.specs import SlidingWindowSpec
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 
@@ -99,7 +100,7 @@ class TruthChecker:
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
             spec = group.spec
-            need = spec.blocks_for_hit if spec.kind == "sliding_window" else 0
+            need = spec.blocks_for_hit if isinstance(spec, SlidingWindowSpec) else 0
             self.groups.append((gid, spec.kind, spec.block_size, need))
         #: request id -> (taint origin, bad point in tokens) while it may still cache blocks.
         self.bad: dict[str, tuple[str, int]] = {}
@@ -122,7 +123,7 @@ class TruthChecker:
                 blk = table[i]
                 if blk.is_null or blk.block_hash is None or (i < len(mine) and mine[i] is blk):
                     continue
-                if blk.block_hash_num_tokens > bad_point:
+                if blk.block_hash_num_tokens is not None and blk.block_hash_num_tokens > bad_point:
                     blk.taint = origin
 
     # ------------------------------------------------------------- verdict

@@ -73,7 +73,7 @@ def _group_label(i: int, kinds: Sequence[str]) -> str:
     return f"g{i} ({kinds[i]})" if kinds else f"g{i}"
 
 
-def _outcome_colour(outcome: str, others: list[str]) -> str:
+def _outcome_colour(outcome: str, others: list[str]) -> str | tuple[float, float, float, float]:
     if outcome in OUTCOME_COLOURS:
         return OUTCOME_COLOURS[outcome]
     return matplotlib.colormaps["tab10"](others.index(outcome) % 10)

@@ -92,6 +92,7 @@ class FaultyConnector(KVConnector):
         if (wraps is None) == (inner is None):
             raise ValueError("connector: faulty needs exactly one of 'wraps' or 'inner' (the connector it wraps)")
         spec = wraps if wraps is not None else inner
+        assert spec is not None  # exactly one was given (checked above)
         self.inner = spec if isinstance(spec, KVConnector) else _build_inner(spec)
         self.load_failure_prob = _prob("load_failure_prob", load_failure_prob)
         self.partial_load_prob = _prob("partial_load_prob", partial_load_prob)

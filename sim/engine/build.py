@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -25,6 +26,8 @@ from sim.scheduler import Scheduler
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,6 +50,13 @@ def _err(key: str, message: str) -> ScenarioError:
     return ScenarioError(f"{key}: {message}")
 
 
+def _resolved(value: T | None, key: str) -> T:
+    """A scenario value its validators always fill (``None`` only in a scenario that skipped validation)."""
+    if value is None:
+        raise _err(key, "is not set (build from a validated Scenario: sim.load_scenario)")
+    return value
+
+
 def build_kv_cache_config(scenario: Scenario) -> KVCacheConfig:
     """The KV-cache layout: explicit groups (no page unification) or the model's (vLLM's derivation)."""
     cache = scenario.cache
@@ -61,9 +71,9 @@ def build_kv_cache_config(scenario: Scenario) -> KVCacheConfig:
                 enable_prefix_caching=cache.enable_prefix_caching,
                 mamba_cache_mode=cache.mamba_cache_mode,
                 retention_interval=cache.retention_interval,
-                max_model_len=scenario.scheduler.max_model_len,
+                max_model_len=_resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len"),
             )
-        shape = scenario.model_shape()
+        shape = _resolved(scenario.model_shape(), "model")
         return kv_cache_config_from_model(
             shape,
             block_size=cache.block_size,
@@ -170,7 +180,7 @@ def build_components(
         raise ScenarioError(text if text.startswith("workload") else f"workload: {text}") from None
     if not requests:
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
-    max_model_len = scenario.scheduler.max_model_len
+    max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
     _check_fits(config, requests, max_model_len)
     policy = _check_policy(scenario)
     connector = _build_connector(scenario, config)
@@ -178,10 +188,9 @@ def build_components(
     if scenario.clock == "time":
         from sim.engine.timing import StepTimeModel
 
-        hw = scenario.hardware
-        step_time_model = StepTimeModel.from_presets(
-            scenario.model.preset_obj, hw.preset_obj(), hw.overrides.given() if hw.overrides else None
-        )
+        hw = _resolved(scenario.hardware, "hardware")
+        model = _resolved(_resolved(scenario.model, "model").preset_obj, "model.preset")
+        step_time_model = StepTimeModel.from_presets(model, hw.preset_obj(), hw.overrides.given() if hw.overrides else None)
     if dry_run:
         return None
 
@@ -194,8 +203,8 @@ def build_components(
     recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table))
     scheduler = Scheduler(
         SchedulerConfig(
-            max_num_seqs=sched_cfg.max_num_seqs,
-            max_num_batched_tokens=sched_cfg.max_num_batched_tokens,
+            max_num_seqs=_resolved(sched_cfg.max_num_seqs, "scheduler.max_num_seqs"),
+            max_num_batched_tokens=_resolved(sched_cfg.max_num_batched_tokens, "scheduler.max_num_batched_tokens"),
             max_model_len=max_model_len,
             long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
             policy=sched_cfg.policy,

@@ -70,7 +70,7 @@ class Action:
 
     at: int | None
     at_s: float | None
-    apply: Callable[[], None]
+    apply: Callable[[], object]
     description: str
 
 

@@ -115,7 +115,7 @@ class StepTimeModel:
         wb = model.weight_dtype_bytes
         attn = [l for l in model.shape.layers if isinstance(l, AttentionLayerShape)]
         mamba = [l for l in model.shape.layers if isinstance(l, MambaLayerShape)]
-        active_experts = 0
+        active_experts: float = 0
         if model.num_experts:
             active_experts = model.expert_params * model.experts_per_token / model.num_experts
         # The largest tensor of a recurrent state is the one the per-token update sweeps.
