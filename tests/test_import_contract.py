@@ -118,3 +118,11 @@ def test_importing_the_core_loads_no_edge_and_no_heavy_library() -> None:
     heavy = sorted(m for m in loaded if m.split(".")[0] in CORE_FORBIDDEN_THIRD_PARTY)
     assert not edges, f"importing the core loaded edge modules: {edges}"
     assert not heavy, f"importing the core loaded: {heavy}"
+
+
+def test_importing_the_sweep_driver_loads_no_pandas_or_matplotlib() -> None:
+    """Only the sweep's table and plot modules (and what reads bundles) need them, and they load on use."""
+    code = "import json, sys, sim.sweep, sim.sweep.batch\nprint(json.dumps(sorted(sys.modules)))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SIM.parent)
+    loaded = json.loads(done.stdout)
+    assert not [m for m in loaded if m.split(".")[0] in ("pandas", "matplotlib")]
