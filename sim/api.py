@@ -17,8 +17,9 @@ __all__ = ["RunOptions", "RunResult", "run", "run_scenario"]
 from sim.results import RunResult, finalize, write_bundle
 
 
-def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = None, *,
-                 options: RunOptions | None = None) -> RunResult:
+def run_scenario(
+    scenario: Scenario | str | Path, out_dir: str | Path | None = None, *, options: RunOptions | None = None
+) -> RunResult:
     """Run ``scenario`` (a Scenario or a YAML path); write the bundle (and plots) to ``out_dir`` if given."""
     options = options or RunOptions()
     run = build_run(scenario, options)

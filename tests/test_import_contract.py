@@ -27,8 +27,16 @@ SIM = Path(__file__).resolve().parents[1] / "sim"
 LAYERS: dict[str, int] = {
     "sim.trace": 0,
     **dict.fromkeys(
-        ["sim.tokens", "sim.request", "sim.kv", "sim.policy", "sim.scheduler", "sim.interfaces",
-         "sim.admission_truth", "sim.registry"],
+        [
+            "sim.tokens",
+            "sim.request",
+            "sim.kv",
+            "sim.policy",
+            "sim.scheduler",
+            "sim.interfaces",
+            "sim.admission_truth",
+            "sim.registry",
+        ],
         1,
     ),
     "sim.workload": 2,
@@ -111,8 +119,7 @@ def test_importing_the_core_loads_no_edge_and_no_heavy_library() -> None:
         f"for m in {core_modules!r}: importlib.import_module(m)\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                          cwd=SIM.parent)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SIM.parent)
     loaded = json.loads(done.stdout)
     edges = sorted(m for m in loaded if m.startswith("sim.") and _unit(m) not in CORE)
     heavy = sorted(m for m in loaded if m.split(".")[0] in CORE_FORBIDDEN_THIRD_PARTY)
