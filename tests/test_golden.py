@@ -19,6 +19,8 @@ from sim.cli import app
 from sim.sweep import golden
 from sim.trace.golden import compare, golden_scenarios
 
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCENARIO_ROOT = REPO_ROOT / "scenarios"
 GOLDEN_ROOT = REPO_ROOT / "results" / "golden"

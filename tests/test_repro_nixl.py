@@ -17,6 +17,8 @@ import pytest
 from sim.config import load_scenario
 from sim.api import run_scenario
 
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
+
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"
 COLS = ["step", "request_id", "kind", "hit_g0", "hit_g1", "local_tokens", "external_tokens", "hit_diverged",

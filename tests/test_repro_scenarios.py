@@ -11,6 +11,8 @@ from sim.config import load_scenario
 from sim.api import run_scenario
 from sim.sweep.divergence import divergence_matrix
 
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
+
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"
 COLS = ["request_id", "hit_g0", "hit_g1", "local_tokens", "external_tokens", "hit_diverged", "fallback",

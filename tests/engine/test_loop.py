@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import sim
 from sim.engine.run import build_run
@@ -69,6 +70,7 @@ def test_steps_and_time_clocks_make_the_same_decisions():
     assert list(by_steps["steps"]["time_s"]) == list(by_time["steps"]["time_s"])
 
 
+@pytest.mark.slow
 def test_time_clock_ttft_is_queueing_plus_the_steps_until_the_first_token():
     scenario = sim.load_scenario(DEMO, ["workload.generator.count=6", "outputs.plots=false", "outputs.schedule_table=true"])
     result = sim.run_scenario(scenario)

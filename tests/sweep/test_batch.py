@@ -10,6 +10,8 @@ from sim.sweep.batch import BatchError, BatchRun, run_batch
 from sim.sweep.grid import SweepError
 from sim.trace.bundle import load_result
 
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
+
 REPRO = Path(__file__).resolve().parents[2] / "scenarios" / "repro"
 
 

@@ -97,6 +97,7 @@ def test_serial_sweep_writes_bundles_manifest_and_one_row_per_run(tmp_path, base
     assert result.table().equals(df)
 
 
+@pytest.mark.slow
 def test_local_pool_and_serial_loop_give_identical_bytes(tmp_path, base_scenario):
     spec = _spec(base_scenario)
     serial, pooled = tmp_path / "serial", tmp_path / "pooled"
@@ -131,6 +132,7 @@ def test_resume_reruns_only_incomplete_runs_and_keeps_the_table(tmp_path, base_s
     assert (out / "sweep.parquet").read_bytes() == table_bytes
 
 
+@pytest.mark.slow
 def test_failing_runs_are_recorded_and_retried_on_resume(tmp_path, base_scenario, call_log):
     spec = build_sweep(
         base_scenario, ["cache.num_blocks=1,400", "scheduler.prefix_policy=pr48425,explode"], seeds="1"
