@@ -60,7 +60,7 @@ def _peak_rss_mb() -> float:
 def work_hybridsim(path: str, overrides: list[str], repeat: int, plain: bool) -> dict:
     sys.path.insert(0, str(ROOT))
     from sim.config import load_scenario
-    from sim.engine.run import RunOptions, run_scenario
+    from sim.api import RunOptions, run_scenario
 
     best: tuple[float, float] | None = None
     for _ in range(repeat):

@@ -53,6 +53,8 @@ app.add_typer(workload_app, name="workload")
 from sim.timing.cli import timing_app  # noqa: E402  (the `timing check|fit` sub-app)
 
 app.add_typer(timing_app, name="timing")
+golden_app = typer.Typer(no_args_is_help=True, help="Golden traces: re-run the golden scenarios and check or rewrite them.")
+app.add_typer(golden_app, name="golden")
 
 _state = {"debug": False}
 
@@ -198,7 +200,7 @@ def run(
 ) -> None:
     """Run scenario(s) and write a result bundle for each (whole: a previous bundle is replaced in one step)."""
     from sim.config import load_scenario
-    from sim.engine.run import RunOptions, run_scenario
+    from sim.api import RunOptions, run_scenario
 
     overrides = list(set_)
     if seed is not None:
@@ -453,7 +455,7 @@ def replay(
 ) -> None:
     """Re-run a crash replay bundle and check that the same crash happens (exit 1 when it does not)."""
     from sim.config import load_scenario
-    from sim.engine.run import RunOptions, run_scenario
+    from sim.api import RunOptions, run_scenario
 
     scenario_file = bundle / "replay.yaml" if bundle.is_dir() else bundle
     if not scenario_file.is_file():
@@ -605,6 +607,56 @@ def sweep(
     typer.echo(result.describe())
     if result.failed:
         raise typer.Exit(EXIT_SWEEP_FAILURES)
+
+
+# ------------------------------------------------------- golden, divergence
+_GOLDEN_ONLY = typer.Option([], "--scenario", help="Only this golden scenario (repeatable); default: all.")
+_SCENARIOS_DIR = typer.Option(Path("scenarios"), "--scenarios-dir", help="Directory of the golden scenarios.")
+_GOLDEN_DIR = typer.Option(Path("results/golden"), "--golden-dir", help="Directory of the stored golden traces.")
+_BATCH_EXECUTOR = typer.Option("serial", "--executor", help="serial, local (process pool) or ray.")
+_BATCH_JOBS = typer.Option(None, "-j", "--jobs", help="Parallel runs (local executor).")
+
+
+@golden_app.command("check")
+@handles_errors
+def golden_check(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCENARIOS_DIR,
+                 golden_dir: Path = _GOLDEN_DIR, executor: str = _BATCH_EXECUTOR,
+                 jobs: Optional[int] = _BATCH_JOBS) -> None:
+    """Re-run the golden scenarios and compare; exit 1 if a trace differs, 2 if one is missing."""
+    from sim.sweep import golden
+
+    code = golden.check(scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs)
+    raise typer.Exit(code)
+
+
+@golden_app.command("regenerate")
+@handles_errors
+def golden_regenerate(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCENARIOS_DIR,
+                      golden_dir: Path = _GOLDEN_DIR, executor: str = _BATCH_EXECUTOR,
+                      jobs: Optional[int] = _BATCH_JOBS) -> None:
+    """Re-run the golden scenarios, print what changed, and overwrite the stored traces."""
+    from sim.sweep import golden
+
+    golden.regenerate(scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs)
+
+
+@app.command("divergence-table")
+@handles_errors
+def divergence_table(
+    write: Optional[Path] = typer.Option(None, "--write", help="Write the markdown here instead of stdout."),
+    repro_dir: Path = typer.Option(Path("scenarios/repro"), "--repro-dir", help="Directory of divergence-*.yaml."),
+    executor: str = _BATCH_EXECUTOR,
+    jobs: Optional[int] = _BATCH_JOBS,
+) -> None:
+    """Run every (direction, policy, connector) cell and render docs/divergence.md."""
+    from sim.analysis.divergence_table import render
+    from sim.sweep.divergence import divergence_matrix
+
+    text = render(divergence_matrix(repro_dir, executor=executor, jobs=jobs))
+    if write is None:
+        sys.stdout.write(text)
+    else:
+        write.write_text(text, encoding="utf-8")
 
 
 def main() -> None:

@@ -10,16 +10,32 @@ Invariants:
 * ``0 <= num_computed_tokens <= num_tokens``.
 * ``block_hashes`` holds exactly the hashes of the full ``hash_block_size``
   blocks of the first ``num_tokens`` tokens once :meth:`update_block_hashes`
-  has run; it only grows (vLLM appends hashes as output tokens arrive).
+  has run (with the hasher bound by :meth:`set_block_hasher`); it only grows (vLLM appends hashes as output tokens arrive).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+from typing import Protocol, Sequence
 
-from sim.kv.hashing import BlockHash, extend_block_hashes
 from sim.tokens import Segment, StreamSegment, output_stream, total_length
+
+#: A block hash (a 64-bit int; see :mod:`sim.kv.hashing`).
+BlockHash = int
+
+
+class BlockHasher(Protocol):
+    """Extends a request's ``block_hashes`` with the hashes of its newly full blocks.
+
+    Injected into the request by the scheduler (vLLM passes ``block_hasher``
+    to ``Request``), so this module does not depend on the cache core;
+    :class:`sim.kv.hashing.RequestBlockHasher` is the implementation.
+    """
+
+    @property
+    def hash_block_size(self) -> int: ...
+
+    def __call__(self, request: Request) -> None: ...
 
 
 class RequestStatus(enum.IntEnum):
@@ -64,6 +80,7 @@ class Request:
         "num_external_computed_tokens",
         "metadata",
         "hash_block_size",
+        "_block_hasher",
     )
 
     def __init__(
@@ -77,7 +94,7 @@ class Request:
         priority: int = 0,
         lora_name: str | None = None,
         cache_salt: str | None = None,
-        metadata: dict | None = None,
+        metadata: dict[str, object] | None = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id}: max_tokens must be >= 1")
@@ -104,9 +121,10 @@ class Request:
         #: Prefix-cache hit tokens at the first admission (-1 until admitted).
         self.num_cached_tokens = -1
         self.num_external_computed_tokens = 0
-        self.metadata: dict = metadata or {}
+        self.metadata: dict[str, object] = metadata or {}
         #: Granularity of ``block_hashes`` (0 until the engine binds it); read-only outside this class.
         self.hash_block_size = 0
+        self._block_hasher: BlockHasher | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -122,20 +140,19 @@ class Request:
             return self.prompt
         return self.prompt + (StreamSegment(output_stream(self.request_id), 0, self.num_output_tokens),)
 
-    def set_hash_block_size(self, hash_block_size: int) -> None:
-        """Bind the hash granularity (once, by the engine) and hash the prompt."""
-        self.hash_block_size = hash_block_size
+    def set_block_hasher(self, hasher: BlockHasher) -> None:
+        """Bind the block hasher (once, by the scheduler) and hash the prompt."""
+        self._block_hasher = hasher
+        self.hash_block_size = hasher.hash_block_size
         self.block_hashes = []
         self.update_block_hashes()
 
     def update_block_hashes(self) -> None:
-        """Hash any newly completed full blocks (vLLM's request block hasher)."""
+        """Hash any newly completed full blocks (with the injected block hasher)."""
         hbs = self.hash_block_size
-        num_tokens = self.num_prompt_tokens + self.num_output_tokens
-        if hbs and num_tokens // hbs > len(self.block_hashes):
-            extend_block_hashes(
-                self.block_hashes, self.segments(), num_tokens, hbs, self.lora_name, self.cache_salt
-            )
+        if hbs and (self.num_prompt_tokens + self.num_output_tokens) // hbs > len(self.block_hashes):
+            assert self._block_hasher is not None
+            self._block_hasher(self)
 
     def append_output_tokens(self, n: int) -> None:
         """Record ``n`` generated tokens and hash blocks they complete."""

@@ -53,9 +53,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Literal
+from typing import Any, Callable, ClassVar, Iterable, Literal, NoReturn, Sequence
 
+from sim.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
 from sim.kv.fastpath import DecodeCohort
+from sim.kv.hashing import RequestBlockHasher
+from sim.kv.manager import KVCacheBlocks
 from sim.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
 from sim.request import Request, RequestStatus
@@ -251,10 +254,10 @@ class Scheduler:
     def __init__(
         self,
         config: SchedulerConfig,
-        kv_manager: Any,
-        connector: Any | None = None,
+        kv_manager: SchedulerKVManager,
+        connector: SchedulerConnector | None = None,
         prefix_policy: PrefixPolicy | str = "reconciled",
-        recorder: Any | None = None,
+        recorder: AdmissionRecorder | None = None,
         admission_checker: AdmissionChecker | None = None,
         on_crash: Literal["stop", "record"] = "stop",
     ) -> None:
@@ -267,9 +270,10 @@ class Scheduler:
         self.max_model_len = config.max_model_len or kv_cfg.max_model_len
         self.block_size = kv_cfg.scheduler_block_size
         self.hash_block_size = kv_cfg.hash_block_size
+        self._block_hasher = RequestBlockHasher(self.hash_block_size)
         self.num_groups = len(kv_cfg.groups)
         # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
-        if connector is not None and getattr(connector, "name", "") == "none":
+        if connector is not None and connector.name == "none":
             connector = None
         if connector is not None and not connector.supports_hma and self.num_groups > 1:
             raise ValueError(
@@ -299,7 +303,7 @@ class Scheduler:
         #: Reuse a waiting request's last prefix lookup while its inputs are unchanged (see
         #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
         self.reuse_prefix_lookups = True
-        self._last_lookup: tuple[tuple, tuple[int, ...], PrefixLookup] | None = None
+        self._last_lookup: tuple[tuple[object, ...], tuple[int, ...], PrefixLookup] | None = None
         #: The current admission attempt's lookup position in kv_events and last connector question
         #: (``-1``: not asked / not answered); recorded on its admissions row.
         self._attempt_seq = 0
@@ -324,7 +328,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
-        """Queue a new request (vLLM ``add_request``); binds its hash block size."""
+        """Queue a new request (vLLM ``add_request``); injects its block hasher."""
         if request.request_id in self.requests:
             raise ValueError(f"request {request.request_id!r}: duplicate request id")
         if request.num_prompt_tokens > self.max_model_len:
@@ -332,7 +336,7 @@ class Scheduler:
                 f"request {request.request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
                 f"max_model_len {self.max_model_len}"
             )
-        request.set_hash_block_size(self.hash_block_size)
+        request.set_block_hasher(self._block_hasher)
         self.requests[request.request_id] = request
         self.waiting.add(request)
         if self.connector is not None:
@@ -510,8 +514,8 @@ class Scheduler:
                 materialize(request.request_id)
         return budget
 
-    def _allocation_crash(self, request: Request, exc: BaseException) -> None:
-        """``allocate_slots`` raised: an engine crash; with ``on_crash="record"`` the request fails."""
+    def _allocation_crash(self, request: Request, exc: BaseException) -> KVCacheBlocks | None:
+        """``allocate_slots`` raised: an engine crash; with ``on_crash="record"`` the request fails (no blocks)."""
         try:
             self._crash(_crash_reason(exc), request=request)
         except EngineCrash:
@@ -626,7 +630,7 @@ class Scheduler:
             hits, lookup = self._prefix_lookup(request)
             blocks, local = lookup.blocks, lookup.local_tokens
             request.shared_prefix_boundary = lookup.shared_prefix_boundary
-            row = dict(request=request, kind=kind, hits=hits, lookup=lookup)
+            row: dict[str, Any] = dict(request=request, kind=kind, hits=hits, lookup=lookup)
             if self.connector is not None:
                 blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row, fallback=False)
                 if lookup.hit_diverged and ext == 0:
@@ -681,8 +685,9 @@ class Scheduler:
             self._record_admission(**row, outcome="not_admitted", reason="no_blocks")
             raise _StopAdmission
 
-        if self.connector is not None:
-            self._guarded(lambda: self.connector.update_state_after_alloc(request, self.kv.get_blocks(rid), ext),
+        conn = self.connector
+        if conn is not None:
+            self._guarded(lambda: conn.update_state_after_alloc(request, self.kv.get_blocks(rid), ext),
                           **row)
         self.num_admissions += 1
         if fallback:
@@ -760,9 +765,9 @@ class Scheduler:
         pool's ``cache_generation`` and those inputs are unchanged, for a policy
         declaring ``pure_lookup``. Every attempt still records its own row.
         """
-        pool = getattr(self.kv, "block_pool", None)
+        pool = self.kv.block_pool
         key = None
-        if pool is not None and self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
+        if self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
             key = (
                 request.request_id, pool.cache_generation, request.num_tokens, len(request.block_hashes),
                 request.skip_reading_prefix_cache,
@@ -791,8 +796,8 @@ class Scheduler:
         except (AssertionError, ValueError) as exc:
             self._crash(_crash_reason(exc), **row)
 
-    def _crash(self, reason: str, request: Request, kind: str = "", hits=None, lookup=None, local: int = 0,
-               ext: int = 0, fallback: bool = False) -> None:
+    def _crash(self, reason: str, request: Request, kind: str = "", hits: Sequence[int] = (),
+               lookup: PrefixLookup | None = None, local: int = 0, ext: int = 0, fallback: bool = False) -> NoReturn:
         if kind:
             self._record_admission(request=request, kind=kind, hits=hits, lookup=lookup, local=local, ext=ext,
                                    fallback=fallback, outcome="crash", crash_reason=reason)
@@ -806,7 +811,7 @@ class Scheduler:
         *,
         request: Request,
         kind: str,
-        hits,
+        hits: Sequence[int],
         lookup: PrefixLookup | None,
         local: int,
         ext: int,
@@ -970,14 +975,14 @@ class Scheduler:
         """vLLM ``_request_remaining_blocks``: blocks to hold the full sequence (admission cap applied)."""
         full = min(request.num_tokens, self.max_model_len)
         return self.kv.coordinator.get_num_blocks_to_allocate(
-            request.request_id,
-            full,
-            self.kv.empty_kv_cache_blocks.blocks,
-            request.num_computed_tokens,
-            request.num_computed_tokens,
-            full,
-            True,
-            max(request.num_prompt_tokens, request.num_tokens - 1),
+            request_id=request.request_id,
+            num_tokens=full,
+            new_computed_blocks=self.kv.empty_kv_cache_blocks.blocks,
+            total_computed_tokens=request.num_computed_tokens,
+            num_local_computed_tokens=request.num_computed_tokens,
+            num_tokens_main_model=full,
+            apply_admission_cap=True,
+            prefill_end=max(request.num_prompt_tokens, request.num_tokens - 1),
         )
 
     # ------------------------------------------------------ async KV loads
@@ -1125,10 +1130,12 @@ class Scheduler:
         processed = max(0, request.num_computed_tokens - request.num_in_flight_tokens)
         self.kv.remove_skipped_blocks(request.request_id, processed)
         block_ids = self.kv.get_block_ids_for_computed_tokens(request.request_id, request.num_computed_tokens)
-        if self.connector.supports_hma:
-            delay, _ = self.connector.request_finished_all_groups(request, block_ids)
+        connector = self.connector
+        assert connector is not None, "_connector_finished needs a connector"
+        if connector.supports_hma:
+            delay, _ = connector.request_finished_all_groups(request, block_ids)
         else:
-            delay, _ = self.connector.request_finished(request, block_ids[0])
+            delay, _ = connector.request_finished(request, block_ids[0])
         return bool(delay)
 
     def _free_blocks(self, request: Request) -> None:

@@ -77,7 +77,7 @@ _POS = struct.Struct("<qq")
 
 
 #: A canonical run without the dataclass: ``(stream, start, length)`` or an int64 id array.
-_Run = Union[tuple, np.ndarray]
+_Run = Union[tuple[str, int, int], np.ndarray]
 
 
 def _encode_runs(runs: list[_Run]) -> bytes:
@@ -87,7 +87,7 @@ def _encode_runs(runs: list[_Run]) -> bytes:
             stream, start, length = run
             parts.append(b"S" + stream.encode() + b"\x00" + _POS.pack(start, length))
         else:
-            parts.append(b"T" + run.astype("<i8", copy=False).tobytes())
+            parts.append(b"T" + run.astype("<i8", copy=False).tobytes())  # type: ignore[union-attr]  # not a tuple
     return b"".join(parts)
 
 
@@ -97,7 +97,7 @@ def slice_runs(segments: Sequence[Segment], start: int, end: int) -> list[Segmen
     ``segments`` must cover at least ``end`` tokens.
     """
     return [
-        StreamSegment(*run) if type(run) is tuple else IdsSegment(run)
+        StreamSegment(*run) if type(run) is tuple else IdsSegment(run)  # type: ignore[arg-type]  # not a tuple
         for run in _runs_from(segments, 0, 0, start, end)[0]
     ]
 
@@ -135,7 +135,7 @@ def _runs_from(
             else:
                 runs.append((stream, piece_start, hi - lo))
         else:
-            ids = seg.ids[lo:hi]
+            ids = seg.ids[lo:hi]  # type: ignore[union-attr]  # `type(seg) is StreamSegment` failed above
             if prev is not None and type(prev) is not tuple:
                 runs[-1] = np.concatenate([prev, ids])
             else:
@@ -144,7 +144,7 @@ def _runs_from(
             break  # this segment continues past ``end``: the next range starts in it
         offset = seg_end
         index += 1
-    covered = sum(r[2] if type(r) is tuple else r.shape[0] for r in runs)
+    covered = sum(r[2] if type(r) is tuple else r.shape[0] for r in runs)  # type: ignore[union-attr,misc]  # not a tuple
     if covered != end - start:
         raise ValueError(f"token range [{start}, {end}) is beyond the content ({offset} tokens)")
     return runs, index, offset

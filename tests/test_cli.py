@@ -14,6 +14,8 @@ from sim.trace.bundle import load_result
 from sim.trace.diff import diff_traces
 from sim.trace.tables import TABLE_NAMES
 
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
+
 ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT / "scenarios" / "repro"
 FA_DEEPER = REPRO / "pr48425-fa-deeper-ext0.yaml"

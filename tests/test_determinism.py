@@ -7,8 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
 from sim.trace.tables import TABLE_NAMES
+import pytest
+
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Step clock, generator workload (seeded RNG), evictions in both groups: every source of order matters here.

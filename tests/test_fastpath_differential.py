@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sim.config import load_scenario, scenario_from_text
-from sim.engine.run import RunOptions, run_scenario
+from sim.api import RunOptions, run_scenario
 from sim.trace.golden import GOLDEN_SCENARIOS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim.request import cycle)
+from sim.kv.hashing import RequestBlockHasher
+from sim.kv.manager import KVCacheManager
 from sim.request import RequestStatus
 
-from test_scheduler import Harness, req
+from support.scheduler import Harness, req
 
 LAYOUTS = [
     ("full_attention",),
@@ -98,13 +99,13 @@ def test_unchanged_generation_means_unchanged_lookup(ops):
     assert isinstance(kv, KVCacheManager)
     probes = [req(f"p{i}", n, content=s) for i, (s, n) in enumerate([("a", 70), ("b", 40), ("a", 33)])]
     for p in probes:
-        p.set_hash_block_size(kv.hash_block_size)
+        p.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
     running = []
     memo: dict[str, tuple] = {}
     for kind, idx, stream, n in ops:
         if kind == "alloc":
             r = req(f"r{len(running)}-{idx}", n, content=stream, max_tokens=3)
-            r.set_hash_block_size(kv.hash_block_size)
+            r.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
             blocks, hit, _ = kv.get_computed_blocks(r)
             if kv.allocate_slots(r, r.num_tokens - hit, hit, blocks, full_sequence_must_fit=True) is not None:
                 r.status = RequestStatus.RUNNING

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+import pytest
+
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "explore.ipynb"

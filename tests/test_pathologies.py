@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from sim.config import load_scenario
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
+
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHOLOGIES = ROOT / "scenarios" / "pathologies"

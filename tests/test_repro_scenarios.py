@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.analysis.divergence_table import CONNECTORS, DIRECTIONS, POLICIES, divergence_matrix, render
+from sim.analysis.divergence_table import CONNECTORS, DIRECTIONS, POLICIES, render
 from sim.config import load_scenario
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
+from sim.sweep.divergence import divergence_matrix
+
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"
@@ -118,7 +121,7 @@ def test_divergence_matrix_outcomes(matrix):
 
 def test_divergence_doc_is_generated_from_the_matrix(matrix):
     doc = (ROOT / "docs" / "divergence.md").read_text(encoding="utf-8")
-    assert doc == render(matrix), "docs/divergence.md is stale: run python -m sim.analysis.divergence_table --write docs/divergence.md"
+    assert doc == render(matrix), "docs/divergence.md is stale: run hybridsim divergence-table --write docs/divergence.md"
 
 
 def test_taint_propagates_to_a_later_reuse_and_ends_with_eviction():

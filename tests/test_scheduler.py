@@ -7,70 +7,13 @@ compares the ``schedule`` / ``admissions`` rows the recorder got.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim.request import cycle)
-from sim.kv.specs import kv_cache_config_from_groups  # isort: skip
 from sim.connector import ScriptedConnector
-from sim.connector.context import ConnectorContext, GroupLayout
-from sim.request import Request, RequestStatus
-from sim.scheduler import EngineCrash, Scheduler, SchedulerConfig
-from sim.tokens import StreamSegment
-from sim.trace.recorder import Recorder
-
-
-def req(rid, tokens, max_tokens=1, content=None, **kw) -> Request:
-    return Request(rid, [StreamSegment(content or rid, 0, tokens)], max_tokens=max_tokens, **kw)
-
-
-class Harness:
-    def __init__(self, groups=("full_attention",), num_blocks=100, block_size=16, retention=None,
-                 connector=None, policy="reconciled", on_crash="stop", sched_policy="fcfs", **sched):
-        self.kv_cfg = kv_cache_config_from_groups(
-            groups, block_size=block_size, num_blocks=num_blocks, retention_interval=retention
-        )
-        self.kv = KVCacheManager(self.kv_cfg)
-        self.rec = Recorder(len(self.kv_cfg.groups))
-        if connector is not None:
-            connector.bind(ConnectorContext(
-                groups=tuple(GroupLayout(i, g.spec.kind, g.spec.block_size, 0) for i, g in enumerate(self.kv_cfg.groups)),
-                clock="steps", rng=np.random.default_rng(0), transfers=None,
-            ))
-        self.connector = connector
-        self.sched = Scheduler(SchedulerConfig(policy=sched_policy, **sched), self.kv, connector, policy, self.rec, on_crash=on_crash)
-        self.step = 0
-        self.finished: dict[str, int] = {}
-        self.status: dict[str, RequestStatus] = {}
-
-    def add(self, *requests):
-        for r in requests:
-            self.sched.add_request(r)
-
-    def run_step(self):
-        self.rec.set_clock(self.step, float(self.step))
-        self.sched.step = self.step
-        if self.connector is not None:
-            self.sched.update_from_kv_xfer_finished(*self.connector.get_finished())
-        out = self.sched.schedule()
-        for r in self.sched.update_from_output(out):
-            self.finished[r.request_id] = self.step
-            self.status[r.request_id] = r.status
-        self.step += 1
-        return out
-
-    def schedule_rows(self):
-        d = self.rec.schedule.data
-        return [
-            (d["step"][i], d["request_id"][i], d["kind"][i], d["num_scheduled_tokens"][i],
-             d["num_computed_tokens"][i], d["preempted"][i])
-            for i in range(len(self.rec.schedule))
-        ]
-
-    def admission_rows(self, *cols):
-        d = self.rec.admissions.data
-        cols = cols or ("step", "request_id", "kind", "local_tokens", "external_tokens", "outcome", "reason")
-        return [tuple(d[c][i] for c in cols) for i in range(len(self.rec.admissions))]
+from sim.kv.hashing import RequestBlockHasher
+from sim.request import RequestStatus
+from sim.scheduler import EngineCrash
+from support.scheduler import Harness, req
 
 
 def test_prefill_decode_mix_and_stop():
@@ -340,7 +283,7 @@ def _divergence_harness(policy, connector):
 
 def _evict(h, blocks_by_group):
     hashes = req("probe", 80, content="doc")
-    hashes.set_hash_block_size(16)
+    hashes.set_block_hasher(RequestBlockHasher(16))
     ids = []
     for group, idxs in blocks_by_group.items():
         for i in idxs:

@@ -9,7 +9,7 @@ re-simulated:
   lookup_seq`` (``stored`` adds a ``(hash, group)`` entry, ``removed`` drops
   one, ``cleared`` empties the cache), matched against those hashes;
 * what the admission needed per group is the truth checker's validity rule
-  (:func:`sim.policy.truth.resident_block_range`) at the claimed boundary
+  (:func:`sim.admission_truth.resident_block_range`) at the claimed boundary
   ``local + external``; a needed block that was not cached is *unbacked*;
 * a cached block stored by a request admitted ``corrupt`` is *tainted*
   (the checker's taint, reconstructed: its exact bad point is not recorded).
@@ -35,7 +35,8 @@ import pandas as pd
 
 from sim.kv.hash_view import block_hashes_at
 from sim.kv.specs import cdiv
-from sim.policy.truth import resident_block_range
+from sim.admission_truth import resident_block_range
+from sim.kv.hashing import RequestBlockHasher
 from sim.trace.tables import hash_to_hex
 
 #: Cell classes of the block map, in legend order.
@@ -289,7 +290,7 @@ def explain(result: Any, components: Any, request_id: str, attempt: int | None =
     request = next((r for r in components.requests if r.request_id == request_id), None)
     if request is None:
         raise ExplainError(f"request {request_id!r} is in the bundle but not in its scenario's workload")
-    request.set_hash_block_size(config.hash_block_size)
+    request.set_block_hasher(RequestBlockHasher(config.hash_block_size))
     connector = components.connector
     conn_name = connector.name if connector is not None else "none"
     state_supplied = bool(connector is not None and conn_name != "none" and connector.supplies_mamba_state

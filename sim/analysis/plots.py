@@ -32,7 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sim.analysis.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
+from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
 
 PLOT_FORMATS = ("png", "svg")
@@ -74,7 +74,7 @@ def _group_label(i: int, kinds: Sequence[str]) -> str:
     return f"g{i} ({kinds[i]})" if kinds else f"g{i}"
 
 
-def _outcome_colour(outcome: str, others: list[str]) -> str:
+def _outcome_colour(outcome: str, others: list[str]) -> str | tuple[float, float, float, float]:
     if outcome in OUTCOME_COLOURS:
         return OUTCOME_COLOURS[outcome]
     return matplotlib.colormaps["tab10"](others.index(outcome) % 10)
@@ -521,9 +521,9 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
 def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path, *, group_kinds: Sequence[str] | None = None,
                           min_turns: int = 5) -> Path:
     """Usable hit rate by turn index (sessions): the share of the tokens a turn could reuse from its
-    parent's prompt + answer that it did reuse, overall and per group (``sim.analysis.sessions``).
+    parent's prompt + answer that it did reuse, overall and per group (``sim.results.sessions``).
     Turn indices with fewer than ``min_turns`` turns are left out (their rate is noise)."""
-    from sim.analysis.sessions import by_turn
+    from sim.results.sessions import by_turn
 
     table = by_turn(turns)
     table = table[(table["turn"] > 1) & (table["n"] >= min_turns)] if len(table) else table

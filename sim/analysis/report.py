@@ -1,6 +1,6 @@
 """Human-readable views of ``summary.json``: the end-of-run table and the cross-run comparison.
 
-Pure formatting over the summary dict written by :func:`sim.analysis.metrics.run_summary`
+Pure formatting over the summary dict written by :func:`sim.results.metrics.run_summary`
 and the engine; a key a summary lacks is shown as ``-``.
 """
 

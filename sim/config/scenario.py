@@ -311,7 +311,7 @@ class CacheSection(_Strict):
     def _consistent(self) -> "CacheSection":
         if self.num_blocks is not None and self.kv_memory_gb is not None:
             raise ValueError("@kv_memory_gb: give cache.num_blocks or cache.kv_memory_gb, not both")
-        derived = "align" if self.enable_prefix_caching else "none"
+        derived: Literal["align", "none"] = "align" if self.enable_prefix_caching else "none"
         if self.mamba_cache_mode is None:
             self.mamba_cache_mode = derived
         elif self.mamba_cache_mode != derived:
@@ -590,8 +590,9 @@ class Scenario(_Strict):
         preset = self.model.preset_obj
         if preset is not None:
             shape = preset.shape_for(self.hardware.preset_obj()) if self.hardware else preset.shape
-            if shape.max_model_len != self.scheduler.max_model_len:
-                shape = replace(shape, max_model_len=self.scheduler.max_model_len)
+            max_len = self.scheduler.max_model_len
+            if max_len is not None and shape.max_model_len != max_len:
+                shape = replace(shape, max_model_len=max_len)
             return shape
         assert self.scheduler.max_model_len is not None
         return ModelShape("layers", self.model.layer_shapes(), self.scheduler.max_model_len)

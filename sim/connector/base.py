@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from sim.connector.context import ConnectorContext
+from sim.kv.pool import KVEvent
 from sim.request import Request
 
 
@@ -51,21 +53,18 @@ class KVConnector:
 
     supports_hma: bool = True
     supports_divergent_local_hybrid_hits: bool = False
-
-    #: What a load of ``external > 0`` tokens writes, for the truth checker
-    #: (``sim.policy.truth``): every group's KV for ``[local, local + external)``
-    #: always; the Mamba state at ``local + external`` when ``supplies_mamba_state``
-    #: (vLLM's NIXL ships the last state unconditionally); and, when
-    #: ``pulls_unhashed_blocks`` (NIXL pulls every block of the request that holds
-    #: no cache entry), the attention positions below ``local`` that no claimed
-    #: block backs.
+    #: ``get_num_new_matched_tokens`` can be asked again with no side effect (the truth checker asks).
+    side_effect_free_lookup: bool = False
+    #: A non-zero answer ships the Mamba state at the resume boundary (vLLM's NIXL does).
     supplies_mamba_state: bool = True
+    #: A load refills the request's unhashed blocks too (the NIXL-like ``remote`` pull).
     pulls_unhashed_blocks: bool = False
 
-    #: The context given by :meth:`bind` (``None`` until bound).
+    #: The context given by :meth:`bind` (``None`` until bound; typed loosely so that the
+    #: subclasses, which only run bound, need no ``None`` checks).
     ctx: Any = None
 
-    def bind(self, ctx: Any) -> None:
+    def bind(self, ctx: ConnectorContext) -> None:
         """Receive the run's :class:`~sim.connector.context.ConnectorContext` (once, before step 0)."""
         self.ctx = ctx
 
@@ -116,7 +115,7 @@ class KVConnector:
         """GPU block ids whose load failed since the last call (none by default)."""
         return set()
 
-    def take_events(self) -> list:
+    def take_events(self) -> list[KVEvent]:
         """KV events of the connector's own tier since the last call."""
         return []
 

@@ -42,6 +42,8 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
+from sim.interfaces import SchedulerConnector
+
 ClockKind = Literal["steps", "time"]
 GroupKind = Literal["full_attention", "sliding_window", "mamba"]
 GROUP_KINDS: tuple[str, ...] = ("full_attention", "sliding_window", "mamba")
@@ -234,7 +236,7 @@ def context_from_kv_cache_config(
     )
 
 
-def check_connector_compatible(connector: Any, kv_cache_config: Any) -> None:
+def check_connector_compatible(connector: SchedulerConnector, kv_cache_config: Any) -> None:
     """Refuse, at build time, a connector without HMA support on a multi-group model.
 
     vLLM's ``KVConnectorFactory.create_connector`` raises when the hybrid KV
@@ -244,10 +246,10 @@ def check_connector_compatible(connector: Any, kv_cache_config: Any) -> None:
     layout to a single group, which is not the model this scenario describes.
     """
     num_groups = len(kv_cache_config.groups)
-    if num_groups > 1 and not getattr(connector, "supports_hma", False):
+    if num_groups > 1 and not connector.supports_hma:
         cls = type(connector).__name__
         raise ValueError(
-            f"connector {getattr(connector, 'name', cls)!r}: Connector {cls} does not support HMA but "
+            f"connector {connector.name!r}: Connector {cls} does not support HMA but "
             f"HMA is enabled. Please set `--disable-hybrid-kv-cache-manager`. "
             f"(vLLM KVConnectorFactory.create_connector; this model has {num_groups} KV-cache groups, "
             f"so the hybrid KV cache manager cannot be disabled: use a connector with supports_hma = True)"

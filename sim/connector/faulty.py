@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
+from sim.kv.pool import KVEvent
 from sim.request import Request
 
 
@@ -91,6 +92,7 @@ class FaultyConnector(KVConnector):
         if (wraps is None) == (inner is None):
             raise ValueError("connector: faulty needs exactly one of 'wraps' or 'inner' (the connector it wraps)")
         spec = wraps if wraps is not None else inner
+        assert spec is not None  # exactly one was given (checked above)
         self.inner = spec if isinstance(spec, KVConnector) else _build_inner(spec)
         self.load_failure_prob = _prob("load_failure_prob", load_failure_prob)
         self.partial_load_prob = _prob("partial_load_prob", partial_load_prob)
@@ -146,10 +148,6 @@ class FaultyConnector(KVConnector):
             return fn(*args)
         finally:
             self._factor = 1.0
-
-    def bind_kv_cache_manager(self, kv_cache_manager: Any, block_size: int) -> None:
-        if hasattr(self.inner, "bind_kv_cache_manager"):
-            self.inner.bind_kv_cache_manager(kv_cache_manager, block_size)
 
     def on_new_request(self, request: Request) -> None:
         rid = request.request_id
@@ -233,16 +231,16 @@ class FaultyConnector(KVConnector):
     def has_step_counted_loads(self) -> bool:
         return self.inner.has_step_counted_loads()
 
-    def take_events(self) -> list:
+    def take_events(self) -> list[KVEvent]:
         return self.inner.take_events()
 
     def metrics(self) -> dict[str, Any]:
-        out = dict(getattr(self.inner, "metrics", dict)())
+        out = dict(self.inner.metrics())
         out.update({f"fault_{k}": v for k, v in self.counters.items()})
         return out
 
     def step_columns(self) -> dict[str, float | int]:
-        return dict(getattr(self.inner, "step_columns", dict)())
+        return dict(self.inner.step_columns())
 
 
 def _build_inner(spec: Mapping[str, Any]) -> KVConnector:

@@ -21,6 +21,7 @@ target a request that has not arrived yet or has finished.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sim.config import ScenarioError
@@ -95,8 +96,9 @@ def build_actions(scenario: "Scenario", components: "Components") -> list[Action
                     f"actions.{i}.connector_fault: connector {scenario.connector.type!r} takes no faults "
                     "(use connector type 'faulty' wrapping it)"
                 )
-            options = dict(spec.connector_fault.model_extra or {})
-            action = Action(None, None, lambda inject=inject, options=options: inject(**options), "connector_fault")
+            fault = spec.connector_fault
+            assert fault is not None  # an action is exactly one of evict, reset_prefix_cache, connector_fault
+            action = Action(None, None, partial(inject, **dict(fault.model_extra or {})), "connector_fault")
         if scenario.clock == "steps":
             action.at = int(spec.at)
         else:

@@ -12,17 +12,23 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario
 from sim.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec, cdiv, kv_cache_config_from_groups, kv_cache_config_from_model
+from sim.connector.protocol import Connector
+from sim.engine.timing import StepTimeModel
+from sim.kv.manager import KVCacheManager
 from sim.request import Request
+from sim.scheduler import Scheduler
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -31,12 +37,12 @@ class Components:
 
     scenario: Scenario
     kv_cache_config: KVCacheConfig
-    kv_manager: Any
-    scheduler: Any
-    connector: Any | None
+    kv_manager: KVCacheManager
+    scheduler: Scheduler
+    connector: Connector | None
     recorder: Recorder
     requests: list[Request]
-    step_time_model: Any | None
+    step_time_model: StepTimeModel | None
     group_kinds: list[str]
     connector_rng: np.random.Generator
     #: Requests longer than ``max_model_len`` under ``workload.too_long: reject``: never given to the
@@ -46,6 +52,13 @@ class Components:
 
 def _err(key: str, message: str) -> ScenarioError:
     return ScenarioError(f"{key}: {message}")
+
+
+def _resolved(value: T | None, key: str) -> T:
+    """A scenario value its validators always fill (``None`` only in a scenario that skipped validation)."""
+    if value is None:
+        raise _err(key, "is not set (build from a validated Scenario: sim.load_scenario)")
+    return value
 
 
 def build_kv_cache_config(scenario: Scenario) -> KVCacheConfig:
@@ -62,9 +75,9 @@ def build_kv_cache_config(scenario: Scenario) -> KVCacheConfig:
                 enable_prefix_caching=cache.enable_prefix_caching,
                 mamba_cache_mode=cache.mamba_cache_mode,
                 retention_interval=cache.retention_interval,
-                max_model_len=scenario.scheduler.max_model_len,
+                max_model_len=_resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len"),
             )
-        shape = scenario.model_shape()
+        shape = _resolved(scenario.model_shape(), "model")
         return kv_cache_config_from_model(
             shape,
             block_size=cache.block_size,
@@ -179,7 +192,7 @@ def _split_too_long(requests: list[Request], max_model_len: int, mode: str) -> t
     return [r for r in requests if r.request_id not in ids], too_long
 
 
-def _build_connector(scenario: Scenario, config: KVCacheConfig):
+def _build_connector(scenario: Scenario, config: KVCacheConfig) -> Connector:
     """The scenario's connector, HMA-checked; the registry's errors already name ``connector.type``."""
     from sim.connector import create_connector
     from sim.connector.context import check_connector_compatible
@@ -251,9 +264,8 @@ def build_components(
     ``fast_paths`` False builds the plain vLLM-mirroring path: no quiet horizons
     (:mod:`sim.kv.fastpath`) and no reuse of prefix lookups; the tables are identical.
     """
-    from sim.kv.manager import KVCacheManager
-    from sim.policy.truth import make_truth_checker  # divergence helper: admission truth checker
-    from sim.scheduler import Scheduler, SchedulerConfig
+    from sim.admission_truth import make_truth_checker  # divergence helper: admission truth checker
+    from sim.scheduler import SchedulerConfig
 
     config = _check_block_limit(build_kv_cache_config(scenario))
     root = np.random.default_rng(scenario.seed)
@@ -271,7 +283,7 @@ def build_components(
         raise ScenarioError(text if text.startswith("workload") else f"workload: {text}") from None
     if not requests:
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
-    max_model_len = scenario.scheduler.max_model_len
+    max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
     if scenario.workload.requests is None:  # scripted workloads are checked by the scenario model
         from sim.config.scenario import check_connector_request_ids
 
@@ -289,18 +301,17 @@ def build_components(
     if scenario.clock == "time":
         from sim.engine.timing import StepTimeModel
 
-        hw = scenario.hardware
-        step_time_model = StepTimeModel.from_presets(
-            scenario.model.preset_obj, hw.preset_obj(), hw.overrides.given() if hw.overrides else None
-        )
+        hw = _resolved(scenario.hardware, "hardware")
+        model = _resolved(_resolved(scenario.model, "model").preset_obj, "model.preset")
+        step_time_model = StepTimeModel.from_presets(model, hw.preset_obj(), hw.overrides.given() if hw.overrides else None)
     eviction_policy, eviction_context = _build_eviction(scenario, connector, step_time_model)
     if dry_run:
         return None
 
     sched_cfg = scenario.scheduler
     scheduler_config = SchedulerConfig(
-        max_num_seqs=sched_cfg.max_num_seqs,
-        max_num_batched_tokens=sched_cfg.max_num_batched_tokens,
+        max_num_seqs=_resolved(sched_cfg.max_num_seqs, "scheduler.max_num_seqs"),
+        max_num_batched_tokens=_resolved(sched_cfg.max_num_batched_tokens, "scheduler.max_num_batched_tokens"),
         max_model_len=max_model_len,
         long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
         policy=sched_cfg.policy,
@@ -332,7 +343,7 @@ def build_components(
         kv_cache_config=config,
         kv_manager=kv_manager,
         scheduler=scheduler,
-        connector=scheduler.connector,
+        connector=connector if scheduler.connector is not None else None,  # `none` is no connector
         recorder=recorder,
         requests=requests,
         step_time_model=step_time_model,

@@ -40,8 +40,12 @@ from typing import Any, Callable, Sequence
 
 import simpy
 
+from sim.connector.protocol import Connector
+from sim.engine.transfer import EngineTransferService
+from sim.kv.manager import KVCacheManager
 from sim.request import Request, RequestStatus
 from sim.scheduler import EngineCrash, Scheduler, SchedulerOutput
+from sim.trace.recorder import Recorder
 
 
 @dataclass
@@ -71,7 +75,7 @@ class Action:
 
     at: int | None
     at_s: float | None
-    apply: Callable[[], None]
+    apply: Callable[[], object]
     description: str
 
 
@@ -88,14 +92,14 @@ class EngineLoop:
     requests: Sequence[Request]
     clock: str
     step_duration: Callable[[SchedulerOutput, Scheduler], float]
-    recorder: Any
-    kv_manager: Any
-    connector: Any | None = None
-    transfers: Any | None = None
+    recorder: Recorder
+    kv_manager: KVCacheManager
+    connector: Connector | None = None
+    transfers: EngineTransferService | None = None
     actions: Sequence[Action] = ()
     on_crash: str = "stop"
     check_invariants: Callable[[], None] | None = None
-    step_columns: Callable[[], dict] | None = None
+    step_columns: Callable[[], dict[str, Any]] | None = None
     progress: Callable[[int, float, int], None] | None = None
     max_steps: int | None = None
     #: Called once per step with the requests that finished in it and the step's end time
@@ -124,7 +128,7 @@ class EngineLoop:
         self._by_id = {r.request_id: r for r in self.requests}
         #: Requests scheduled at least once whose first token has not come yet.
         self._awaiting_first_token: dict[str, RequestTimes] = {}
-        if self.transfers is not None and hasattr(self.transfers, "on_complete"):
+        if self.transfers is not None:
             self.transfers.on_complete = self.wake
         self.process = self.env.process(self._run())
 
@@ -220,16 +224,15 @@ class EngineLoop:
         self._apply_actions()
         self._admit_arrivals()
         self._record_kv_events()  # the actions' events belong to this step
-        advance = getattr(self.transfers, "advance", None)
-        if advance is not None:
-            advance(self.step)
+        if self.transfers is not None:
+            self.transfers.advance(self.step)
         if self.connector is not None:
             recving, sending = self.connector.get_finished()
             if recving or sending:
                 sched.update_from_kv_xfer_finished(sorted(recving), sorted(sending))
             errors = self.connector.get_block_ids_with_load_errors()
             if errors:
-                self.kv_manager.block_pool.evict_blocks(sorted(errors), cause="load_error")
+                self.kv_manager.evict_blocks(sorted(errors), cause="load_error")
         try:
             output = sched.schedule()
         except EngineCrash as crash:
@@ -278,7 +281,7 @@ class EngineLoop:
             waiting=waiting,
             prefill_tokens=output.prefill_tokens,
             decode_tokens=output.decode_tokens,
-            free_blocks=self.kv_manager.block_pool.get_num_free_blocks(),
+            free_blocks=self.kv_manager.num_free_blocks(),
             blocks_per_group=self.kv_manager.num_blocks_per_group(),
             cached_per_group=self.kv_manager.num_cached_per_group(),
             **extra,

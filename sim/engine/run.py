@@ -1,35 +1,42 @@
-"""Run one scenario end to end and write its result bundle.
+"""Stages 1 and 2 of a run: :func:`build_run` wires it, :meth:`Run.execute` simulates it.
 
-``run_scenario(scenario, out_dir)`` builds the components, drives the SimPy
-engine to the end of the workload (or to a crash, an invariant violation, a
-stall, Ctrl-C or SIGTERM), then always writes what it has, as one whole bundle
-(:func:`sim.trace.bundle.write_result`): ``scenario.resolved.yaml``,
-``summary.json`` (``partial: true`` unless the run completed or stopped the
-way the scenario asked), the tables and the plots. A crash with
-``on_crash: stop`` also writes ``crash.json`` and a replay bundle
-(``replay/replay.yaml`` + ``replay/crash.json``) that ``hybridsim replay``
-reproduces.
+The run flows one way (docs/architecture.md)::
+
+    build_run(scenario) -> Run            this module: all the wiring, once
+    Run.execute()       -> RunRecord      this module: drive the SimPy engine
+    finalize(record)    -> RunResult      sim.results: tables and summary
+    write_bundle(result, dir)             sim.results: the result bundle
+
+:func:`build_run` does every piece of wiring a run needs (the components of
+:mod:`sim.engine.build`, the transfer service, the connector's binding, the
+invariant check, the engine loop), so no caller builds an
+:class:`~sim.engine.loop.EngineLoop` by hand. :meth:`Run.execute` runs the
+engine to the end of the workload, or to a crash, an invariant violation, a
+stall, ``max_steps`` or Ctrl-C, maps how it ended to a status and an exit
+code, and records one ``requests`` row per request. It neither summarises
+nor writes: that is :mod:`sim.results`' job.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import simpy
 
-from sim.config import load_scenario, resolved_yaml
+from sim.config import load_scenario
 from sim.config.scenario import Scenario
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
-from sim.interrupts import pause_hook
 from sim.engine.sessions import SessionDriver
+from sim.interrupts import pause_hook
+from sim.kv.specs import KVCacheConfig
 from sim.request import Request, RequestStatus
-from sim.trace.bundle import LoadedResult
+from sim.scheduler import Scheduler, SchedulerOutput
+from sim.trace.recorder import Recorder
 
 EXIT_OK = 0
 EXIT_CRASH = 3
@@ -37,10 +44,17 @@ EXIT_INVARIANT = 4
 EXIT_STALLED = 5
 EXIT_INTERRUPTED = 130
 
+#: ``(output, scheduler) -> seconds`` of one engine step.
+StepDuration = Callable[[SchedulerOutput, Scheduler], float]
+
 
 @dataclass
 class RunOptions:
-    """How to run (not what): progress display, invariant checks, plot format."""
+    """How to run (not what): progress display, invariant checks, step cap, plot format.
+
+    ``plot_format`` and ``write_plots`` are read by the callers that draw plots
+    (``sim.run``, the CLI), never by the engine.
+    """
 
     progress: bool = False
     check_invariants: bool = False
@@ -48,7 +62,7 @@ class RunOptions:
     write_plots: bool | None = None
     max_steps: int | None = None
     force: bool = False  # replace an output folder holding files hybridsim did not write (kept aside)
-    #: The simulator's fast paths (quiet horizons, lookup reuse); ``None``: on unless the
+    #: The simulator's fast paths (quiet horizons, lookup reuse, parked decodes); ``None``: on unless the
     #: environment sets ``HYBRIDSIM_PLAIN=1``. Off runs the plain vLLM-mirroring path
     #: (identical tables, slower), for differential tests and debugging.
     fast_paths: bool | None = None
@@ -60,22 +74,36 @@ class RunOptions:
 
 
 @dataclass
-class RunResult(LoadedResult):
-    """A finished run: a :class:`~sim.trace.bundle.LoadedResult` (summary, DataFrames, path) plus
-    the process exit code it implies and the plots it drew."""
+class RunRecord:
+    """What :meth:`Run.execute` leaves: the recorded data and how the run ended.
 
-    exit_code: int = EXIT_OK
-    plots: list[Path] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (:mod:`sim.analysis.sessions`).
-    session_tables: dict[str, Any] = field(default_factory=dict)
+    ``status`` is one of ``complete``, ``crashed``, ``stalled``, ``stopped``,
+    ``invariant_violation``, ``interrupted``; ``exit_code`` the process exit
+    code it implies; ``crash`` the crash marker (``step``, ``time_s``,
+    ``request_id``, ``reason``) or ``None``. The recorder holds every table's
+    columns, including one ``requests`` row per request. ``requests`` are the
+    runnable requests (rejected ones excluded), ``lookup_path`` the lookup the
+    prefix policy took with this connector, ``think_used`` the think times the
+    closed-loop session driver applied (empty without one).
+    """
 
-    @property
-    def crash(self) -> dict | None:
-        return self.summary.get("crash")
+    scenario: Scenario
+    recorder: Recorder
+    kv_cache_config: KVCacheConfig
+    group_kinds: list[str]
+    status: str
+    exit_code: int
+    message: str
+    crash: dict[str, Any] | None
+    steps: int
+    simulated_s: float
+    connector_metrics: dict[str, Any] | None
+    requests: list[Request]
+    lookup_path: str
+    think_used: dict[str, float]
 
 
-def _step_duration_fn(components: Components):
+def _step_duration_fn(components: Components) -> StepDuration:
     model = components.step_time_model
     if model is None:
         return lambda output, sched: 1.0
@@ -165,35 +193,91 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
         )
 
 
-def _replay_yaml(scenario: Scenario, crash_step: int) -> str:
-    """The resolved scenario cut down to what reproduces the crash: arrivals and actions up to the crash step."""
-    data = json.loads(scenario.model_dump_json())
-    data["on_crash"] = "stop"
-    data["name"] = f"{scenario.name}-replay"
-    if scenario.clock == "steps":
-        data["actions"] = [a for a in data.get("actions", []) if a["at"] <= crash_step]
-        wl = data.get("workload", {})
-        if wl.get("requests") is not None:
-            wl["requests"] = [r for r in wl["requests"] if r.get("at", 0) <= crash_step]
-    cut = Scenario.model_validate(data)
-    return resolved_yaml(cut)
+class Run:
+    """A wired run (what :func:`build_run` returns); :meth:`execute` it once."""
+
+    def __init__(self, components: Components, env: simpy.Environment, loop: EngineLoop,
+                 progress: _Progress | None, sessions: SessionDriver | None = None) -> None:
+        self.components = components
+        self.env = env
+        self.loop = loop
+        self.progress = progress
+        #: The closed-loop session driver that releases later turns (``None`` without one).
+        self.sessions = sessions
+        self._executed = False
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.components.scenario
+
+    def execute(self) -> RunRecord:
+        """Simulate to the end (or to whatever stops the run) and return the record."""
+        if self._executed:
+            raise RuntimeError("Run.execute() was already called; build a new run with build_run()")
+        self._executed = True
+        loop, progress = self.loop, self.progress
+        status, exit_code, message = "complete", EXIT_OK, ""
+        try:
+            if progress:
+                progress.start()
+            self.env.run(until=loop.process)
+        except StopRun as stop:
+            message = str(stop)
+            if loop.crash is not None:
+                status, exit_code = "crashed", EXIT_CRASH
+            elif loop.stalled:
+                status, exit_code = "stalled", EXIT_STALLED
+            else:
+                status = "stopped"
+        except InvariantViolation as exc:
+            status, exit_code, message = "invariant_violation", EXIT_INVARIANT, str(exc)
+        except KeyboardInterrupt as exc:
+            status, exit_code, message = "interrupted", EXIT_INTERRUPTED, str(exc) or "interrupted (Ctrl-C)"
+        finally:
+            if progress:
+                progress.stop()
+        components = self.components
+        components.scheduler.settle()  # parked decodes (sim.kv.fastpath.DecodeCohort) write their counters back
+        stopped = status != "complete"
+        if stopped:
+            loop.fail_in_flight()
+        _record_requests(components, loop, stopped)
+        crash = None
+        if loop.crash is not None:
+            c = loop.crash
+            crash = {"step": c.step, "time_s": c.time_s, "request_id": c.request_id, "reason": c.reason}
+        connector = components.connector
+        return RunRecord(
+            scenario=components.scenario,
+            recorder=components.recorder,
+            kv_cache_config=components.kv_cache_config,
+            group_kinds=list(components.group_kinds),
+            status=status,
+            exit_code=exit_code,
+            message=message,
+            crash=crash,
+            steps=loop.step,
+            simulated_s=float(self.env.now),
+            connector_metrics=connector.metrics() if connector is not None else None,
+            requests=components.requests,
+            lookup_path=components.scheduler.prefix_policy.lookup_path(connector),
+            think_used=dict(self.sessions.think_used) if self.sessions is not None else {},
+        )
 
 
-def build_engine(
-    scenario: Scenario,
-    components: Components,
-    *,
-    check_invariants: bool = False,
-    progress: Callable[[int, float, int], None] | None = None,
-    max_steps: int | None = None,
-) -> tuple[simpy.Environment, EngineLoop, SessionDriver | None]:
-    """Wire built components into a SimPy environment and an :class:`EngineLoop`, ready to ``env.run``;
-    with closed-loop sessions also the :class:`~sim.engine.sessions.SessionDriver` that releases later turns.
+def build_run(scenario: Scenario | str | Path, options: RunOptions | None = None, *,
+              step_duration: StepDuration | None = None) -> Run:
+    """Wire one run of ``scenario`` (a Scenario or a YAML path): components, clock, connector, engine loop.
 
-    Binds the connector to the layout and the clock's transfer service. Shared by
-    :func:`run_scenario` and cheap in-process drivers (``hybridsim shrink``) that
-    read the loop and the recorder directly instead of writing a bundle.
+    ``step_duration`` replaces the step-time model (tests use a constant); by
+    default ``clock: steps`` takes 1 per step and ``clock: time`` the
+    scenario's step-time model.
     """
+    if not isinstance(scenario, Scenario):
+        scenario = load_scenario(scenario)
+    options = options or RunOptions()
+    components = build_components(scenario, fast_paths=options.use_fast_paths())
+    assert components is not None
     env = simpy.Environment()
     transfers = _transfer_service(env, scenario.clock)
     connector = components.connector
@@ -203,22 +287,21 @@ def build_engine(
         connector.bind(
             context_from_kv_cache_config(components.kv_cache_config, scenario.clock, components.connector_rng, transfers)
         )
+    progress = _Progress(scenario, len(components.requests)) if options.progress else None
     check: Callable[[], None] | None = None
-    if check_invariants or scenario.check_invariants:
+    if options.check_invariants or scenario.check_invariants:
         from functools import partial
 
-        from sim.kv.manager import check_invariants as check_manager
+        from sim.kv.manager import check_invariants
 
-        check = partial(check_manager, components.kv_manager)
-
-    step_columns = getattr(connector, "step_columns", None) if connector is not None else None
+        check = partial(check_invariants, components.kv_manager)
     sessions = _session_driver(scenario, components.requests)
     loop = EngineLoop(
         env=env,
         scheduler=components.scheduler,
         requests=sessions.initial if sessions is not None else components.requests,
         clock=scenario.clock,
-        step_duration=_step_duration_fn(components),
+        step_duration=step_duration or _step_duration_fn(components),
         recorder=components.recorder,
         kv_manager=components.kv_manager,
         connector=connector,
@@ -226,161 +309,14 @@ def build_engine(
         actions=build_actions(scenario, components),
         on_crash=scenario.on_crash,
         check_invariants=check,
-        step_columns=step_columns,
-        progress=progress,
-        max_steps=max_steps,
+        step_columns=connector.step_columns if connector is not None else None,
+        progress=progress.update if progress else pause_hook("run"),
+        max_steps=options.max_steps,
         on_finished=sessions.on_finished if sessions is not None else None,
     )
     if sessions is not None:
         sessions.release = loop.release
-    return env, loop, sessions
-
-
-def run_scenario(scenario: Scenario | str | Path, out_dir: str | Path | None = None, *,
-                 options: RunOptions | None = None) -> RunResult:
-    """Run ``scenario`` (a Scenario or a YAML path); write the bundle to ``out_dir`` if given."""
-    from sim.analysis.metrics import run_summary
-    from sim.trace.bundle import write_result
-    from sim.trace.tables import tables_from_recorder
-
-    if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario)
-    options = options or RunOptions()
-    components = build_components(scenario, fast_paths=options.use_fast_paths())
-    assert components is not None
-    progress = _Progress(scenario, len(components.requests)) if options.progress else None
-    env, loop, sessions = build_engine(
-        scenario, components, check_invariants=options.check_invariants,
-        progress=progress.update if progress else pause_hook("run"), max_steps=options.max_steps,
-    )
-    connector = components.connector
-    status, exit_code, message = "complete", EXIT_OK, ""
-    try:
-        if progress:
-            progress.start()
-        env.run(until=loop.process)
-    except StopRun as stop:
-        message = str(stop)
-        if loop.crash is not None:
-            status, exit_code = "crashed", EXIT_CRASH
-        elif loop.stalled:
-            status, exit_code = "stalled", EXIT_STALLED
-        else:
-            status = "stopped"
-    except InvariantViolation as exc:
-        status, exit_code, message = "invariant_violation", EXIT_INVARIANT, str(exc)
-    except KeyboardInterrupt as exc:
-        status, exit_code, message = "interrupted", EXIT_INTERRUPTED, str(exc) or "interrupted (Ctrl-C)"
-    finally:
-        if progress:
-            progress.stop()
-    components.scheduler.settle()  # parked decodes (sim.kv.fastpath.DecodeCohort) write their counters back
-    stopped = status != "complete"
-    if stopped:
-        loop.fail_in_flight()
-    _record_requests(components, loop, stopped)
-    tables = tables_from_recorder(components.recorder)
-    crash = None
-    if loop.crash is not None:
-        c = loop.crash
-        crash = {"step": c.step, "time_s": c.time_s, "request_id": c.request_id, "reason": c.reason}
-    summary = run_summary(
-        tables,
-        group_kinds=components.group_kinds,
-        slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
-        slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,
-        crash=crash,
-    )
-    summary.update(
-        {
-            "name": scenario.name,
-            "seed": scenario.seed,
-            "clock": scenario.clock,
-            "policy": scenario.scheduler.prefix_policy,
-            "lookup_path": components.scheduler.prefix_policy.lookup_path(components.connector),
-            "connector": scenario.connector.type,
-            "num_blocks": components.kv_cache_config.num_blocks,
-            "block_sizes": [g.spec.block_size for g in components.kv_cache_config.groups],
-            "steps": loop.step,
-            "simulated_s": float(env.now),
-            "status": status,
-            "message": message,
-        }
-    )
-    if scenario.outputs.ideal_hit_rate:
-        from sim.analysis.metrics import add_ideal_hit_rate
-
-        add_ideal_hit_rate(summary, tables, components.requests, components.kv_cache_config.scheduler_block_size)
-    if connector is not None and hasattr(connector, "metrics"):
-        summary["connector_metrics"] = connector.metrics()
-    session_tables: dict[str, Any] = {}
-    if scenario.workload.sessions is not None:
-        from sim.analysis.sessions import session_table, sessions_summary, turn_table
-
-        turns = turn_table(components.requests, tables, sessions.think_used if sessions is not None else {})
-        session_tables = {"turns": turns, "sessions": session_table(turns)}
-        summary["sessions"] = sessions_summary(
-            scenario.workload.sessions.mode, turns, session_tables["sessions"]
-        )
-    partial = status not in ("complete", "crashed")
-    result = RunResult(
-        summary=summary, tables=tables, path=None, group_kinds=list(components.group_kinds), exit_code=exit_code,
-        session_tables=session_tables,
-    )
-    if out_dir is not None:
-        out = Path(out_dir)
-        result.summary["partial"] = partial
-        plots = scenario.outputs.plots if options.write_plots is None else options.write_plots
-
-        def extras(stage: Path) -> None:
-            if crash is not None:
-                _write_crash(stage, scenario, components, crash, final=out)
-            if plots:
-                from sim.analysis.plots import plot_all
-
-                drawn = plot_all(result, stage / "plots", fmt=options.plot_format, group_kinds=components.group_kinds)
-                if session_tables:
-                    from sim.analysis.plots import plot_hit_rate_by_turn
-
-                    drawn.append(plot_hit_rate_by_turn(
-                        session_tables["turns"], stage / "plots" / f"hit_rate_by_turn.{options.plot_format}",
-                        group_kinds=components.group_kinds,
-                    ))
-                result.plots = [out / p.relative_to(stage) for p in drawn]
-
-        write_result(out, scenario_yaml=resolved_yaml(scenario), summary=summary, tables=tables,
-                     tables_format=scenario.outputs.tables_format, partial=partial,
-                     reason=f"{status}: {message}" if partial else None, extras=extras, force=options.force,
-                     notes=result.notes)
-        result.path = out
-    return result
-
-
-def _write_crash(out: Path, scenario: Scenario, components: Components, crash: dict, *, final: Path) -> None:
-    """Write ``crash.json`` and the replay bundle into ``out`` (the staging folder); the commands it names
-    point at ``final``, where the bundle will be once it is renamed into place."""
-    """``crash.json`` (with the crashing admission's per-group hits) and the replay bundle."""
-    admissions = components.recorder.admissions.data
-    detail = dict(crash)
-    for i in range(len(admissions["request_id"]) - 1, -1, -1):
-        if admissions["request_id"][i] == crash["request_id"]:
-            detail["hits"] = [admissions[f"hit_g{g}"][i] for g in range(components.recorder.num_groups)]
-            detail["local_tokens"] = admissions["local_tokens"][i]
-            detail["external_tokens"] = admissions["external_tokens"][i]
-            detail["claimed_boundary"] = admissions["claimed_boundary"][i]
-            attempt = admissions["request_id"][: i + 1].count(crash["request_id"])
-            detail["explain"] = f"hybridsim explain {final} {crash['request_id']} --attempt {attempt}"
-            break
-    detail["next"] = (
-        f"hybridsim replay {final / 'replay'} reproduces it; hybridsim shrink {final} -o small.yaml reduces it to a "
-        "minimal scenario; hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
-    )
-    text = json.dumps(detail, indent=2, sort_keys=True) + "\n"
-    (out / "crash.json").write_text(text, encoding="utf-8")
-    replay = out / "replay"
-    replay.mkdir(exist_ok=True)
-    (replay / "crash.json").write_text(text, encoding="utf-8")
-    (replay / "replay.yaml").write_text(_replay_yaml(scenario, crash["step"]), encoding="utf-8")
+    return Run(components, env, loop, progress, sessions)
 
 
 class _Progress:
@@ -414,11 +350,3 @@ class _Progress:
         self._last = step
         clock = f"step {step}" if self.unit == "step" else f"t={now:.1f}s step {step}"
         self.bar.update(self.task, completed=finished, clock=clock)
-
-
-def run(scenario: Scenario | str | Path, out_dir: str | Path | None = None, **kwargs: Any) -> RunResult:
-    """Notebook-friendly alias of :func:`run_scenario` (``sim.run``); SIGTERM stops it like Ctrl-C."""
-    from sim.interrupts import interrupts_raise
-
-    with interrupts_raise():
-        return run_scenario(scenario, out_dir, options=RunOptions(**kwargs) if kwargs else None)

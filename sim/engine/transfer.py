@@ -26,11 +26,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import simpy
 
-from sim.connector.context import ClockKind, LinkSpec, LinkStats
+from sim.connector.context import ClockKind, LinkSpec, LinkStats, TransferService
 
 #: A transfer with less than this many seconds of work left is complete (float slack).
 _TIME_EPS = 1e-12
@@ -124,6 +124,25 @@ class TransferLink:
                     t.on_done()
 
 
+class EngineTransferService(TransferService, Protocol):
+    """A transfer service as the engine loop drives it (both clocks implement every member)."""
+
+    #: Called after any transfer completes (the engine sets it to wake an idle loop).
+    on_complete: Callable[[], None] | None
+
+    def pending(self) -> bool:
+        """Some transfer is in flight."""
+        ...
+
+    def next_due_step(self) -> int | None:
+        """The step at which the earliest pending transfer completes (``None``: no due step is known)."""
+        ...
+
+    def advance(self, step: int) -> None:
+        """Enter engine step ``step``."""
+        ...
+
+
 class SimPyTransferService:
     """Links on the time clock, driven by a SimPy environment."""
 
@@ -153,6 +172,9 @@ class SimPyTransferService:
     def next_due_step(self) -> int | None:
         """Time-clock transfers have no due step: the engine waits for ``on_complete``."""
         return None
+
+    def advance(self, step: int) -> None:
+        """Nothing to do: time-clock transfers complete on SimPy's clock, not at step starts."""
 
 
 @dataclass(order=True)
@@ -195,6 +217,8 @@ class StepTransferService:
     def __init__(self) -> None:
         self.step = 0
         self.links: dict[str, StepLink] = {}
+        #: Unused on the step clock (due steps wake the engine through ``next_due_step``); the engine may set it.
+        self.on_complete: Callable[[], None] | None = None
         self._due: list[_Due] = []
         self._seq = 0
 

@@ -16,7 +16,7 @@ hits are rejected (:func:`~sim.kv.specs.check_modelled_layout`).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from sim.kv.fastpath import LookupMemo
 from sim.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
@@ -64,12 +64,12 @@ class KVCacheCoordinator:
         for gid, group in enumerate(kv_cache_config.groups):
             spec = group.spec
             cls = manager_class_for(spec)
-            kw: dict = dict(enable_caching=enable_caching, cache_hit_alignment_tokens=self.scheduler_block_size)
+            kw: dict[str, Any] = dict(enable_caching=enable_caching, cache_hit_alignment_tokens=self.scheduler_block_size)
             if isinstance(spec, SlidingWindowSpec):
                 kw["max_admission_blocks_per_request"] = spec.max_admission_blocks_per_request(in_flight, max_len)
             if cls is MambaManager:
                 kw["corrected_mamba_accounting"] = corrected_mamba_accounting
-            managers.append(cls(spec, self.block_pool, gid, **kw))  # type: ignore[arg-type]
+            managers.append(cls(spec, self.block_pool, gid, **kw))
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)
         self.retention_interval = kv_cache_config.retention_interval
         self.full_attention_group_id: int | None = None
@@ -176,7 +176,7 @@ class KVCacheCoordinator:
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
-    def __init__(self, kv_cache_config: KVCacheConfig, **kw) -> None:
+    def __init__(self, kv_cache_config: KVCacheConfig, **kw: Any) -> None:
         super().__init__(kv_cache_config, enable_caching=False, **kw)
 
     def find_longest_cache_hit(
@@ -186,7 +186,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
-    def __init__(self, kv_cache_config: KVCacheConfig, **kw) -> None:
+    def __init__(self, kv_cache_config: KVCacheConfig, **kw: Any) -> None:
         super().__init__(kv_cache_config, enable_caching=True, **kw)
         assert len(self.single_type_managers) == 1
         manager = self.single_type_managers[0]
@@ -205,7 +205,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
-    def __init__(self, kv_cache_config: KVCacheConfig, **kw) -> None:
+    def __init__(self, kv_cache_config: KVCacheConfig, **kw: Any) -> None:
         super().__init__(kv_cache_config, enable_caching=True, **kw)
         self.attention_groups: list[SpecGroup] = []
         for gid, manager in enumerate(self.single_type_managers):
@@ -260,9 +260,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 continue
             keep = cdiv(hit_length, spec.block_size)
             for gid in gids:
-                lst = blocks_by_group[gid]
-                if lst is not None:
-                    del lst[keep:]
+                kept = blocks_by_group[gid]
+                if kept is not None:
+                    del kept[keep:]
                     len_by_group[gid] = hit_length
         return tuple(b if b is not None else [] for b in blocks_by_group), hit_length, longest - hit_length
 
@@ -286,7 +286,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
 
 
-def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, **kw) -> KVCacheCoordinator:
+def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, **kw: Any) -> KVCacheCoordinator:
     """vLLM's choice: caching off → no-cache; one group → unitary; else hybrid."""
     if not kv_cache_config.enable_prefix_caching:
         return KVCacheCoordinatorNoPrefixCache(kv_cache_config, **kw)

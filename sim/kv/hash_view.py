@@ -14,7 +14,7 @@ directly instead of copying a coarse list per call.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, cast
 
 from sim.kv.hashing import BlockHash
 
@@ -40,10 +40,12 @@ class BlockHashesAtBlockSize:
         return self._hashes[(index + 1) * self._ratio - 1]
 
 
-def block_hashes_at(
-    hashes: Sequence[BlockHash], hash_block_size: int, block_size: int
-) -> Sequence[BlockHash] | BlockHashesAtBlockSize:
-    """``hashes`` itself when the sizes agree (the common case), else the lazy view."""
+def block_hashes_at(hashes: Sequence[BlockHash], hash_block_size: int, block_size: int) -> Sequence[BlockHash]:
+    """``hashes`` itself when the sizes agree (the common case), else the lazy view.
+
+    Callers use the result as a read-only sequence through ``len`` and integer
+    indexing only, which is all the view implements (hence the cast).
+    """
     if block_size == hash_block_size:
         return hashes
-    return BlockHashesAtBlockSize(hashes, hash_block_size, block_size)
+    return cast(Sequence[BlockHash], BlockHashesAtBlockSize(hashes, hash_block_size, block_size))

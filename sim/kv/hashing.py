@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from sim.tokens import Segment, block_contents
 
@@ -90,6 +90,45 @@ def extend_block_hashes(
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
         append(parent)
     return end_block - start_block
+
+
+class HashedRequest(Protocol):
+    """What :class:`RequestBlockHasher` reads of a request (``sim.request.Request`` has it)."""
+
+    block_hashes: list[BlockHash]
+    lora_name: str | None
+    cache_salt: str | None
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def segments(self) -> tuple[Segment, ...]: ...
+
+
+class RequestBlockHasher:
+    """A request's block hasher (vLLM ``get_request_block_hasher``), injected into ``Request``.
+
+    Calling it appends the hashes of the request's full ``hash_block_size``
+    blocks not yet in ``request.block_hashes``; existing hashes are never
+    recomputed.
+    """
+
+    __slots__ = ("hash_block_size",)
+
+    def __init__(self, hash_block_size: int) -> None:
+        if hash_block_size < 1:
+            raise ValueError(f"hash_block_size must be >= 1, got {hash_block_size}")
+        self.hash_block_size = hash_block_size
+
+    def __call__(self, request: HashedRequest) -> None:
+        extend_block_hashes(
+            request.block_hashes,
+            request.segments(),
+            request.num_tokens,
+            self.hash_block_size,
+            request.lora_name,
+            request.cache_salt,
+        )
 
 
 def group_key(block_hash: BlockHash, group_id: int) -> tuple[BlockHash, int]:

@@ -325,6 +325,10 @@ class KVCacheManager:
         """Events emitted and not yet taken by :meth:`take_events`."""
         return self.block_pool.num_pending_events
 
+    def num_free_blocks(self) -> int:
+        """Free blocks in the pool (steps table ``free_blocks``)."""
+        return self.block_pool.get_num_free_blocks()
+
     def num_blocks_per_group(self) -> tuple[int, ...]:
         """Distinct real blocks held by each group's tables (steps table ``blocks_gN``); O(groups)."""
         return tuple([m.num_held_blocks for m in self.coordinator.single_type_managers])
@@ -408,8 +412,8 @@ def check_invariants(manager: KVCacheManager) -> None:
             continue
         if b.is_null:
             raise AssertionError("cached map: the null block holds a cache key")
-        entry = pool.cached_block_hash_to_block.get(key[1], {}).get(key[0])
-        found = entry is b if not isinstance(entry, dict) else entry.get(b.block_id) is b
+        mapped = pool.cached_block_hash_to_block.get(key[1], {}).get(key[0])
+        found = mapped is b if not isinstance(mapped, dict) else mapped.get(b.block_id) is b
         if not found:
             raise AssertionError(f"cached map: block {b.block_id} holds key {key} but the map does not point to it")
     for gid in set(counts) | set(pool.cached_block_hash_to_block):

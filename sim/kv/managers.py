@@ -26,7 +26,7 @@ R-SWA, boundary-state offload hand-offs, worker zeroing lists.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from sim.kv.hash_view import block_hashes_at
 from sim.kv.hashing import BlockHash
@@ -340,7 +340,7 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
-    def __init__(self, spec: SlidingWindowSpec, block_pool: BlockPool, kv_cache_group_id: int, **kw) -> None:
+    def __init__(self, spec: SlidingWindowSpec, block_pool: BlockPool, kv_cache_group_id: int, **kw: Any) -> None:
         super().__init__(spec, block_pool, kv_cache_group_id, **kw)
         self.sliding_window = spec.window
 
@@ -450,7 +450,7 @@ class MambaManager(SingleTypeKVCacheManager):
     """
 
     def __init__(
-        self, spec: MambaSpec, block_pool: BlockPool, kv_cache_group_id: int, *, corrected_mamba_accounting: bool = False, **kw
+        self, spec: MambaSpec, block_pool: BlockPool, kv_cache_group_id: int, *, corrected_mamba_accounting: bool = False, **kw: Any
     ) -> None:
         super().__init__(spec, block_pool, kv_cache_group_id, **kw)
         self.mamba_cache_mode = spec.mamba_cache_mode

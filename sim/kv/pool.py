@@ -61,9 +61,9 @@ class KVEvent(NamedTuple):
     cause: str
 
 
-def _event(fields: tuple) -> KVEvent:
+def _event(fields: tuple[str, int, int, int, str, str]) -> KVEvent:
     """Build a :class:`KVEvent` without NamedTuple's Python-level ``__new__`` (hot path)."""
-    return tuple.__new__(KVEvent, fields)  # type: ignore[return-value]
+    return tuple.__new__(KVEvent, fields)
 
 
 class KVCacheBlock:
@@ -333,7 +333,7 @@ class BlockPool:
         elif type(entry) is dict:
             entry[blk.block_id] = blk
         else:
-            group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr]
+            group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
         blk.block_hash = group_key(h, gid)
         blk.block_hash_num_tokens = num_tokens
         self._num_cached[gid] = self._num_cached.get(gid, 0) + 1

@@ -219,7 +219,7 @@ def _resolve_mamba_mode(mode: str | None, enable_prefix_caching: bool) -> MambaC
             f"mamba_cache_mode={mode!r} contradicts enable_prefix_caching={enable_prefix_caching}: "
             "vLLM uses 'align' exactly when prefix caching is on and 'none' when it is off"
         )
-    return mode  # type: ignore[return-value]
+    return mode
 
 
 def _validate_retention(retention_interval: int | None, scheduler_block_size: int, groups: Sequence[KVCacheGroupSpec]) -> None:
@@ -318,9 +318,9 @@ def _parse_group(item: GroupItem, index: int, block_size: int, mamba_mode: Mamba
     }
     if kind not in allowed:
         raise ValueError(f"{where}: type must be one of full_attention, sliding_window, mamba; got {kind!r}")
-    extra = set(item) - allowed[kind]  # type: ignore[index]
+    extra = set(item) - allowed[kind]
     if extra:
-        raise ValueError(f"{where}: unknown key(s) {sorted(extra)} for type {kind}; valid: {sorted(allowed[kind])}")  # type: ignore[index]
+        raise ValueError(f"{where}: unknown key(s) {sorted(extra)} for type {kind}; valid: {sorted(allowed[kind])}")
     own = item.get("block_size")
     if own is not None:
         if not isinstance(own, int) or isinstance(own, bool) or own < 1:

@@ -40,7 +40,7 @@ class PrefixLookup:
     request (0 if none); ``hit_diverged`` says the groups disagree, so the hit
     is valid only if the connector's external tokens supply what a lagging
     group lacks. What that means is the truth checker's one rule
-    (``sim.policy.truth``): to continue at ``b = local_tokens + external`` a
+    (``sim.admission_truth``): to continue at ``b = local_tokens + external`` a
     group reads full attention ``[0, b)``, sliding window ``[b - W + 1, b)``,
     or the Mamba state at ``b``; a connector answering ``external > 0``
     writes every attention group's ``[local_tokens, b)`` and, if its

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.config.scenario import Scenario
-from sim.engine.build import build_components
 from sim.engine.loop import InvariantViolation, StopRun
-from sim.engine.run import build_engine
+from sim.engine.run import RunOptions, build_run
 from sim.request import Request
 
 
@@ -104,11 +103,10 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
     Build errors (a candidate the builder rejects) propagate as the builder's
     exceptions; the caller decides that such a candidate fails the property.
     """
-    components = build_components(scenario)
-    assert components is not None
-    env, loop, _sessions = build_engine(scenario, components, max_steps=max_steps)
+    run = build_run(scenario, RunOptions(max_steps=max_steps))
+    components, loop = run.components, run.loop
     try:
-        env.run(until=loop.process)
+        run.env.run(until=loop.process)
     except (StopRun, InvariantViolation):  # a crash, a stall, the step cap: what was recorded is the observation
         pass
     cols = components.recorder.admissions.data

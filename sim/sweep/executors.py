@@ -30,13 +30,13 @@ EXECUTORS = ("local", "serial", "ray")
 LoadFn = Callable[[Any, list[str]], Any]
 """``(scenario_path, overrides) -> Scenario``, like :func:`sim.config.load_scenario`."""
 RunFn = Callable[[Any, Path], Any]
-"""``(scenario, out_dir) -> RunResult``, like :func:`sim.engine.run.run_scenario`; writes ``summary.json``."""
+"""``(scenario, out_dir) -> RunResult``, like :func:`sim.api.run_scenario`; writes ``summary.json``."""
 
 
 @dataclass(frozen=True)
 class RunTask:
     """One run to execute. ``load_fn`` / ``run_fn`` must be module-level functions (they are pickled by name);
-    ``None`` means the real :func:`sim.config.load_scenario` / :func:`sim.engine.run.run_scenario`."""
+    ``None`` means the real :func:`sim.config.load_scenario` / :func:`sim.api.run_scenario`."""
 
     run_id: str
     scenario: str
@@ -86,7 +86,7 @@ def default_load(path: Any, overrides: list[str]) -> Any:
 
 
 def default_run(scenario: Any, out_dir: Path) -> Any:
-    from sim.engine.run import run_scenario
+    from sim.api import run_scenario
 
     return run_scenario(scenario, out_dir)
 

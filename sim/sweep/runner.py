@@ -252,7 +252,7 @@ def run_sweep(
     ``executor``: ``"local"`` (process pool of ``jobs``, default all CPUs), ``"serial"``, ``"ray"``, or an
     :class:`~sim.sweep.executors.Executor`. ``progress``: a rich progress bar (default: only on a TTY and when the
     ``CI`` environment variable is unset). ``load_fn`` / ``run_fn`` replace :func:`sim.config.load_scenario` /
-    :func:`sim.engine.run.run_scenario`; they must be module-level (picklable) functions.
+    :func:`sim.api.run_scenario`; they must be module-level (picklable) functions.
     Failed runs are recorded, never raised; bad input raises :class:`~sim.sweep.grid.SweepError`.
     """
     if isinstance(spec, SweepSpec):

@@ -116,6 +116,7 @@ class DiffReport:
 def _side_by_side(d: TableDiff) -> list[str]:
     """Unified-diff-like rows: ``  `` equal, ``- `` A only/as in A, ``+ `` B only/as in B."""
     a, b = d.context_a, d.context_b
+    assert a is not None and b is not None, "side by side needs both contexts"
     cols = [c for c in a.columns if c in b.columns]
     both = pd.concat([a[cols], b[cols]])
     rendered = both.astype(object).where(both.notna(), "<NA>").astype(str)

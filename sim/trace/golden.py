@@ -1,10 +1,8 @@
 """Golden traces: checked-in ``kv_events.csv`` / ``admissions.csv`` of a fixed set of scenarios.
 
-``python -m sim.trace.golden regenerate [--scenario NAME]`` re-runs each golden
-scenario, prints what changed against the stored trace (the ``trace diff``
-report, one per scenario) and overwrites ``results/golden/<name>/``;
-``check`` re-runs and compares without writing, exiting 1 on any difference
-(2 when a golden directory is missing or a scenario cannot be run).
+This module defines the golden set and how a trace is stored and compared;
+it runs nothing. ``hybridsim golden regenerate|check`` (:mod:`sim.sweep.golden`)
+runs the scenarios through the batch driver and uses these pieces.
 
 A golden trace pins the *decisions* of a run (every cache event and every
 admission), so any change to eviction order, hit lengths, policies or
@@ -15,20 +13,19 @@ silently adds an unreviewed golden trace.
 
 from __future__ import annotations
 
-import argparse
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import pandas as pd
 
 from sim.trace.bundle import write_table
 from sim.trace.diff import DiffReport, diff_traces
 from sim.trace.tables import normalize_table
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCENARIO_ROOT = REPO_ROOT / "scenarios"
-GOLDEN_ROOT = REPO_ROOT / "results" / "golden"
+#: Default roots, relative to the current directory (the repository's root in a checkout).
+DEFAULT_SCENARIO_ROOT = Path("scenarios")
+DEFAULT_GOLDEN_ROOT = Path("results") / "golden"
 
 #: The tables a golden trace stores (the run's decisions, not its timings' derived metrics).
 GOLDEN_TABLES: tuple[str, ...] = ("kv_events", "admissions")
@@ -47,19 +44,28 @@ GOLDEN_SCENARIOS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class GoldenScenario:
-    """One golden scenario: its name (the golden directory's name) and its YAML file."""
+    """One golden scenario: its name, its YAML file and the directory of its stored trace."""
 
     name: str
     path: Path
+    golden_dir: Path
 
-    @property
-    def golden_dir(self) -> Path:
-        return GOLDEN_ROOT / self.name
+    def has_trace(self) -> bool:
+        """Whether every golden table is stored."""
+        return all((self.golden_dir / f"{t}.csv").is_file() for t in GOLDEN_TABLES)
 
 
-def golden_scenarios(only: Sequence[str] = ()) -> list[GoldenScenario]:
+def golden_scenarios(
+    only: Sequence[str] = (),
+    *,
+    scenario_root: Path = DEFAULT_SCENARIO_ROOT,
+    golden_root: Path = DEFAULT_GOLDEN_ROOT,
+) -> list[GoldenScenario]:
     """The golden set (or the named members of it); ``ValueError`` for an unknown name."""
-    all_ = [GoldenScenario(Path(rel).stem, SCENARIO_ROOT / rel) for rel in GOLDEN_SCENARIOS]
+    all_ = [
+        GoldenScenario(Path(rel).stem, Path(scenario_root) / rel, Path(golden_root) / Path(rel).stem)
+        for rel in GOLDEN_SCENARIOS
+    ]
     if not only:
         return all_
     names = {g.name for g in all_}
@@ -69,70 +75,15 @@ def golden_scenarios(only: Sequence[str] = ()) -> list[GoldenScenario]:
     return [g for g in all_ if g.name in only]
 
 
-def write_trace(scenario: GoldenScenario, out_dir: Path) -> Path:
-    """Run ``scenario`` (no bundle, no plots) and write its golden tables as CSV into ``out_dir``."""
-    from sim.engine.run import run_scenario
-
-    result = run_scenario(scenario.path)
+def write_golden_tables(tables: Mapping[str, pd.DataFrame], out_dir: Path) -> Path:
+    """Write the golden tables of a run's ``tables`` as normalized CSV into ``out_dir``."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for table in GOLDEN_TABLES:
-        write_table(normalize_table(table, result.tables[table]), out_dir / f"{table}.csv", "csv")
+        write_table(normalize_table(table, tables[table]), out_dir / f"{table}.csv", "csv")
     return out_dir
 
 
-def check_scenario(scenario: GoldenScenario) -> DiffReport:
-    """Re-run ``scenario`` and compare its trace with the stored golden one (stored = A, fresh = B)."""
-    with tempfile.TemporaryDirectory(prefix=f"golden-{scenario.name}-") as tmp:
-        fresh = write_trace(scenario, Path(tmp))
-        return diff_traces(scenario.golden_dir, fresh, tables=GOLDEN_TABLES)
-
-
-def regenerate(only: Sequence[str] = (), out=sys.stdout) -> int:
-    """Rewrite the golden traces, printing each scenario's diff against the old one. Returns 0."""
-    for scenario in golden_scenarios(only):
-        if all((scenario.golden_dir / f"{t}.csv").is_file() for t in GOLDEN_TABLES):
-            report = check_scenario(scenario)
-            verdict = "unchanged" if report.identical else "CHANGED"
-            out.write(f"== {scenario.name}: {verdict}\n")
-            if not report.identical:
-                out.write(report.format())
-        else:
-            out.write(f"== {scenario.name}: new\n")
-        write_trace(scenario, scenario.golden_dir)
-    return 0
-
-
-def check(only: Sequence[str] = (), out=sys.stdout) -> int:
-    """Compare every golden scenario with its stored trace; 0 all identical, 1 some differ, 2 missing."""
-    worst = 0
-    for scenario in golden_scenarios(only):
-        if not scenario.golden_dir.is_dir():
-            out.write(f"== {scenario.name}: no golden trace in {scenario.golden_dir} (run `regenerate`)\n")
-            worst = max(worst, 2)
-            continue
-        report = check_scenario(scenario)
-        out.write(f"== {scenario.name}: {'identical' if report.identical else 'DIFFERENT'}\n")
-        if not report.identical:
-            out.write(report.format())
-            worst = max(worst, 1)
-    return worst
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sim.trace.golden regenerate|check [--scenario NAME ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m sim.trace.golden", description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("regenerate", "check"))
-    parser.add_argument("--scenario", action="append", default=[],
-                        help="only this golden scenario (repeatable); default: all")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "regenerate":
-            return regenerate(args.scenario)
-        return check(args.scenario)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def compare(stored: Path, fresh: Path) -> DiffReport:
+    """The golden tables of ``stored`` (A) against ``fresh`` (B)."""
+    return diff_traces(stored, fresh, tables=GOLDEN_TABLES)

@@ -185,8 +185,9 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
     if dtype == _BOOL:
         if values.dtype == bool:
             return values
+        # (1 and 0 need no keys of their own: they hash and compare equal to True and False.)
         mapping = {"True": True, "False": False, "true": True, "false": False, "1": True, "0": False,
-                   True: True, False: False, 1: True, 0: False}
+                   True: True, False: False}
         out = values.astype(object).map(mapping.get)
         if out.isna().any():
             bad = values[out.isna()].iloc[0]

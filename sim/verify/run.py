@@ -18,7 +18,7 @@ from typing import Callable
 
 from sim.config.scenario import Scenario
 from sim.engine.build import CapacityWarning, build_components
-from sim.engine.run import RunOptions, run_scenario
+from sim.api import RunOptions, run_scenario
 from sim.verify import vllm_side
 from sim.verify.compare import Difference, first_difference
 from sim.verify.decisions import decision_trace

@@ -101,7 +101,11 @@ def arrival_times(
         return _cumulative(lambda n: rng.gamma(shape, scale, n), count, duration)
     if isinstance(spec, ConstantArrivals):
         # i / rate rather than a running sum, so step-clock floors are exact.
-        n = count if count is not None else int(np.ceil(duration * spec.rate)) + 1
+        if count is not None:
+            n = count
+        else:
+            assert duration is not None, "arrivals need a count or a duration"
+            n = int(np.ceil(duration * spec.rate)) + 1
         times = np.arange(1, n + 1) / spec.rate
         return times[times < duration] if duration is not None else times
     if isinstance(spec, OnOffArrivals):

@@ -34,7 +34,7 @@ def build_requests(
 
     Each request has ``output_len`` set (its EOS point, ``<= max_tokens``) and
     prompt content as stream/id segments; block hashes are left to the engine
-    (``Request.set_hash_block_size``). ``hash_block_size`` only validates the
+    (``Request.set_block_hasher``). ``hash_block_size`` only validates the
     expansion of hash-block traces (Mooncake, Qwen). ``rng`` is split into two
     independent children, one for the generator and one for ``sample``, so
     sampling a trace does not depend on how many draws a generator used.

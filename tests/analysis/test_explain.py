@@ -12,7 +12,7 @@ from sim.analysis.explain import ExplainError, block_map, explain, explain_bundl
 from sim.cli import app
 from sim.config import load_scenario
 from sim.engine.build import build_components
-from sim.engine.run import run_scenario
+from sim.api import run_scenario
 
 REPRO = Path(__file__).resolve().parents[2] / "scenarios" / "repro"
 CRASH = ("pr48425-mamba-deeper-ext16.yaml", "scheduler.prefix_policy=max_per_group", "connector.matched_tokens.r=16")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.connector._helpers import *  # noqa: F403
+from support.connector import FA, request, step_ctx
 import sim.connector as registry
 import sim.registry
 

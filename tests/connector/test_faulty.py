@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.connector._helpers import *  # noqa: F403
+from support.connector import FA, MAMBA, request, step_ctx, table
 from sim.connector.base import KVConnector
 from sim.connector.context import check_connector_compatible
 from sim.connector.faulty import FaultyConnector

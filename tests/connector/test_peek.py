@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.connector._helpers import *  # noqa: F403
+from support.connector import FA, MAMBA, request, step_ctx
 from sim.connector import ScriptedConnector
 from sim.connector.base import NoConnector
 from sim.connector.faulty import FaultyConnector

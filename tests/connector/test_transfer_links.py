@@ -1,6 +1,6 @@
 import pytest
+import simpy
 
-from tests.connector._helpers import *  # noqa: F403
 from sim.connector.context import LinkSpec
 from sim.engine.transfer import SimPyTransferService, StepTransferService
 

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import simpy
+import pytest
 
 import sim
-from sim.engine.actions import build_actions
-from sim.engine.build import build_components
-from sim.engine.loop import EngineLoop
+from sim.engine.run import build_run
 from sim.trace.tables import tables_from_recorder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,27 +25,20 @@ workload:
     - {id: a, at: 0, prompt: [{content: doc, tokens: 100}], max_tokens: 3}
     - {id: b, at: 1, prompt: [{content: doc, tokens: 120}], max_tokens: 2}
     - {id: c, at: 9, prompt: [{content: other, tokens: 40}], max_tokens: 2}
+outputs: {schedule_table: true}
 actions:
   - {at: 4, evict: {prefix_of: a, group: full_attention, blocks: [1]}}
 """
 
 
 def _run_loop(clock: str, step_seconds: float = 1.0):
-    scenario = sim.config.scenario_from_text(SCRIPT, "loop-script.yaml")
-    components = build_components(scenario)
-    env = simpy.Environment()
-    loop = EngineLoop(
-        env=env,
-        scheduler=components.scheduler,
-        requests=components.requests,
-        clock=clock,
-        step_duration=lambda output, sched: step_seconds,
-        recorder=components.recorder,
-        kv_manager=components.kv_manager,
-        actions=build_actions(scenario, components),
-    )
-    env.run(until=loop.process)
-    return loop, tables_from_recorder(components.recorder)
+    # clock: time needs a model preset for its step-time model; ``step_duration`` replaces that model.
+    timed = "clock: time\nmodel: {preset: nemotron-h-8b}\nhardware: {preset: h100-80g}"
+    text = SCRIPT if clock == "steps" else SCRIPT.replace("clock: steps", timed)
+    scenario = sim.config.scenario_from_text(text, "loop-script.yaml")
+    run = build_run(scenario, step_duration=lambda output, sched: step_seconds)
+    record = run.execute()
+    return run.loop, tables_from_recorder(record.recorder)
 
 
 def test_steps_clock_numbers_steps_by_time_and_jumps_idle_gaps():
@@ -79,6 +70,7 @@ def test_steps_and_time_clocks_make_the_same_decisions():
     assert list(by_steps["steps"]["time_s"]) == list(by_time["steps"]["time_s"])
 
 
+@pytest.mark.slow
 def test_time_clock_ttft_is_queueing_plus_the_steps_until_the_first_token():
     scenario = sim.load_scenario(DEMO, ["workload.generator.count=6", "outputs.plots=false", "outputs.schedule_table=true"])
     result = sim.run_scenario(scenario)

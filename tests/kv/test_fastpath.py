@@ -10,7 +10,7 @@ from sim.kv.fastpath import LookupMemo
 from sim.kv.managers import FullAttentionManager
 from sim.request import RequestStatus
 
-from kv_helpers import ids, make_manager, make_request
+from support.kv import ids, make_manager, make_request
 
 
 def _cache_prompt(m, rid: str, stream: str, tokens: int):

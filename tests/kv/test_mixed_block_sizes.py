@@ -17,7 +17,7 @@ from sim.kv.manager import KVCacheManager, check_invariants
 from sim.kv.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec, kv_cache_config_from_groups
 from sim.request import RequestStatus
 
-from kv_helpers import ids, make_manager, make_request
+from support.kv import ids, make_manager, make_request
 
 SWA32 = {"type": "sliding_window", "window": 64, "block_size": 32}
 FA32 = {"type": "full_attention", "block_size": 32}

@@ -7,7 +7,7 @@ import pytest
 from sim.kv.manager import check_invariants
 from sim.kv.pool import KVEvent
 
-from kv_helpers import ids, make_manager, make_request
+from support.kv import ids, make_manager, make_request
 
 
 def test_prefill_full_attention_ids_free_order_and_eviction():

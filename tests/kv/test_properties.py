@@ -10,7 +10,7 @@ from sim.kv.manager import check_invariants
 from sim.policy.eviction import ChainIndex, create_eviction_policy
 from sim.request import RequestStatus
 
-from kv_helpers import make_manager, make_request
+from support.kv import make_manager, make_request
 
 LAYOUTS = [
     ["full_attention", "mamba"],

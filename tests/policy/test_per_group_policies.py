@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim.request import cycle)
-from sim.kv.specs import kv_cache_config_from_groups  # isort: skip
 from sim.connector import ScriptedConnector
+from sim.kv.hashing import RequestBlockHasher
+from sim.kv.manager import KVCacheManager
+from sim.kv.specs import kv_cache_config_from_groups
 from sim.policy.prefix import MaxPerGroupPolicy, TrimToMinPolicy, get_prefix_policy, prefix_policy_names
 from sim.request import Request
 from sim.tokens import StreamSegment
@@ -16,7 +17,7 @@ B = 16
 
 def _req(rid: str, tokens: int) -> Request:
     r = Request(rid, [StreamSegment("doc", 0, tokens)], max_tokens=1)
-    r.set_hash_block_size(B)
+    r.set_block_hasher(RequestBlockHasher(B))
     return r
 
 

@@ -1,4 +1,4 @@
-"""Picklable stand-ins for ``sim.config.load_scenario`` and ``sim.engine.run.run_scenario``.
+"""Picklable stand-ins for ``sim.config.load_scenario`` and ``sim.api.run_scenario``.
 
 Module-level functions, so a process pool or Ray can pickle them by name. The fake
 load applies ``key.path=value`` overrides (YAML values) to the scenario mapping;

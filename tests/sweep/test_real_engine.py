@@ -7,6 +7,9 @@ from pathlib import Path
 import pandas as pd
 
 from sim.sweep import build_sweep, plan_runs, run_sweep
+import pytest
+
+pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 SWEEPS = Path(__file__).resolve().parents[2] / "scenarios" / "sweeps"
 

@@ -99,6 +99,7 @@ def test_serial_sweep_writes_bundles_manifest_and_one_row_per_run(tmp_path, base
     assert result.table().equals(df)
 
 
+@pytest.mark.slow
 def test_local_pool_and_serial_loop_give_identical_bytes(tmp_path, base_scenario):
     spec = _spec(base_scenario)
     serial, pooled = tmp_path / "serial", tmp_path / "pooled"
@@ -166,6 +167,7 @@ def test_a_user_folder_named_like_a_run_is_never_deleted(tmp_path, base_scenario
     assert (out / run_id / "thesis.tex").read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_failing_runs_are_recorded_and_retried_on_resume(tmp_path, base_scenario, call_log):
     spec = build_sweep(
         base_scenario, ["cache.num_blocks=1,400", "scheduler.prefix_policy=pr48425,explode"], seeds="1"

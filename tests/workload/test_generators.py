@@ -5,6 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from sim.kv.hashing import RequestBlockHasher
 from sim.tokens import StreamSegment, output_stream
 from sim.workload import workload_stats
 from sim.workload.generators import zipf_probabilities
@@ -25,7 +26,7 @@ def gen(structure, *, count=200, output=32, arrivals=None, **extra):
 
 
 def hashes(req, with_output=False):
-    req.set_hash_block_size(B)
+    req.set_block_hasher(RequestBlockHasher(B))
     if with_output:
         req.append_output_tokens(req.output_len)
     return list(req.block_hashes)
@@ -151,6 +152,8 @@ def test_same_seed_same_workload_and_different_seed_differs(build):
     a = build(gen(structure, count=50), seed=3)
     b = build(gen(structure, count=50), seed=3)
     c = build(gen(structure, count=50), seed=4)
-    key = lambda reqs: [(r.request_id, r.arrival_time, r.prompt, r.output_len) for r in reqs]
+    def key(reqs):
+        return [(r.request_id, r.arrival_time, r.prompt, r.output_len) for r in reqs]
+
     assert key(a) == key(b)
     assert key(a) != key(c)

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sim.kv.hashing import hash_block
+from sim.kv.hashing import RequestBlockHasher, hash_block
 from sim.tokens import IdsSegment, StreamSegment, block_content
 from sim.workload import WorkloadError
 
@@ -56,8 +56,8 @@ def test_mooncake_fields_and_order(build, tmp_path):
 @pytest.mark.parametrize("bs", [16, 64, 256, 512])
 def test_mooncake_expansion_is_exact_and_keeps_shared_blocks_shared(build, tmp_path, bs):
     a, _, b = mooncake(build, tmp_path, hash_block_size=bs)
-    a.set_hash_block_size(bs)
-    b.set_hash_block_size(bs)
+    a.set_block_hasher(RequestBlockHasher(bs))
+    b.set_block_hasher(RequestBlockHasher(bs))
     assert len(a.block_hashes) == 1300 // bs  # the partial 276-token tail adds 276 // bs blocks
     assert len(b.block_hashes) == 1100 // bs
     assert a.block_hashes == expected_chain([1, 2, 3], 1300, bs)
@@ -122,8 +122,8 @@ def test_qwen_blocks_parents_and_refusal(build, tmp_path):
     assert child.metadata == {"chat_id": 9, "parent": "q3", "turn": 2, "type": "text"}
     assert root.metadata["parent"] is None
     assert child.prompt[-1] == StreamSegment("qw:15", 0, 6)
-    root.set_hash_block_size(16)
-    child.set_hash_block_size(16)
+    root.set_block_hasher(RequestBlockHasher(16))
+    child.set_block_hasher(RequestBlockHasher(16))
     assert len(root.block_hashes) == 2 and len(child.block_hashes) == 4  # 40 // 16, 70 // 16
     assert root.block_hashes == child.block_hashes[:2]
     with pytest.raises(WorkloadError, match="does not divide 16"):
@@ -164,9 +164,9 @@ def test_own_jsonl_format_with_ids_and_segments(build, tmp_path):
     assert (c.request_id, a.request_id, b.request_id) == ("7", "a", "b")
     assert a.prompt == (IdsSegment(np.arange(48)),) and a.output_len == 3
     assert b.lora_name == "l1" and b.output_len == 2
-    a.set_hash_block_size(16)
+    a.set_block_hasher(RequestBlockHasher(16))
     b.lora_name = None
-    b.set_hash_block_size(16)
+    b.set_block_hasher(RequestBlockHasher(16))
     assert len(a.block_hashes) == len(b.block_hashes) == 3
     assert a.block_hashes[:2] == b.block_hashes[:2] and a.block_hashes[2] != b.block_hashes[2]
     write_jsonl(tmp_path / "bad.jsonl", [rows[0], {"id": "z", "at": 0, "max_tokens": 1}])
@@ -202,7 +202,7 @@ def test_merged_blocks_are_exact_when_allowed(build, tmp_path):
     ])
     a, b, c, d = build({"trace": {"format": "mooncake", "path": name, "allow_merged_blocks": True}}, hash_block_size=1040)
     for r in (a, b, c, d):
-        r.set_hash_block_size(1040)
+        r.set_block_hasher(RequestBlockHasher(1040))
     # Block 0 = tokens [0, 1040) = mc:1, mc:2, mc:3[0:16]; block 1 = mc:3[16:512], mc:4, mc:5[0:32].
     first = hash_block(None, block_content([StreamSegment("mc:1", 0, 512), StreamSegment("mc:2", 0, 512), StreamSegment("mc:3", 0, 16)], 0, 1040))
     assert a.block_hashes[0] == b.block_hashes[0] == first

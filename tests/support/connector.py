@@ -9,6 +9,7 @@ import simpy
 
 from sim.connector.context import ConnectorContext, GroupLayout
 from sim.engine.transfer import SimPyTransferService, StepTransferService
+from sim.kv.hashing import RequestBlockHasher
 from sim.request import Request
 from sim.tokens import StreamSegment
 
@@ -36,7 +37,7 @@ def request(rid: str, *parts: tuple[str, int], hash_block_size: int = 16, max_to
         start = sum(s.length for s in segs if s.stream == stream)
         segs.append(StreamSegment(stream, start, n))
     req = Request(rid, segs, max_tokens)
-    req.set_hash_block_size(hash_block_size)
+    req.set_block_hasher(RequestBlockHasher(hash_block_size))
     return req
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sim.kv.hashing import RequestBlockHasher
 from sim.kv.manager import KVCacheManager
 from sim.kv.specs import kv_cache_config_from_groups
 from sim.request import Request
@@ -11,7 +12,7 @@ from sim.tokens import StreamSegment
 def make_request(rid: str, *segments: tuple[str, int], block_size: int = 16, max_tokens: int = 1) -> Request:
     """A request whose prompt is the given ``(stream, tokens)`` runs, each from position 0."""
     req = Request(rid, [StreamSegment(s, 0, n) for s, n in segments], max_tokens)
-    req.set_hash_block_size(block_size)
+    req.set_block_hasher(RequestBlockHasher(block_size))
     return req
 
 

@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from sim.analysis.metrics import divergence_counts, first_admissions, request_metrics, run_summary
+from sim.kv.hashing import RequestBlockHasher
+from sim.results.metrics import divergence_counts, first_admissions, request_metrics, run_summary
 from sim.trace.bundle import dumps_summary
 from sim.trace.tables import empty_table
 
@@ -90,13 +91,13 @@ def test_empty_run_and_bad_group_kinds(tables):
 
 
 def test_ideal_hit_rate_and_missed_reuse(tables):
-    from sim.analysis.metrics import add_ideal_hit_rate
+    from sim.results.metrics import add_ideal_hit_rate
     from sim.request import Request
     from sim.tokens import StreamSegment
 
     def req(rid, at, tokens):
         r = Request(rid, [StreamSegment("doc", 0, tokens)], 1, arrival_time=at)
-        r.set_hash_block_size(16)
+        r.set_block_hasher(RequestBlockHasher(16))
         return r
 
     s = run_summary(tables, group_kinds=KINDS)

@@ -1,10 +1,11 @@
-"""Session metrics (sim.analysis.sessions) on hand-made tables, and the hit-rate-by-turn plot."""
+"""Session metrics (sim.results.sessions) on hand-made tables, and the hit-rate-by-turn plot."""
 
 import numpy as np
 import pandas as pd
 
+from sim.kv.hashing import RequestBlockHasher
 from sim.analysis.plots import plot_hit_rate_by_turn
-from sim.analysis.sessions import by_turn, session_table, sessions_summary, shared_prefix_tokens
+from sim.results.sessions import by_turn, session_table, sessions_summary, shared_prefix_tokens
 from sim.request import Request
 from sim.tokens import StreamSegment
 
@@ -45,7 +46,7 @@ def test_shared_prefix_counts_leading_equal_blocks_of_prompt_plus_answer():
     parent = Request("p", (StreamSegment("x", 0, 40),), 3, output_len=3)
     child = Request("c", (StreamSegment("x", 0, 40), StreamSegment("y", 0, 40)), 1, output_len=1)
     for r in (parent, child):
-        r.set_hash_block_size(16)
+        r.set_block_hasher(RequestBlockHasher(16))
     assert shared_prefix_tokens(child, parent) == 32  # block 2 holds x[32:40] then y (child) vs x (parent)
 
 

@@ -70,8 +70,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.interfaces import SchedulerConnector
 from sim.kv.hash_view import block_hashes_at
 from sim.kv.specs import cdiv
+from sim.kv.manager import KVCacheManager
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 
@@ -103,7 +105,7 @@ class TruthChecker:
     corrupt request caches later); one checker per kv manager.
     """
 
-    def __init__(self, kv_manager: Any, connector: Any | None = None) -> None:
+    def __init__(self, kv_manager: KVCacheManager, connector: SchedulerConnector | None = None) -> None:
         self.kv = kv_manager
         self.pool = kv_manager.block_pool
         if connector is not None and connector.name == "none":
@@ -139,7 +141,7 @@ class TruthChecker:
                 blk = table[i]
                 if blk.is_null or blk.block_hash is None or (i < len(mine) and mine[i] is blk):
                     continue
-                if blk.block_hash_num_tokens > bad_point:
+                if blk.block_hash_num_tokens is not None and blk.block_hash_num_tokens > bad_point:
                     blk.taint = origin
 
     # ------------------------------------------------------------- verdict

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from sim.kv.manager import KVCacheManager  # isort: skip  (first: sim.kv <-> sim.request import cycle)
-from sim.kv.specs import kv_cache_config_from_groups  # isort: skip
+from sim.admission_truth import make_truth_checker
 from sim.connector import ScriptedConnector
+from sim.kv.hashing import RequestBlockHasher
+from sim.kv.manager import KVCacheManager
+from sim.kv.specs import kv_cache_config_from_groups
 from sim.policy.prefix import PrefixLookup
-from sim.policy.truth import make_truth_checker
 from sim.request import Request
 from sim.scheduler import Admission
 from sim.tokens import StreamSegment
@@ -16,7 +17,7 @@ B = 16
 
 def _req(rid: str, tokens: int = 80) -> Request:
     r = Request(rid, [StreamSegment("doc", 0, tokens)], max_tokens=1)
-    r.set_hash_block_size(B)
+    r.set_block_hasher(RequestBlockHasher(B))
     return r
 
 

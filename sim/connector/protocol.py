@@ -1,0 +1,37 @@
+"""A connector as the engine sees it: the scheduler's :class:`~sim.interfaces.SchedulerConnector` plus the
+engine-side hooks (binding, finished transfers, load errors, metrics, step columns).
+
+:class:`sim.connector.base.KVConnector` implements every member with its
+default; a plug-in connector that does not subclass it must still have them all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sim.connector.context import ConnectorContext
+from sim.interfaces import SchedulerConnector
+
+
+class Connector(SchedulerConnector, Protocol):
+    """What the engine calls on a connector, besides what the scheduler calls."""
+
+    def bind(self, ctx: ConnectorContext) -> None:
+        """Receive the run's context once, before step 0."""
+        ...
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        """``(finished_recving, finished_sending)`` request ids since the last call."""
+        ...
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """GPU block ids whose load failed since the last call."""
+        ...
+
+    def metrics(self) -> dict[str, Any]:
+        """Run-level metrics for ``summary.json``."""
+        ...
+
+    def step_columns(self) -> dict[str, Any]:
+        """Per-step extension columns of the ``steps`` table."""
+        ...

@@ -1,0 +1,115 @@
+"""Stage 3 of a run: :func:`finalize` turns a :class:`~sim.engine.run.RunRecord` into a :class:`RunResult`.
+
+It builds the five tables from the recorder and computes the summary
+(:func:`sim.results.metrics.run_summary` plus the run's facts: name, seed,
+clock, policy, connector, layout, steps, simulated time, status). It writes
+nothing and draws nothing: :func:`sim.results.write.write_bundle` writes, and
+plots are drawn on top by ``sim.run`` and the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.config.scenario import Scenario
+from sim.engine.run import EXIT_OK, RunRecord
+from sim.results.metrics import add_ideal_hit_rate, run_summary
+from sim.results.sessions import session_table, sessions_summary, turn_table
+from sim.trace.bundle import LoadedResult
+from sim.trace.recorder import Recorder
+from sim.trace.tables import tables_from_recorder
+
+#: Statuses whose tables are complete (every other status writes ``partial: true``).
+COMPLETE_STATUSES: tuple[str, ...] = ("complete", "crashed")
+
+
+@dataclass
+class RunResult(LoadedResult):
+    """A finished run: a :class:`~sim.trace.bundle.LoadedResult` (summary, DataFrames, path) plus
+    the process exit code it implies, the scenario it ran, the crash detail and the plots drawn."""
+
+    exit_code: int = EXIT_OK
+    plots: list[Path] = field(default_factory=list)
+    scenario: Scenario | None = None
+    #: ``crash.json``'s content (the crash marker plus the crashing admission's hits), or ``None``.
+    crash_detail: dict[str, Any] | None = None
+    #: What writing the bundle noted (e.g. a foreign folder kept aside under ``--force``).
+    notes: list[str] = field(default_factory=list)
+    #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (:mod:`sim.results.sessions`).
+    session_tables: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def crash(self) -> dict[str, Any] | None:
+        crash: dict[str, Any] | None = self.summary.get("crash")
+        return crash
+
+    @property
+    def is_partial(self) -> bool:
+        """Whether the tables stop short of what the scenario asked (``summary.json``'s ``partial``)."""
+        return self.summary.get("status", "complete") not in COMPLETE_STATUSES
+
+
+def _crash_detail(recorder: Recorder, crash: dict[str, Any]) -> dict[str, Any]:
+    """The crash marker with the crashing request's last admission (per-group hits, local, external, boundary)."""
+    admissions = recorder.admissions.data
+    detail = dict(crash)
+    for i in range(len(admissions["request_id"]) - 1, -1, -1):
+        if admissions["request_id"][i] == crash["request_id"]:
+            detail["hits"] = [admissions[f"hit_g{g}"][i] for g in range(recorder.num_groups)]
+            detail["local_tokens"] = admissions["local_tokens"][i]
+            detail["external_tokens"] = admissions["external_tokens"][i]
+            detail["claimed_boundary"] = admissions["claimed_boundary"][i]
+            #: Which attempt of the request crashed (``hybridsim explain --attempt``, 1-based).
+            detail["attempt"] = admissions["request_id"][: i + 1].count(crash["request_id"])
+            break
+    return detail
+
+
+def finalize(record: RunRecord) -> RunResult:
+    """The tables and the summary of a finished run (no file is written)."""
+    scenario = record.scenario
+    tables = tables_from_recorder(record.recorder)
+    summary = run_summary(
+        tables,
+        group_kinds=record.group_kinds,
+        slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
+        slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,
+        crash=record.crash,
+    )
+    summary.update(
+        {
+            "name": scenario.name,
+            "seed": scenario.seed,
+            "clock": scenario.clock,
+            "policy": scenario.scheduler.prefix_policy,
+            "lookup_path": record.lookup_path,
+            "connector": scenario.connector.type,
+            "num_blocks": record.kv_cache_config.num_blocks,
+            "block_sizes": [g.spec.block_size for g in record.kv_cache_config.groups],
+            "steps": record.steps,
+            "simulated_s": record.simulated_s,
+            "status": record.status,
+            "message": record.message,
+        }
+    )
+    if scenario.outputs.ideal_hit_rate:
+        add_ideal_hit_rate(summary, tables, record.requests, record.kv_cache_config.scheduler_block_size)
+    if record.connector_metrics is not None:
+        summary["connector_metrics"] = record.connector_metrics
+    session_tables: dict[str, Any] = {}
+    if scenario.workload.sessions is not None:
+        turns = turn_table(record.requests, tables, record.think_used)
+        session_tables = {"turns": turns, "sessions": session_table(turns)}
+        summary["sessions"] = sessions_summary(scenario.workload.sessions.mode, turns, session_tables["sessions"])
+    return RunResult(
+        summary=summary,
+        tables=tables,
+        path=None,
+        group_kinds=list(record.group_kinds),
+        exit_code=record.exit_code,
+        scenario=scenario,
+        crash_detail=_crash_detail(record.recorder, record.crash) if record.crash is not None else None,
+        session_tables=session_tables,
+    )

@@ -1,0 +1,140 @@
+"""The import contract of docs/architecture.md: stages import only downward, and the core stays pure.
+
+Layers, lowest first (a module may import its own layer and the layers below):
+
+    trace < core < workload < config < connector < engine < results < analysis < api < sweep, verify < cli
+
+The core (tokens, request, kv, policy, scheduler, interfaces, admission_truth,
+registry) additionally imports nothing outside the core, and no simpy, pandas
+or matplotlib. Checked twice: statically over every ``import`` in the source
+(function-level imports included), and by importing the core in a fresh
+interpreter and reading ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SIM = Path(__file__).resolve().parents[1] / "sim"
+
+#: Top-level unit of ``sim`` -> layer. A new package or module must be given a layer here (and in the docs).
+LAYERS: dict[str, int] = {
+    "sim.trace": 0,
+    "sim.limits": 0,
+    "sim.interrupts": 0,
+    **dict.fromkeys(
+        [
+            "sim.tokens",
+            "sim.request",
+            "sim.kv",
+            "sim.policy",
+            "sim.scheduler",
+            "sim.interfaces",
+            "sim.admission_truth",
+            "sim.registry",
+        ],
+        1,
+    ),
+    "sim.workload": 2,
+    "sim.config": 3,
+    "sim.connector": 4,
+    "sim.engine": 5,
+    "sim.results": 6,
+    "sim.timing": 6,
+    "sim.analysis": 7,
+    "sim.api": 8,
+    "sim.sweep": 9,
+    "sim.verify": 9,
+    "sim.shrink": 9,
+    "sim.export": 9,
+    "sim.cli": 10,
+    "sim.__main__": 10,
+    "sim": 10,
+}
+CORE = {unit for unit, layer in LAYERS.items() if layer == 1}
+CORE_FORBIDDEN_THIRD_PARTY = ("simpy", "pandas", "matplotlib")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SIM.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def _imports(path: Path) -> list[str]:
+    out: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                raise AssertionError(f"{path}: relative import (use absolute sim.* imports)")
+            if node.module:
+                out.append(node.module)
+    return out
+
+
+SOURCES = sorted(SIM.rglob("*.py"))
+
+
+def test_every_unit_has_a_layer() -> None:
+    missing = sorted({_unit(_module_name(p)) for p in SOURCES} - set(LAYERS))
+    assert not missing, f"give these a layer in tests/test_import_contract.py and docs/architecture.md: {missing}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(SIM.parent)) for p in SOURCES])
+def test_no_upward_import(path: Path) -> None:
+    unit = _unit(_module_name(path))
+    layer = LAYERS.get(unit)
+    if layer is None:
+        pytest.skip(f"{unit} has no layer (test_every_unit_has_a_layer reports it)")
+    upward = [m for m in _imports(path) if m.startswith("sim.") and LAYERS.get(_unit(m), 99) > layer]
+    assert not upward, f"{path.name} ({unit}, layer {layer}) imports upward: {upward}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in SOURCES if _unit(_module_name(p)) in CORE],
+    ids=lambda p: str(p.relative_to(SIM.parent)),
+)
+def test_core_imports_only_the_core_and_no_heavy_libraries(path: Path) -> None:
+    bad = []
+    for module in _imports(path):
+        if module.startswith("sim.") and _unit(module) not in CORE:
+            bad.append(module)
+        if module.split(".")[0] in CORE_FORBIDDEN_THIRD_PARTY:
+            bad.append(module)
+    assert not bad, f"{path.relative_to(SIM.parent)} (core) imports {bad}"
+
+
+def test_importing_the_core_loads_no_edge_and_no_heavy_library() -> None:
+    core_modules = sorted(_module_name(p) for p in SOURCES if _unit(_module_name(p)) in CORE)
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {core_modules!r}: importlib.import_module(m)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SIM.parent)
+    loaded = json.loads(done.stdout)
+    edges = sorted(m for m in loaded if m.startswith("sim.") and _unit(m) not in CORE)
+    heavy = sorted(m for m in loaded if m.split(".")[0] in CORE_FORBIDDEN_THIRD_PARTY)
+    assert not edges, f"importing the core loaded edge modules: {edges}"
+    assert not heavy, f"importing the core loaded: {heavy}"
+
+
+def test_importing_the_sweep_driver_loads_no_pandas_or_matplotlib() -> None:
+    """Only the sweep's table and plot modules (and what reads bundles) need them, and they load on use."""
+    code = "import json, sys, sim.sweep, sim.sweep.batch\nprint(json.dumps(sorted(sys.modules)))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SIM.parent)
+    loaded = json.loads(done.stdout)
+    assert not [m for m in loaded if m.split(".")[0] in ("pandas", "matplotlib")]
