@@ -72,7 +72,7 @@ from typing import Any
 
 from sim.interfaces import SchedulerConnector
 from sim.kv.hash_view import block_hashes_at
-from sim.kv.specs import cdiv
+from sim.kv.specs import SlidingWindowSpec, cdiv
 from sim.kv.manager import KVCacheManager
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
@@ -118,7 +118,7 @@ class TruthChecker:
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
             spec = group.spec
-            window = spec.window if spec.kind == "sliding_window" else 0
+            window = spec.window if isinstance(spec, SlidingWindowSpec) else 0
             self.groups.append((gid, spec.kind, spec.block_size, window))
         #: request id -> (taint origin, bad point in tokens) while it may still cache blocks.
         self.bad: dict[str, tuple[str, int]] = {}

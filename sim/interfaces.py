@@ -14,11 +14,12 @@ Capability flags are declared members, read directly (never probed with
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Protocol, Sequence, Sized
 
 from sim.kv.coordinator import KVCacheCoordinator
+from sim.kv.fastpath import QuietHorizons
 from sim.kv.manager import KVCacheBlocks
-from sim.kv.pool import BlockPool, KVCacheBlock, KVEvent
+from sim.kv.pool import BlockPool, KVEvent
 from sim.kv.specs import KVCacheConfig
 from sim.request import Request
 
@@ -60,6 +61,10 @@ class SchedulerConnector(Protocol):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]: ...
 
+    def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
+        """What ``get_num_new_matched_tokens`` would answer now (its first element), with no side effect."""
+        ...
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None: ...
 
     def request_finished_all_groups(
@@ -80,9 +85,13 @@ class SchedulerKVManager(Protocol):
     coordinator: KVCacheCoordinator
     block_pool: BlockPool
     empty_kv_cache_blocks: KVCacheBlocks
-    #: Quiet fast path (a simulator speed-up): request id -> (first table, token horizon, skip horizon).
-    quiet_horizons: dict[str, tuple[list[KVCacheBlock], int, int]]
-    quiet_max_tokens: int
+    #: Quiet fast path (a simulator speed-up): each running request's horizon inside which ``allocate_slots`` is a no-op.
+    quiet: QuietHorizons
+
+    @property
+    def num_pending_events(self) -> int:
+        """Events emitted and not yet taken by :meth:`take_events`."""
+        ...
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -131,6 +140,11 @@ class AdmissionRecorder(Protocol):
     #: Whether ``schedule`` rows are wanted (``outputs.schedule_table``).
     schedule_enabled: bool
 
+    @property
+    def kv_events(self) -> Sized:
+        """The ``kv_events`` table so far (its length is the next event's ``seq``)."""
+        ...
+
     def record_admission(
         self,
         *,
@@ -149,6 +163,9 @@ class AdmissionRecorder(Protocol):
         num_computed_tokens: int = 0,
         tokens_lost: int = 0,
         taint_origin: str = "",
+        lookup_seq: int = 0,
+        connector_asked_at: int = -1,
+        connector_answer: int = -1,
     ) -> None: ...
 
     def record_schedule(

@@ -723,7 +723,9 @@ class Scheduler:
             self._inflight_prefills[rid] = request
         return n
 
-    def _ask_connector(self, request: Request, blocks: Any, local: int, row: dict, fallback: bool) -> tuple[Any, int, int, bool]:
+    def _ask_connector(
+        self, request: Request, blocks: Any, local: int, row: dict[str, Any], fallback: bool
+    ) -> tuple[Any, int, int, bool]:
         """vLLM's connector query for a fresh admission: ``(blocks, local, ext, load_async)``.
 
         The connector is shown the block-aligned local hit; a partial tail is
@@ -733,9 +735,11 @@ class Scheduler:
         partial_tail = local % self.block_size
         aligned_local = local - partial_tail
         # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
+        conn = self.connector
+        assert conn is not None  # only called when the scheduler has a connector
         self._asked_at, self._answer = aligned_local, -1
         ext_answer, load_async = self._guarded(
-            lambda: self.connector.get_num_new_matched_tokens(request, aligned_local),
+            lambda: conn.get_num_new_matched_tokens(request, aligned_local),
             **row, local=local, fallback=fallback,
         )
         if ext_answer is not None:

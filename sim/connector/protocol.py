@@ -28,6 +28,10 @@ class Connector(SchedulerConnector, Protocol):
         """GPU block ids whose load failed since the last call."""
         ...
 
+    def has_step_counted_loads(self) -> bool:
+        """Loads are in flight whose completion is counted in engine steps (the engine keeps stepping)."""
+        ...
+
     def metrics(self) -> dict[str, Any]:
         """Run-level metrics for ``summary.json``."""
         ...

@@ -215,7 +215,7 @@ def _check_policy(scenario: Scenario):
         raise ScenarioError(str(exc)) from None
 
 
-def _build_eviction(scenario: Scenario, connector: Any | None, step_time_model: Any | None):
+def _build_eviction(scenario: Scenario, connector: Connector | None, step_time_model: StepTimeModel | None):
     """The scenario's eviction policy (``None`` for ``lru``) and what it may know (:class:`EvictionContext`)."""
     from sim.kv.eviction import EvictionContext
     from sim.policy.eviction import create_eviction_policy
@@ -292,7 +292,9 @@ def build_components(
         except ValueError as exc:
             raise ScenarioError(str(exc).lstrip("@")) from None
     requests, rejected = _split_too_long(requests, max_model_len, scenario.workload.too_long)
-    in_flight = SchedulerConfig.max_concurrent_batches * scenario.scheduler.max_num_batched_tokens
+    in_flight = SchedulerConfig.max_concurrent_batches * _resolved(
+        scenario.scheduler.max_num_batched_tokens, "scheduler.max_num_batched_tokens"
+    )
     _check_kv_cache_sizing(scenario, config, max_model_len, in_flight)
     _warn_if_never_fits(config, requests, max_model_len)
     policy = _check_policy(scenario)

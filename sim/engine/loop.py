@@ -135,7 +135,9 @@ class EngineLoop:
     def release(self, request: Request) -> None:
         """Queue a request that was held back; its ``arrival_time`` must not be in the past."""
         assert request.arrival_time >= self.env.now, (request.request_id, request.arrival_time, self.env.now)
-        bisect.insort(self.requests, request, lo=self._next_request, key=_arrival_time)  # type: ignore[arg-type]
+        requests = self.requests
+        assert isinstance(requests, list)  # __post_init__ replaced the field with a sorted list
+        bisect.insort(requests, request, lo=self._next_request, key=_arrival_time)
         self._by_id[request.request_id] = request
 
     # ------------------------------------------------------------ wake-ups
