@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from sim.request import Request
+from sim.workload.sessions import session_meta
 from sim.workload.spec import SessionSpec
 
 
@@ -53,9 +54,10 @@ class SessionDriver:
         self._outstanding: dict[str, int] = {}
         self._roots: dict[str, list[Request]] = {}
         for r in requests:
-            session = r.metadata["session"]
+            meta = session_meta(r.metadata)
+            session = meta["session"]
             self._outstanding[session] = self._outstanding.get(session, 0) + 1
-            parents = r.metadata["parents"]
+            parents = meta["parents"]
             if parents:
                 self._waiting_on[r.request_id] = len(parents)
                 for p in parents:
@@ -88,7 +90,7 @@ class SessionDriver:
                     child.arrival_time = self._release_time(child, parent, now)
                     self.think_used[child.request_id] = child.arrival_time - now
                     self.release(child)
-            session = parent.metadata["session"]
+            session = session_meta(parent.metadata)["session"]
             self._outstanding[session] -= 1
             if self._outstanding[session] == 0 and self._queued:
                 nxt = self._queued.pop()
@@ -99,7 +101,10 @@ class SessionDriver:
     def _release_time(self, child: Request, last_parent: Request, now: float) -> float:
         """``now + think``; for a trace written as ``max(now + min_think, parent arrival + gap)``, the same
         value without cancellation, so an unloaded closed replay releases at exactly the recorded time."""
-        given = child.metadata.get("think_s")
+        meta = session_meta(child.metadata)
+        given = meta.get("think_s")
         if given is not None:
             return now + float(given)
-        return max(now + self.min_think, last_parent.arrival_time + float(child.metadata["gap_s"]))
+        gap = meta["gap_s"]
+        assert gap is not None  # annotate_sessions sets gap_s for every trace dependent without a think time
+        return max(now + self.min_think, last_parent.arrival_time + float(gap))

@@ -27,9 +27,12 @@ The scheduler's reuse of a head-of-line request's last lookup across steps
 from __future__ import annotations
 
 import heapq
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from sim.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from sim.kv.pool import KVCacheBlock
 
 
 class QuietGroup(Protocol):
@@ -37,7 +40,7 @@ class QuietGroup(Protocol):
 
     block_size: int
     has_quiet_horizon: bool
-    req_to_blocks: dict
+    req_to_blocks: dict[str, list[KVCacheBlock]]
 
     def quiet_horizon(self, request_id: str) -> tuple[int, int] | None: ...
 
@@ -47,7 +50,7 @@ class QuietHorizon:
 
     __slots__ = ("table", "max_main_tokens", "max_processed_tokens")
 
-    def __init__(self, table: list, max_main_tokens: int, max_processed_tokens: int) -> None:
+    def __init__(self, table: list[KVCacheBlock], max_main_tokens: int, max_processed_tokens: int) -> None:
         self.table = table
         self.max_main_tokens = max_main_tokens
         self.max_processed_tokens = max_processed_tokens
@@ -84,7 +87,7 @@ class QuietHorizons:
         self.max_model_len = max_model_len
         self.max_tokens = max_tokens if self.enabled else 0
         self._watermark = watermark_blocks > 0
-        self._first_tables: dict = groups[0].req_to_blocks if groups else {}
+        self._first_tables: dict[str, list[KVCacheBlock]] = groups[0].req_to_blocks if groups else {}
         self._horizons: dict[str, QuietHorizon] = {}
 
     def get(self, request_id: str) -> QuietHorizon | None:
@@ -175,16 +178,19 @@ class LookupMemo:
     def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
         self.enabled = enabled
         self._pool = block_pool
-        self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list, ...], int]] = {}
+        self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int]] = {}
 
     def find_longest_cache_hit(
         self, cls: Any, block_hashes: Sequence[int], max_length: int, group_ids: Sequence[int],
         spec: Any, alignment_tokens: int,
-    ) -> tuple[tuple[list, ...], int]:
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
         pool = self._pool
         if not self.enabled:
-            return cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
+            plain: tuple[tuple[list[KVCacheBlock], ...], int] = cls.find_longest_cache_hit(
+                block_hashes, max_length, group_ids, pool, spec, alignment_tokens
+            )
+            return plain
         key = tuple(group_ids)
         last = self._last.get(key)
         generation = pool.cache_generation

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sim.request import Request
+from sim.workload.sessions import session_meta
 
 TURN_COLUMNS = (
     "request_id", "session", "turn", "parents", "think_s", "arrival_s", "finished_s", "latency_s", "ttft_s",
@@ -50,7 +51,7 @@ def turn_table(
     by_id = {r.request_id: r for r in requests}
     rows = []
     for r in requests:
-        meta = r.metadata
+        meta = session_meta(r.metadata)
         row = req.loc[r.request_id]
         parents = meta["parents"]
         reusable = (

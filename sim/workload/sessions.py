@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping, TypedDict, cast
 
 import numpy as np
 
@@ -50,6 +50,21 @@ from sim.workload.spec import SessionSpec, WorkloadSpec
 
 MOONCAKE_BLOCK = 512
 MOONCAKE_PREFIX = "mc:"
+
+
+class SessionMeta(TypedDict):
+    """The session keys :func:`annotate_sessions` writes into a request's ``metadata`` (module docstring)."""
+
+    session: str
+    session_turn: int
+    parents: list[str]
+    think_s: float | None
+    gap_s: float | None
+
+
+def session_meta(metadata: Mapping[str, object]) -> SessionMeta:
+    """A session-enabled request's ``metadata``, typed by its session keys (the same object, not a copy)."""
+    return cast(SessionMeta, metadata)
 
 
 def raw_parents(draft: RequestDraft) -> list[str]:
