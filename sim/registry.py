@@ -83,7 +83,7 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _check_options(cls: type, options: dict[str, Any], section: str, sibling_keys: list[str]) -> None:
+def _check_options(cls: type[Any], options: dict[str, Any], section: str, sibling_keys: list[str]) -> None:
     """Options against ``cls.__init__``'s keyword parameters (skipped when it takes ``**kwargs``)."""
     try:
         params = inspect.signature(cls.__init__).parameters

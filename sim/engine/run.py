@@ -175,9 +175,9 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
         rec.record_request(
             request_id=request.request_id,
             arrival_s=float(request.arrival_time),
-            first_scheduled_s=t.first_scheduled if arrived else None,
-            first_token_s=t.first_token if arrived else None,
-            finished_s=t.finished if arrived else None,
+            first_scheduled_s=t.first_scheduled if t is not None else None,
+            first_token_s=t.first_token if t is not None else None,
+            finished_s=t.finished if t is not None else None,
             prompt_tokens=request.num_prompt_tokens,
             output_tokens=request.num_output_tokens,
             local_hit_tokens=max(0, request.num_cached_tokens - request.num_external_computed_tokens),

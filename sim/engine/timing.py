@@ -381,9 +381,9 @@ class StepTimeModel:
         r, t, ctx, nc, nn1, dr, dctx = _totals(new_tokens, context_tokens)
         return self.step_time_totals(r, t, ctx, nc, nn1, decode_requests=dr, decode_context=dctx)
 
-    def step_time_totals(self, num_requests: int, new_tokens: int, context_tokens: int,
-                         new_times_context: int, new_times_new_plus_one: int,
-                         *, decode_requests: int = 0, decode_context: int = 0) -> float:
+    def step_time_totals(self, num_requests: int, new_tokens: float, context_tokens: float,
+                         new_times_context: float, new_times_new_plus_one: float,
+                         *, decode_requests: int = 0, decode_context: float = 0) -> float:
         """As :meth:`step_time`, from the batch's integer totals (no arrays).
 
         ``new_tokens = sum n_i``, ``context_tokens = sum c_i``,

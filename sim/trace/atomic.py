@@ -389,7 +389,8 @@ def check_bundle(directory: str | os.PathLike[str]) -> BundleCheck:
             problems.append(f"{rel} is missing")
         elif sha256_file(path) != digest:
             problems.append(f"{rel} does not match its hash in {MANIFEST_FILE}")
-    tables = manifest.get("tables") if isinstance(manifest.get("tables"), dict) else {}
+    given_tables = manifest.get("tables")
+    tables = given_tables if isinstance(given_tables, dict) else {}
     for name, entry in sorted(tables.items()):
         file = entry.get("file") if isinstance(entry, dict) else None
         if not isinstance(file, str) or file not in manifest["files"]:
