@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from sim.config.scenario import Scenario
 from sim.engine.build import build_kv_cache_config
@@ -211,8 +211,10 @@ class _Search:
             base = self.best
             ev = base["actions"][i].get("evict")
             if ev is not None and len(ev["blocks"]) > 1:
-                changed |= self.ddmin(ev["blocks"], lambda rest, i=i, b=base: reducers.with_evict_blocks(b, i, rest),
-                                      min_len=1)
+                def without_blocks(rest: list[Any], i: int = i, b: dict[str, Any] = base) -> dict[str, Any]:
+                    return reducers.with_evict_blocks(b, i, rest)
+
+                changed |= self.ddmin(ev["blocks"], without_blocks, min_len=1)
         return changed
 
     def drop_groups(self) -> bool:
@@ -240,11 +242,16 @@ class _Search:
             for align in (block, 1):
                 length = reducers.prompt_length(self.best["workload"]["requests"][i])
                 base = self.best
-                changed |= self.minimize(length, 1, lambda n, b=base, i=i: reducers.with_request_field(b, i, prompt_length=n),
-                                         align=align)
+                def with_prompt_length(n: int, b: dict[str, Any] = base, i: int = i) -> dict[str, Any]:
+                    return reducers.with_request_field(b, i, prompt_length=n)
+
+                changed |= self.minimize(length, 1, with_prompt_length, align=align)
             base = self.best
             max_tokens = base["workload"]["requests"][i]["max_tokens"]
-            changed |= self.minimize(max_tokens, 1, lambda n, b=base, i=i: reducers.with_request_field(b, i, max_tokens=n))
+            def with_max_tokens(n: int, b: dict[str, Any] = base, i: int = i) -> dict[str, Any]:
+                return reducers.with_request_field(b, i, max_tokens=n)
+
+            changed |= self.minimize(max_tokens, 1, with_max_tokens)
         return changed
 
     def shrink_all(self) -> bool:
@@ -273,7 +280,10 @@ class _Search:
             previous = times[position - 1] if position else 0
             if start > previous:
                 base = self.best
-                changed |= self.minimize(start, previous, lambda t, b=base, s=start: reducers.shift_from(b, s, s - t))
+                def shifted(t: int, b: dict[str, Any] = base, s: int = start) -> dict[str, Any]:
+                    return reducers.shift_from(b, s, s - t)
+
+                changed |= self.minimize(start, previous, shifted)
             position += 1
         return changed
 
@@ -286,8 +296,10 @@ class _Search:
             if value is None:
                 continue
             base = self.best
-            changed |= self.minimize(value, low, lambda v, b=base, s=section, k=key: reducers.with_setting(b, s, k, v),
-                                     align=align)
+            def with_value(v: int, b: dict[str, Any] = base, s: str = section, k: str = key) -> dict[str, Any]:
+                return reducers.with_setting(b, s, k, v)
+
+            changed |= self.minimize(value, low, with_value, align=align)
         return changed
 
     def rounds(self) -> None:

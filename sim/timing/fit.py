@@ -28,13 +28,14 @@ profile has no Mamba layer).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
 from sim.config.presets import HardwarePreset, ModelPreset
-from sim.engine.timing import StepTimeModel, TimingParams, model_gemms
+from sim.engine.timing import Gemm, StepTimeModel, TimingParams, model_gemms
 from sim.timing.profiles import Profile, ProfiledStep, _col
 
 #: ``(lower, upper)`` bounds of each fitted continuous parameter.
@@ -63,6 +64,31 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 #: One observation: the profiled seconds, how to predict it from a model, and its weight.
 Observation = tuple[float, Callable[[StepTimeModel], float], float]
+
+
+def _gemm_term(g: Gemm, t: float) -> Callable[[StepTimeModel], float]:
+    """The model's time for GEMM ``g`` over ``t`` rows."""
+    return lambda st: st.gemm_time(g, t)
+
+
+def _small_ops_term(t: float) -> Callable[[StepTimeModel], float]:
+    """The model's small-ops time for ``t`` tokens."""
+    return lambda st: st.small_ops_time(t)
+
+
+def _prefill_term(n: float, c: float) -> Callable[[StepTimeModel], float]:
+    """The model's attention time for one ``n``-token prefill chunk after ``c`` context tokens."""
+    return lambda st: st.attention_prefill_time(n, c, n * c, n * (n + 1) / 2)
+
+
+def _decode_term(b: float, c: float) -> Callable[[StepTimeModel], float]:
+    """The model's attention time for ``b`` decodes of ``c`` context tokens each."""
+    return lambda st: st.attention_decode_time(b, b * c)
+
+
+def _replaced(params: TimingParams, changes: Mapping[str, Any]) -> TimingParams:
+    """``dataclasses.replace`` with field names chosen at run time (``replace`` checks them)."""
+    return replace(params, **changes)
 
 
 @dataclass(frozen=True)
@@ -98,7 +124,7 @@ def _gemm_observations(profile: Profile, model: ModelPreset) -> list[Observation
         t = float(tokens)
         w = 1.0 / bands[int(math.log2(int(tokens)))]
         for op, g in (("attn_pre_proj", qkv), ("attn_post_proj", o), ("mlp_up_proj", up), ("mlp_down_proj", down)):
-            out.append((float(row[_col(op)]) * 1e-3, lambda st, g=g, t=t: st.gemm_time(g, t), w))
+            out.append((float(row[_col(op)]) * 1e-3, _gemm_term(g, t), w))
     return out
 
 
@@ -107,7 +133,7 @@ def _small_observations(steps: Sequence[ProfiledStep]) -> list[Observation]:
     for s in steps:
         t = float(sum(n for n, _ in s.batch))
         key = (int(t), s.parts["small_ops"])
-        seen.setdefault(key, (s.parts["small_ops"], lambda st, t=t: st.small_ops_time(t), 1.0))
+        seen.setdefault(key, (s.parts["small_ops"], _small_ops_term(t), 1.0))
     return list(seen.values())
 
 
@@ -120,10 +146,10 @@ def _attention_observations(profile: Profile) -> tuple[list[Observation], list[O
         b, n, c = float(row["batch_size"]), float(row["prefill_chunk_size"]), float(row["kv_cache_size"])
         if row["is_prefill"] and b == 1 and n > 0:
             prefill.append((float(row[_col("attn_prefill")]) * 1e-3,
-                            lambda st, n=n, c=c: st.attention_prefill_time(n, c, n * c, n * (n + 1) / 2), 1.0))
+                            _prefill_term(n, c), 1.0))
         elif not row["is_prefill"] and c > 0:
             decode.append((float(row[_col("attn_decode")]) * 1e-3,
-                           lambda st, b=b, c=c: st.attention_decode_time(b, b * c), 1.0))
+                           _decode_term(b, c), 1.0))
     return decode, prefill
 
 
@@ -155,7 +181,7 @@ def _refine(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, 
     hi = np.log([BOUNDS[n][1] for n in cont])
 
     def at(x: np.ndarray) -> TimingParams:
-        return replace(params, **{n: float(math.exp(v)) for n, v in zip(cont, np.clip(x, lo, hi))})
+        return _replaced(params, {n: float(math.exp(v)) for n, v in zip(cont, np.clip(x, lo, hi))})
 
     x = np.log([getattr(params, n) for n in cont])
     r = _residuals(model, hardware, at(x), obs)
@@ -192,7 +218,7 @@ def _search(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, 
                 base = min(max(current, lo), hi)
                 candidates = [min(hi, max(lo, base * spread ** (i / 4))) for i in range(-4, 5)]
             for value in candidates:
-                trial = replace(params, **{name: value})
+                trial = _replaced(params, {name: value})
                 score = _objective(model, hardware, trial, obs)
                 if score < best:
                     best, params = score, trial
