@@ -336,22 +336,27 @@ def plot(
     svg: bool = typer.Option(False, "--svg", help="SVG instead of PNG."),
 ) -> None:
     """(Re)draw the plots of result bundles into <bundle>/plots/."""
+    for directory in result_dirs:
+        for p in _redraw_plots(directory, svg):
+            typer.echo(str(p))
+
+
+def _redraw_plots(directory: Path, svg: bool) -> list[Path]:
+    """Redraw one bundle's plots (the bundle is replaced whole; links in plots/ are never followed); their paths."""
     from sim.analysis.plots import plot_all
     from sim.trace.bundle import load_result
 
     from sim.trace.atomic import rewrite_bundle
 
-    for directory in result_dirs:
-        result = load_result(directory, verify=False)
-        drawn: list[Path] = []
+    result = load_result(directory, verify=False)
+    drawn: list[Path] = []
 
-        def draw(stage: Path) -> None:
-            paths = plot_all(result, stage / "plots", fmt="svg" if svg else "png", group_kinds=result.group_kinds or None)
-            drawn.extend(directory / p.relative_to(stage) for p in paths)
+    def draw(stage: Path) -> None:
+        paths = plot_all(result, stage / "plots", fmt="svg" if svg else "png", group_kinds=result.group_kinds or None)
+        drawn.extend(directory / p.relative_to(stage) for p in paths)
 
-        rewrite_bundle(directory, draw)  # the bundle is replaced whole; links in plots/ are never followed
-        for p in drawn:
-            typer.echo(str(p))
+    rewrite_bundle(directory, draw)
+    return drawn
 
 
 # ------------------------------------------------------------------ compare

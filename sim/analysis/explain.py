@@ -359,6 +359,7 @@ def _best_local_boundary(groups: list[GroupStory], align: int, prompt: int) -> i
         for g in groups:
             need = resident_block_range(g.kind, g.block_size, g.window, c, c, False)
             if g.kind == "full_attention":
+                assert need is not None  # only a Mamba group's range can be None
                 if any(i in g.tainted for i in range(*need)):  # the hit itself covers residency
                     ok = False
                     break

@@ -125,7 +125,7 @@ def _save(fig: Figure, path: str | Path) -> Path:
     metadata = {"Software": None} if fmt == "png" else {"Date": None, "Creator": None}
     with matplotlib.rc_context({"svg.hashsalt": "hybridsim", "svg.fonttype": "path"}):
         # Fast zlib level: PNG compression was a third of the plotting time.
-        extra = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
+        extra: dict[str, Any] = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
         fig.savefig(out, format=fmt, dpi=100, metadata=metadata, **extra)
     return out
 

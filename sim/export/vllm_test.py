@@ -211,6 +211,7 @@ def export_vllm_test(scenario: Scenario, source: str) -> str:
     if reason is not None:
         raise ExportError(f"{source}: cannot export a vLLM test: {reason}")
     components = build_components(scenario)
+    assert components is not None  # None only for a dry run
     segments = {r.request_id: r.prompt for r in components.requests}
     script = lower(scenario, components)
     expected = expectation(hybridsim_trace(scenario, script["max_steps"]))

@@ -43,9 +43,15 @@ class ShrinkError(ValueError):
 
 
 class Property(Protocol):
-    name: str
-    #: The property reads ``Observation.difference`` (the driver then runs vLLM for each candidate).
-    needs_vllm: bool
+    @property
+    def name(self) -> str:
+        """The ``--keep`` choice this property answers."""
+        ...
+
+    @property
+    def needs_vllm(self) -> bool:
+        """The property reads ``Observation.difference`` (the driver then runs vLLM for each candidate)."""
+        ...
 
     def holds(self, obs: Observation) -> bool: ...
 

@@ -8,7 +8,6 @@ scenario, so tests can check every cell of ``sweep.parquet``.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
