@@ -33,9 +33,13 @@ def run_scenario(
 
             drawn = plot_all(res, plots_dir, fmt=fmt, group_kinds=res.group_kinds)
             if res.session_tables:
-                drawn.append(plot_hit_rate_by_turn(
-                    res.session_tables["turns"], plots_dir / f"hit_rate_by_turn.{fmt}", group_kinds=res.group_kinds,
-                ))
+                drawn.append(
+                    plot_hit_rate_by_turn(
+                        res.session_tables["turns"],
+                        plots_dir / f"hit_rate_by_turn.{fmt}",
+                        group_kinds=res.group_kinds,
+                    )
+                )
             return drawn
 
         write_bundle(result, out_dir, force=options.force, draw=draw if plots else None)

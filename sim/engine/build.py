@@ -235,13 +235,13 @@ def _build_eviction(scenario: Scenario, connector: Connector | None, step_time_m
     flops = None
     if timing is not None:
         memo: dict[int, float] = {}
-        work = timing.work
+        prefill_flops = timing.prefill_flops
 
         def flops(num_tokens: int) -> float:
             """FLOPs of prefilling ``num_tokens`` prompt tokens from an empty context."""
             value = memo.get(num_tokens)
             if value is None:
-                value = memo[num_tokens] = float(work([(num_tokens, 0)])[0])
+                value = memo[num_tokens] = prefill_flops(num_tokens)
             return value
 
     attached = connector is not None and scenario.connector.type != "none"

@@ -401,6 +401,22 @@ class StepTimeModel:
             num_requests, new_tokens, context_tokens, new_times_context, new_times_new_plus_one,
             decode_requests, decode_context)
 
+    def prefill_flops(self, num_tokens: int) -> float:
+        """FLOPs of prefilling ``num_tokens`` prompt tokens from an empty context (one sampled token).
+
+        The same terms the step time sums: every GEMM on every token row, the
+        routed experts' active share, causal attention pairs ``n(n+1)/2`` per
+        attention layer, the Mamba/GDN state update per token, and the LM head
+        once. What-if eviction policies (``marconi``) weigh a cached entry by it.
+        """
+        n = float(num_tokens)
+        gemms = sum(2.0 * g.weights * g.count for _, gs in self._gemms for g in gs) * n
+        experts = 2.0 * n * self._expert_weights * self._expert_width * self._moe_layers
+        attention = self._pair_flops * self._attn_layers * n * (n + 1.0) / 2.0
+        states = self._state_flops * self._mamba_layers * n
+        head = 2.0 * self._lm_head.weights if self._lm_head is not None else 0.0
+        return gemms + experts + attention + states + head
+
     def breakdown(self, batch: Sequence[tuple[int, int]]) -> dict[str, float]:
         """Seconds per term of one step over ``batch`` (GPU terms, plus ``cpu``); they sum to :meth:`step_time`."""
         if len(batch) == 0:

@@ -54,8 +54,13 @@ def _write_crash(out: Path, scenario: Scenario, crash: dict[str, object], final:
     (replay / "replay.yaml").write_text(_replay_yaml(scenario, crash_step), encoding="utf-8")
 
 
-def write_bundle(result: RunResult, out_dir: str | Path, *, force: bool = False,
-                 draw: Callable[[RunResult, Path], list[Path]] | None = None) -> Path:
+def write_bundle(
+    result: RunResult,
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    draw: Callable[[RunResult, Path], list[Path]] | None = None,
+) -> Path:
     """Write ``result``'s bundle into ``out_dir``, whole (:func:`sim.trace.bundle.write_result` stages it
     in a sibling folder and swaps it in); sets ``result.path``, ``result.summary["partial"]`` and, when
     ``draw`` is given (the plotting caller's ``(result, plots_dir) -> paths``), ``result.plots``.
