@@ -68,10 +68,11 @@ full-attention hit) when the chosen boundary is shallower than that hit.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from sim.interfaces import SchedulerConnector
 from sim.kv.hash_view import block_hashes_at
+from sim.kv.hashing import BlockHash
 from sim.kv.specs import SlidingWindowSpec, cdiv
 from sim.kv.manager import KVCacheManager
 
@@ -114,6 +115,9 @@ class TruthChecker:
         self.align = kv_manager.kv_cache_config.scheduler_block_size
         #: ``Request.block_hashes`` granularity; each group is checked against its own view.
         self.hash_block_size = kv_manager.kv_cache_config.hash_block_size
+        #: With prefix caching off nothing is ever cached, so no position is resident in any group
+        #: (and the hash granularity need not divide the groups' block sizes).
+        self.caching = bool(kv_manager.block_pool.enable_caching)
         #: (group id, kind, block size, window; 0 unless sliding window).
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
@@ -156,6 +160,12 @@ class TruthChecker:
             self._async_verdicts[rid] = (outcome, origin)
         return outcome, lost, origin
 
+    def _hashes_at(self, request: Any, block_size: int) -> Sequence[BlockHash]:
+        """The request's block hashes at ``block_size``; none without prefix caching (nothing is cached)."""
+        if not self.caching:
+            return ()
+        return block_hashes_at(request.block_hashes, self.hash_block_size, block_size)
+
     def _writes_state(self, ext: int) -> bool:
         return ext > 0 and self.connector is not None and self.connector.supplies_mamba_state
 
@@ -171,7 +181,7 @@ class TruthChecker:
 
         for gid, kind, bs, window in self.groups:
             lst = claimed[gid] if gid < len(claimed) else ()
-            hashes = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
+            hashes = self._hashes_at(request, bs)
             need = resident_block_range(kind, bs, window, resume, local, state_supplied)
             if need is None:
                 point, taint = resume, None
@@ -206,7 +216,7 @@ class TruthChecker:
     # ------------------------------------------------- best valid boundary
     def _cached_clean(self, request: Any, own: Any, gid: int, bs: int, index: int) -> bool:
         """Block ``index`` of group ``gid`` is cached, untainted, and was not cached by this request."""
-        hashes = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
+        hashes = self._hashes_at(request, bs)
         if index >= len(hashes):
             return False
         mine = own[gid][index] if index < len(own[gid]) else None

@@ -198,3 +198,27 @@ def test_valid_sliding_window_admission_with_external_tokens_is_ok():
     stored = ev[ev["kind"] == "stored"]
     assert list(zip(stored["group"], stored["block_id"])) == [(0, 13), (0, 14), (0, 8), (0, 7),
                                                               (1, 10), (1, 9), (1, 12), (1, 11)]
+
+
+def test_prefix_caching_off_with_a_mamba_group_runs_and_nothing_is_resident(tmp_path) -> None:
+    # Regression: with caching off the Mamba group's block is max_model_len, the hash granularity no
+    # longer divides the FA block size, and the checker (and an evict action) raised ValueError.
+    from sim.api import run_scenario
+    from sim.config import load_scenario
+
+    path = tmp_path / "nocache.yaml"
+    path.write_text(
+        "name: nocache\nclock: steps\n"
+        "cache: {block_size: 16, num_blocks: 40, groups: [full_attention, mamba], enable_prefix_caching: false}\n"
+        "scheduler: {prefix_policy: pr48425}\n"
+        "workload:\n  requests:\n"
+        "    - {id: r0, at: 0, prompt: [{content: doc, tokens: 40}], max_tokens: 2}\n"
+        "    - {id: r1, at: 3, prompt: [{content: doc, tokens: 40}], max_tokens: 2}\n"
+        "actions:\n  - {at: 2, evict: {prefix_of: r0, group: full_attention, blocks: [0]}}\n"
+    )
+    result = run_scenario(load_scenario(path))
+    adm = result.admissions
+    assert list(adm["outcome"]) == ["ok", "ok"] and list(adm["local_tokens"]) == [0, 0]
+    assert result.summary["status"] == "complete"
+    # Nothing was cached, so nothing is stored or evicted (vLLM's evict_blocks finds no entry either).
+    assert result.kv_events.empty

@@ -57,7 +57,8 @@ def _evict_action(spec: Any, components: "Components", index: int) -> Action:
         fine, request.prompt, request.num_prompt_tokens, config.hash_block_size, request.lora_name, request.cache_salt
     )
     targets: list[tuple[int, int]] = []
-    for g in groups:
+    # With prefix caching off nothing is cached: the action evicts nothing (vLLM's evict_blocks finds no entry).
+    for g in groups if components.kv_manager.block_pool.enable_caching else ():
         group_hashes = block_hashes_at(fine, config.hash_block_size, config.groups[g].spec.block_size)
         for i in spec.blocks:
             if i >= len(group_hashes):
