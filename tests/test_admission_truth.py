@@ -21,20 +21,25 @@ def _req(rid: str, tokens: int = 80) -> Request:
     return r
 
 
-def _seeded(fa_blocks, mamba_states):
-    """FA + Mamba pool; the document's FA blocks / Mamba states are cached (each in its own block)."""
-    kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", "mamba"], block_size=B, num_blocks=40,
-                                                    mamba_cache_mode="align", retention_interval=None))
-    hashes = _req("probe").block_hashes
+def _cache_each(kv, hashes, per_group):
+    """Cache block ``i`` of the document in group ``gid`` for every ``i`` of ``per_group[gid]``, each in
+    its own free block; returns ``{(gid, i): block}``."""
     pool = kv.block_pool
     out = {}
-    for gid, idxs in ((0, fa_blocks), (1, mamba_states)):
+    for gid, idxs in enumerate(per_group):
         for i in idxs:
             blk = pool.get_new_blocks(1)[0]
             pool.cache_full_blocks("seed", [pool.null_block] * i + [blk], hashes, i, i + 1, B, gid)
             pool.free_blocks([blk])
             out[gid, i] = blk
-    return kv, out
+    return out
+
+
+def _seeded(fa_blocks, mamba_states):
+    """FA + Mamba pool; the document's FA blocks / Mamba states are cached (each in its own block)."""
+    kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", "mamba"], block_size=B, num_blocks=40,
+                                                    mamba_cache_mode="align", retention_interval=None))
+    return kv, _cache_each(kv, _req("probe").block_hashes, (fa_blocks, mamba_states))
 
 
 def _admit(kv, request, blocks, local, ext=0, hits=(0, 0), kind="first", load_async=False):
@@ -125,16 +130,7 @@ def _seeded_swa(fa_blocks, swa_blocks, window=32):
     """FA + sliding-window pool; the document's FA / SWA blocks are cached (each in its own block)."""
     kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", {"type": "sliding_window", "window": window}],
                                                     block_size=B, num_blocks=40, retention_interval=None))
-    hashes = _req("probe", 160).block_hashes
-    pool = kv.block_pool
-    out = {}
-    for gid, idxs in ((0, fa_blocks), (1, swa_blocks)):
-        for i in idxs:
-            blk = pool.get_new_blocks(1)[0]
-            pool.cache_full_blocks("seed", [pool.null_block] * i + [blk], hashes, i, i + 1, B, gid)
-            pool.free_blocks([blk])
-            out[gid, i] = blk
-    return kv, out
+    return kv, _cache_each(kv, _req("probe", 160).block_hashes, (fa_blocks, swa_blocks))
 
 
 def test_sliding_window_reads_only_the_window_of_the_resume_boundary():

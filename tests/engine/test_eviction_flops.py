@@ -23,4 +23,6 @@ def test_marconi_on_a_preset_model_builds_with_prefill_flops() -> None:
     # Linear terms double; causal attention pairs grow quadratically: strictly more than double,
     # and the linear part dominates at these lengths (well under 3x).
     assert 2.0 * one < two < 3.0 * one
-    assert model.prefill_flops(0) == model.prefill_flops(0) >= 0.0
+    # No prompt token: only the LM head's one sampled row (hidden x vocab weights, 2 FLOPs each).
+    preset = scenario.model.preset_obj
+    assert model.prefill_flops(0) == 2.0 * preset.hidden_size * preset.vocab_size

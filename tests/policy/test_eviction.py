@@ -121,8 +121,10 @@ def test_marconi_scores_recency_plus_alpha_times_flop_efficiency():
     assert _eviction_order(pool, names, per_call=2) == ["m", "a3", "a2", "a1"]
 
 
-def test_marconi_prefers_to_keep_the_deeper_state_of_two():
-    pool = _pool("marconi", alpha=2.0, connector=True, num_blocks=10)
+def _eviction_order_of_two_states(alpha: float) -> list[str]:
+    """Two free Mamba states, ``mx`` (freed first, 32 tokens deep) and ``my`` (freed later, 16 deep),
+    their FA prefixes held; the order in which marconi evicts them."""
+    pool = _pool("marconi", alpha=alpha, connector=True, num_blocks=10)
     x1, x2, y1 = pool.get_new_blocks(3, "r")
     mx, my = pool.get_new_blocks(2, "r")
     pool.cache_full_blocks("x", [x1, x2], [21, 22], 0, 2, 16, 0)
@@ -133,21 +135,13 @@ def test_marconi_prefers_to_keep_the_deeper_state_of_two():
     pool.free_blocks([my])  # newer, shallower (16 tokens)
     pool.free_blocks([x2, x1, y1])
     pool.touch([x1, x2, y1])
-    names = {mx.block_id: "mx", my.block_id: "my"}
+    return _eviction_order(pool, {mx.block_id: "mx", my.block_id: "my"})
+
+
+def test_marconi_prefers_to_keep_the_deeper_state_of_two():
     # scores: mx = 0 + 2 * 32/32 = 2, my = 1 + 2 * 16/32 = 2 -> tie, oldest first; alpha 3 tips it.
-    assert _eviction_order(pool, names) == ["mx", "my"]
-    pool = _pool("marconi", alpha=3.0, connector=True, num_blocks=10)
-    x1, x2, y1 = pool.get_new_blocks(3, "r")
-    mx, my = pool.get_new_blocks(2, "r")
-    pool.cache_full_blocks("x", [x1, x2], [21, 22], 0, 2, 16, 0)
-    pool.cache_full_blocks("y", [y1], [31], 0, 1, 16, 0)
-    pool.cache_block_at("x", mx, 22, 32, 1)
-    pool.cache_block_at("y", my, 31, 16, 1)
-    pool.free_blocks([mx])
-    pool.free_blocks([my])
-    pool.free_blocks([x2, x1, y1])
-    pool.touch([x1, x2, y1])
-    assert _eviction_order(pool, {mx.block_id: "mx", my.block_id: "my"}) == ["my", "mx"]
+    assert _eviction_order_of_two_states(2.0) == ["mx", "my"]
+    assert _eviction_order_of_two_states(3.0) == ["my", "mx"]
 
 
 def test_window_bounds_the_candidates_and_lru_fills_beyond_it():

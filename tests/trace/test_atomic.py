@@ -17,29 +17,14 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from sim.cli import app
+from support.cli import CRASHING, invoke
 from sim.trace.atomic import check_bundle, foreign_entries
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "tests" / "bad_input" / "base.yaml"
 
-CRASHING = """\
-name: tiny-crash
-cache: {block_size: 16, num_blocks: 50, groups: [full_attention, mamba]}
-scheduler: {max_num_seqs: 4, max_num_batched_tokens: 8192, max_model_len: 8192}
-connector: {type: scripted, matched_tokens: {r1: 80}}
-workload:
-  requests:
-    - {id: r0, at: 0, prompt: [{content: doc, tokens: 32}], max_tokens: 2}
-    - {id: r1, at: 3, prompt: [{content: doc, tokens: 80}], max_tokens: 2}
-on_crash: stop
-"""
 
-
-def invoke(*args: str | Path):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
