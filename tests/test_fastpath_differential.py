@@ -117,7 +117,7 @@ def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> No
 
 
 # --------------------------------------------------------------------------- the event-driven running set
-# The decode cohort (sim.kv.fastpath.DecodeCohort) is off with the schedule table and with
+# The decode cohort (sim.core.kv.fastpath.DecodeCohort) is off with the schedule table and with
 # on_crash="record": these variants run without both, so parked decodes are in play.
 COHORT_OVERRIDES = ["outputs.plots=false", "outputs.schedule_table=false", "on_crash=stop"]
 
@@ -125,7 +125,7 @@ COHORT_OVERRIDES = ["outputs.plots=false", "outputs.schedule_table=false", "on_c
 @pytest.fixture
 def parks(monkeypatch) -> list[int]:
     """Counts ``DecodeCohort.park`` calls (a test that parks nothing could not fail)."""
-    from sim.kv.fastpath import DecodeCohort
+    from sim.core.kv.fastpath import DecodeCohort
 
     counted = [0]
     park = DecodeCohort.park
@@ -193,7 +193,7 @@ COHORT_CASES = {
 
 @pytest.mark.parametrize("case", sorted(COHORT_CASES))
 def test_parked_decodes_change_nothing(case: str, parks: list[int], monkeypatch) -> None:
-    from sim.scheduler import Scheduler
+    from sim.core.scheduler import Scheduler
 
     parked_victims = [0]
     preempt = Scheduler._preempt_request

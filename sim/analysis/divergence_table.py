@@ -97,12 +97,12 @@ A hybrid model caches each KV-cache group on its own, so after evictions the
 full-attention (FA) prefix and the Mamba states of one document can reach
 different depths (vLLM issue #46453). The scheduler must choose one resume
 boundary; the prefix-boundary policy (DESIGN.md §3) decides it, the connector
-may add external tokens, and the truth checker (`sim/admission_truth.py`)
+may add external tokens, and the truth checker (`sim/core/admission_truth.py`)
 classifies the admission.
 
 ## The validity rule
 
-One rule, applied in one place (`resident_block_range` in `sim/admission_truth.py`).
+One rule, applied in one place (`resident_block_range` in `sim/core/admission_truth.py`).
 To continue at `b = local + external`, a real model reads, per KV-cache group:
 
 | group | reads | the connector writes (when `external > 0`) | must be resident |

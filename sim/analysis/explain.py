@@ -9,7 +9,7 @@ re-simulated:
   lookup_seq`` (``stored`` adds a ``(hash, group)`` entry, ``removed`` drops
   one, ``cleared`` empties the cache), matched against those hashes;
 * what the admission needed per group is the truth checker's validity rule
-  (:func:`sim.admission_truth.resident_block_range`) at the claimed boundary
+  (:func:`sim.core.admission_truth.resident_block_range`) at the claimed boundary
   ``local + external``; a needed block that was not cached is *unbacked*;
 * a cached block stored by a request admitted ``corrupt`` is *tainted*
   (the checker's taint, reconstructed: its exact bad point is not recorded).
@@ -33,10 +33,10 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from sim.kv.hash_view import block_hashes_at
-from sim.kv.specs import cdiv
-from sim.admission_truth import resident_block_range
-from sim.kv.hashing import RequestBlockHasher
+from sim.core.kv.hash_view import block_hashes_at
+from sim.core.kv.specs import cdiv
+from sim.core.admission_truth import resident_block_range
+from sim.core.kv.hashing import RequestBlockHasher
 from sim.trace.tables import hash_to_hex
 
 #: Cell classes of the block map, in legend order.

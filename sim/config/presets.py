@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.config.yamlio import did_you_mean
-from sim.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
+from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
 
 BF16 = 2
 FP32 = 4

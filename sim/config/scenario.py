@@ -34,7 +34,7 @@ from sim.config.presets import (
     model_preset,
 )
 from sim.config.yamlio import did_you_mean
-from sim.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
+from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
 from sim.workload.spec import WorkloadSpec
 
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -294,7 +294,7 @@ class CacheSection(_Strict):
     retention_interval: NonNegativeInt | None = 0
     groups: list[GroupSpec] | None = None
     corrected_mamba_accounting: StrictBool = False
-    #: ``lru`` is vLLM; anything else is a what-if (sim.policy.eviction); checked when the run is built.
+    #: ``lru`` is vLLM; anything else is a what-if (sim.core.policy.eviction); checked when the run is built.
     eviction_policy: str = Field(default="lru", min_length=1)
     eviction_options: dict[str, Any] = Field(default_factory=dict)
 

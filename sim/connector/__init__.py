@@ -14,7 +14,7 @@ from sim.connector.faulty import FaultyConnector
 from sim.connector.offload import OffloadConnector
 from sim.connector.remote import RemoteConnector
 from sim.connector.scripted import ScriptedConnector
-from sim.registry import Registry
+from sim.core.registry import Registry
 
 ENTRY_POINT_GROUP = "hybridsim.connectors"
 

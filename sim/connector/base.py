@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from sim.connector.context import ConnectorContext
-from sim.kv.pool import KVEvent
-from sim.request import Request
+from sim.core.kv.pool import KVEvent
+from sim.core.request import Request
 
 
 class KVConnector:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
-from sim.interfaces import SchedulerConnector
+from sim.core.interfaces import SchedulerConnector
 
 ClockKind = Literal["steps", "time"]
 GroupKind = Literal["full_attention", "sliding_window", "mamba"]
@@ -134,7 +134,7 @@ class ConnectorContext:
     clock: ClockKind
     rng: np.random.Generator
     transfers: TransferService
-    #: The ``sim.kv.specs.KVCacheConfig`` (for connectors that need more).
+    #: The ``sim.core.kv.specs.KVCacheConfig`` (for connectors that need more).
     kv_cache_config: Any = None
     #: vLLM's scheduler block size: the LCM of the group block sizes.
     scheduler_block_size: int = field(default=0)
@@ -198,7 +198,7 @@ def block_table(blocks: Any) -> tuple[Sequence[Any], ...]:
 
 
 def group_layouts_from_kv_cache_config(kv_cache_config: Any) -> tuple[GroupLayout, ...]:
-    """The connector view of a :class:`sim.kv.specs.KVCacheConfig`.
+    """The connector view of a :class:`sim.core.kv.specs.KVCacheConfig`.
 
     A group's ``bytes_per_block`` is its spec's ``page_size_bytes`` times the
     number of layers in the group (what one block id holds across the group's

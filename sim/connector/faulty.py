@@ -33,8 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
-from sim.kv.pool import KVEvent
-from sim.request import Request
+from sim.core.kv.pool import KVEvent
+from sim.core.request import Request
 
 
 def _prob(key: str, value: Any) -> float:

@@ -61,8 +61,8 @@ from typing import Any, Literal, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, GroupLayout, LinkSpec, block_table
-from sim.kv.pool import KVEvent
-from sim.request import Request
+from sim.core.kv.pool import KVEvent
+from sim.core.request import Request
 
 #: PCIe Gen5 x16: 64 GB/s raw per direction, ~50 GB/s effective for pinned-memory DMA.
 DEFAULT_PCIE_GBPS = 50.0

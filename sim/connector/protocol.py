@@ -1,4 +1,4 @@
-"""A connector as the engine sees it: the scheduler's :class:`~sim.interfaces.SchedulerConnector` plus the
+"""A connector as the engine sees it: the scheduler's :class:`~sim.core.interfaces.SchedulerConnector` plus the
 engine-side hooks (binding, finished transfers, load errors, metrics, step columns).
 
 :class:`sim.connector.base.KVConnector` implements every member with its
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sim.connector.context import ConnectorContext
-from sim.interfaces import SchedulerConnector
+from sim.core.interfaces import SchedulerConnector
 
 
 class Connector(SchedulerConnector, Protocol):

@@ -67,7 +67,7 @@ from typing import Any, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
-from sim.request import Request
+from sim.core.request import Request
 
 #: One 200 Gb/s RDMA NIC (InfiniBand HDR / NDR200, RoCE) at ~25 GB/s effective.
 DEFAULT_NETWORK_GBPS = 25.0

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from sim.connector.base import KVConnector
-from sim.request import Request
+from sim.core.request import Request
 
 
 class ScriptedConnector(KVConnector):

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from sim.config import ScenarioError
 from sim.engine.loop import Action
-from sim.kv.hash_view import block_hashes_at
-from sim.kv.hashing import extend_block_hashes
+from sim.core.kv.hash_view import block_hashes_at
+from sim.core.kv.hashing import extend_block_hashes
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.config.scenario import Scenario

@@ -18,12 +18,12 @@ import numpy as np
 
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario
-from sim.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec, cdiv, kv_cache_config_from_groups, kv_cache_config_from_model
+from sim.core.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec, cdiv, kv_cache_config_from_groups, kv_cache_config_from_model
 from sim.connector.protocol import Connector
 from sim.engine.timing import StepTimeModel
-from sim.kv.manager import KVCacheManager
-from sim.request import Request
-from sim.scheduler import Scheduler
+from sim.core.kv.manager import KVCacheManager
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
@@ -207,7 +207,7 @@ def _build_connector(scenario: Scenario, config: KVCacheConfig) -> Connector:
 
 def _check_policy(scenario: Scenario):
     """The scenario's prefix policy; an unknown name lists the valid ones."""
-    from sim.policy.prefix import get_prefix_policy
+    from sim.core.policy.prefix import get_prefix_policy
 
     try:
         return get_prefix_policy(scenario.scheduler.prefix_policy)
@@ -217,8 +217,8 @@ def _check_policy(scenario: Scenario):
 
 def _build_eviction(scenario: Scenario, connector: Connector | None, step_time_model: StepTimeModel | None):
     """The scenario's eviction policy (``None`` for ``lru``) and what it may know (:class:`EvictionContext`)."""
-    from sim.kv.eviction import EvictionContext
-    from sim.policy.eviction import create_eviction_policy
+    from sim.core.kv.eviction import EvictionContext
+    from sim.core.policy.eviction import create_eviction_policy
 
     cache = scenario.cache
     try:
@@ -262,10 +262,10 @@ def build_components(
     """Build (or, with ``dry_run``, only check) everything a run needs.
 
     ``fast_paths`` False builds the plain vLLM-mirroring path: no quiet horizons
-    (:mod:`sim.kv.fastpath`) and no reuse of prefix lookups; the tables are identical.
+    (:mod:`sim.core.kv.fastpath`) and no reuse of prefix lookups; the tables are identical.
     """
-    from sim.admission_truth import make_truth_checker  # divergence helper: admission truth checker
-    from sim.scheduler import SchedulerConfig
+    from sim.core.admission_truth import make_truth_checker  # divergence helper: admission truth checker
+    from sim.core.scheduler import SchedulerConfig
 
     config = _check_block_limit(build_kv_cache_config(scenario))
     root = np.random.default_rng(scenario.seed)

@@ -42,9 +42,9 @@ import simpy
 
 from sim.connector.protocol import Connector
 from sim.engine.transfer import EngineTransferService
-from sim.kv.manager import KVCacheManager
-from sim.request import Request, RequestStatus
-from sim.scheduler import EngineCrash, Scheduler, SchedulerOutput
+from sim.core.kv.manager import KVCacheManager
+from sim.core.request import Request, RequestStatus
+from sim.core.scheduler import EngineCrash, Scheduler, SchedulerOutput
 from sim.trace.recorder import Recorder
 
 

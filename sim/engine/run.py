@@ -33,9 +33,9 @@ from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.engine.sessions import SessionDriver
 from sim.interrupts import pause_hook
-from sim.kv.specs import KVCacheConfig
-from sim.request import Request, RequestStatus
-from sim.scheduler import Scheduler, SchedulerOutput
+from sim.core.kv.specs import KVCacheConfig
+from sim.core.request import Request, RequestStatus
+from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.trace.recorder import Recorder
 
 EXIT_OK = 0
@@ -237,7 +237,7 @@ class Run:
             if progress:
                 progress.stop()
         components = self.components
-        components.scheduler.settle()  # parked decodes (sim.kv.fastpath.DecodeCohort) write their counters back
+        components.scheduler.settle()  # parked decodes (sim.core.kv.fastpath.DecodeCohort) write their counters back
         stopped = status != "complete"
         if stopped:
             loop.fail_in_flight()
@@ -292,7 +292,7 @@ def build_run(scenario: Scenario | str | Path, options: RunOptions | None = None
     if options.check_invariants or scenario.check_invariants:
         from functools import partial
 
-        from sim.kv.manager import check_invariants
+        from sim.core.kv.manager import check_invariants
 
         check = partial(check_invariants, components.kv_manager)
     sessions = _session_driver(scenario, components.requests)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from sim.request import Request
+from sim.core.request import Request
 from sim.workload.sessions import session_meta
 from sim.workload.spec import SessionSpec
 

@@ -56,7 +56,7 @@ from sim.config.presets import (
     hardware_preset,
     model_preset,
 )
-from sim.kv.shapes import AttentionLayerShape, MambaLayerShape
+from sim.core.kv.shapes import AttentionLayerShape, MambaLayerShape
 
 #: Activation element size (bf16) for activation traffic.
 ACT_BYTES = 2

@@ -30,7 +30,7 @@ from typing import Any
 import sim
 from sim.config.scenario import Scenario
 from sim.engine.build import build_components
-from sim.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
+from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
 from sim.verify import vllm_side
 from sim.verify.lower import TOKEN_STRIDE, lower, not_verifiable_reason
 from sim.verify.run import hybridsim_trace

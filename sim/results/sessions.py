@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from sim.request import Request
+from sim.core.request import Request
 from sim.workload.sessions import session_meta
 
 TURN_COLUMNS = (

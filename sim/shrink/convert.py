@@ -21,9 +21,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sim.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec
-from sim.request import Request
-from sim.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
+from sim.core.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec
+from sim.core.request import Request
+from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
 
 
 def _segment(seg: Any) -> dict | None:

@@ -15,7 +15,7 @@ from typing import Any
 from sim.config.scenario import Scenario
 from sim.engine.loop import InvariantViolation, StopRun
 from sim.engine.run import RunOptions, build_run
-from sim.request import Request
+from sim.core.request import Request
 
 
 @dataclass(frozen=True)

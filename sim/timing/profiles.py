@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.config.presets import ModelPreset
-from sim.kv.shapes import AttentionLayerShape, ModelShape
+from sim.core.kv.shapes import AttentionLayerShape, ModelShape
 
 MLP_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
            "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")

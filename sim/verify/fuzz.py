@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.kv.specs import cdiv
+from sim.core.kv.specs import cdiv
 
 LAYOUTS: tuple[tuple[str, ...], ...] = (
     ("full_attention",),

@@ -24,8 +24,8 @@ from typing import Any
 from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
 from sim.engine.build import Components, build_components
-from sim.kv.specs import MambaSpec, SlidingWindowSpec
-from sim.tokens import IdsSegment, StreamSegment, is_reserved_stream, output_stream
+from sim.core.kv.specs import MambaSpec, SlidingWindowSpec
+from sim.core.tokens import IdsSegment, StreamSegment, is_reserved_stream, output_stream
 from sim.verify.vllm_side import (
     SCRIPT_VERSION,
     ActionScript,

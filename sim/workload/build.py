@@ -8,7 +8,7 @@ from typing import Iterable
 
 import numpy as np
 
-from sim.request import Request
+from sim.core.request import Request
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.generators import generate

@@ -2,7 +2,7 @@
 
 Every source (script, generator, trace reader) yields drafts; the options
 (:mod:`sim.workload.options`) filter and re-time them, and only the survivors
-become :class:`sim.request.Request` objects. ``order`` is the source's own
+become :class:`sim.core.request.Request` objects. ``order`` is the source's own
 order (script position, generation order, trace line) and breaks arrival-time
 ties, so the final sort is total and stable.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.request import Request
-from sim.tokens import Segment
+from sim.core.request import Request
+from sim.core.tokens import Segment
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ therefore which prefix blocks requests share (blocks are hashed from content):
   previous turn's prompt, then the previous turn's *answer*
   ``StreamSegment(output_stream(prev_id), 0, prev_output_len)``, then the new
   user message ``gen:c<c>:u<t>``. The answer is exactly the token content the
-  previous request generates (:func:`sim.tokens.output_stream`), so the blocks
+  previous request generates (:func:`sim.core.tokens.output_stream`), so the blocks
   it cached while decoding hash-match the next turn's prompt.
 * ``fanout``: task ``a<i>`` has a context ``gen:a<i>:ctx``; its branches
   ``a<i>b<j>`` are the context plus ``gen:a<i>:b<j>``.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.tokens import Segment, StreamSegment, output_stream
+from sim.core.tokens import Segment, StreamSegment, output_stream
 from sim.workload.arrivals import arrival_times
 from sim.workload.distributions import Dist, sample_lengths, sample_values
 from sim.workload.draft import RequestDraft

@@ -1,6 +1,6 @@
 """Explicit request scripts (DESIGN.md §7 ``workload.requests``) and their segments.
 
-A segment spec becomes a :mod:`sim.tokens` segment without touching single
+A segment spec becomes a :mod:`sim.core.tokens` segment without touching single
 tokens: ``{content: X, start: S, tokens: N}`` is ``StreamSegment(X, S, N)``
 (``start`` defaults to 0, so ``{content: X, tokens: N}`` is the first N
 tokens of X, DESIGN.md §6); ``{output_of: R, tokens: N}`` is the first N
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.tokens import IdsSegment, Segment, StreamSegment, output_stream
+from sim.core.tokens import IdsSegment, Segment, StreamSegment, output_stream
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.spec import (

@@ -42,7 +42,7 @@ from typing import Iterable, Mapping, TypedDict, cast
 
 import numpy as np
 
-from sim.tokens import StreamSegment
+from sim.core.tokens import StreamSegment
 from sim.workload.distributions import sample_values
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from sim.limits import MAX_RATE, MAX_TIME_S, MIN_RATE, limit, over
-from sim.tokens import is_reserved_stream
+from sim.core.tokens import is_reserved_stream
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]

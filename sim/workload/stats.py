@@ -18,9 +18,9 @@ from typing import Sequence
 
 import numpy as np
 
-from sim.kv.hashing import BlockHash, extend_block_hashes
-from sim.request import Request
-from sim.tokens import StreamSegment, output_stream
+from sim.core.kv.hashing import BlockHash, extend_block_hashes
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment, output_stream
 
 
 def _summary(values: np.ndarray) -> dict[str, float]:

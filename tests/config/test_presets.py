@@ -12,7 +12,7 @@ from sim.config.presets import (
     kv_memory_budget,
     model_preset,
 )
-from sim.kv.shapes import AttentionLayerShape, MambaLayerShape
+from sim.core.kv.shapes import AttentionLayerShape, MambaLayerShape
 
 # name: (attention layers, mamba layers, mixer, state bytes per layer, attention KV bytes per token per layer)
 EXPECTED = {

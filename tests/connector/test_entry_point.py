@@ -6,7 +6,7 @@ import pytest
 
 from support.connector import FA, request, step_ctx
 import sim.connector as registry
-import sim.registry
+import sim.core.registry
 
 EXAMPLE_SRC = Path(__file__).resolve().parents[2] / "examples" / "connectors" / "src"
 
@@ -24,7 +24,7 @@ def example_plugin(monkeypatch):
     def fake_entry_points(group=None, **_):
         return [ep] if group == registry.ENTRY_POINT_GROUP else []
 
-    monkeypatch.setattr(sim.registry, "entry_points", fake_entry_points)
+    monkeypatch.setattr(sim.core.registry, "entry_points", fake_entry_points)
     yield
     sys.modules.pop("hybridsim_example_connector", None)
 

@@ -7,8 +7,8 @@ import pytest
 
 from sim.connector import NoConnector, ScriptedConnector, connector_names, create_connector
 from sim.connector.context import ConnectorContext, GroupLayout
-from sim.request import Request
-from sim.tokens import StreamSegment
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment
 
 
 def _req(rid: str, n: int) -> Request:

@@ -16,7 +16,7 @@ from sim.engine.timing import (
     kernel_time,
     model_gemms,
 )
-from sim.kv.shapes import AttentionLayerShape, MambaLayerShape, ModelShape
+from sim.core.kv.shapes import AttentionLayerShape, MambaLayerShape, ModelShape
 from sim.timing.check import compare, predict, summarize
 from sim.timing.profiles import load_profile, profiled_steps
 

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from sim.kv.hashing import RequestBlockHasher
+from sim.core.kv.hashing import RequestBlockHasher
 from sim.results.metrics import divergence_counts, first_admissions, request_metrics, run_summary
 from sim.trace.bundle import dumps_summary
 from sim.trace.tables import empty_table
@@ -92,8 +92,8 @@ def test_empty_run_and_bad_group_kinds(tables):
 
 def test_ideal_hit_rate_and_missed_reuse(tables):
     from sim.results.metrics import add_ideal_hit_rate
-    from sim.request import Request
-    from sim.tokens import StreamSegment
+    from sim.core.request import Request
+    from sim.core.tokens import StreamSegment
 
     def req(rid, at, tokens):
         r = Request(rid, [StreamSegment("doc", 0, tokens)], 1, arrival_time=at)

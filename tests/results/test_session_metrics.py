@@ -3,11 +3,11 @@
 import numpy as np
 import pandas as pd
 
-from sim.kv.hashing import RequestBlockHasher
+from sim.core.kv.hashing import RequestBlockHasher
 from sim.analysis.plots import plot_hit_rate_by_turn
 from sim.results.sessions import by_turn, session_table, sessions_summary, shared_prefix_tokens
-from sim.request import Request
-from sim.tokens import StreamSegment
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment
 
 
 def turns_frame():

@@ -9,9 +9,9 @@ import simpy
 
 from sim.connector.context import ConnectorContext, GroupLayout
 from sim.engine.transfer import SimPyTransferService, StepTransferService
-from sim.kv.hashing import RequestBlockHasher
-from sim.request import Request
-from sim.tokens import StreamSegment
+from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment
 
 FA = "full_attention"
 MAMBA = "mamba"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sim.kv.hashing import RequestBlockHasher
-from sim.kv.manager import KVCacheManager
-from sim.kv.specs import kv_cache_config_from_groups
-from sim.request import Request
-from sim.tokens import StreamSegment
+from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.specs import kv_cache_config_from_groups
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment
 
 
 def make_request(rid: str, *segments: tuple[str, int], block_size: int = 16, max_tokens: int = 1) -> Request:

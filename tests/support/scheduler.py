@@ -10,11 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from sim.connector.context import ConnectorContext, GroupLayout
-from sim.kv.manager import KVCacheManager
-from sim.kv.specs import kv_cache_config_from_groups
-from sim.request import Request, RequestStatus
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.tokens import StreamSegment
+from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.specs import kv_cache_config_from_groups
+from sim.core.request import Request, RequestStatus
+from sim.core.scheduler import Scheduler, SchedulerConfig
+from sim.core.tokens import StreamSegment
 from sim.trace.recorder import Recorder
 
 

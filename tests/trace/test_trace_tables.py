@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from sim.kv.pool import KVEvent
+from sim.core.kv.pool import KVEvent
 from sim.trace.recorder import Recorder
 from sim.trace.tables import (
     TABLE_NAMES,

@@ -60,7 +60,7 @@ def test_fuzz_200_fixed_seed_all_identical(vllm, tmp_path):
 
 
 def test_verify_bites_on_a_reversed_free_queue(vllm, monkeypatch, tmp_path):
-    from sim.kv.pool import FreeKVCacheBlockQueue
+    from sim.core.kv.pool import FreeKVCacheBlockQueue
 
     # Freed uncached blocks go to the back instead of the front (vLLM prepends them).
     monkeypatch.setattr(FreeKVCacheBlockQueue, "prepend_n", FreeKVCacheBlockQueue.append_n)

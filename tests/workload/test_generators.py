@@ -5,8 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from sim.kv.hashing import RequestBlockHasher
-from sim.tokens import StreamSegment, output_stream
+from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.tokens import StreamSegment, output_stream
 from sim.workload import workload_stats
 from sim.workload.generators import zipf_probabilities
 

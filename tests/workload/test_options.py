@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.tokens import StreamSegment, output_stream
+from sim.core.tokens import StreamSegment, output_stream
 from sim.workload import WorkloadError
 
 

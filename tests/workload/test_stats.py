@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.request import Request
-from sim.tokens import StreamSegment, output_stream
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment, output_stream
 from sim.workload import workload_stats
 from sim.workload.stats import ideal_hit_tokens
 

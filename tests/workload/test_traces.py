@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sim.kv.hashing import RequestBlockHasher, hash_block
-from sim.tokens import IdsSegment, StreamSegment, block_content
+from sim.core.kv.hashing import RequestBlockHasher, hash_block
+from sim.core.tokens import IdsSegment, StreamSegment, block_content
 from sim.workload import WorkloadError
 
 MOONCAKE = [

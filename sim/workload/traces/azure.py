@@ -13,7 +13,7 @@ import csv
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sim.tokens import StreamSegment
+from sim.core.tokens import StreamSegment
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.traces.common import excerpt, int_field, open_trace, output_tokens, where

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from sim.tokens import StreamSegment
+from sim.core.tokens import StreamSegment
 from sim.workload.errors import WorkloadError
 
 

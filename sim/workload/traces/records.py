@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import ValidationError
 
-from sim.tokens import IdsSegment
+from sim.core.tokens import IdsSegment
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.script import record_prompt, to_draft

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from sim.connector.base import KVConnector
-from sim.request import Request
-from sim.tokens import StreamSegment
+from sim.core.request import Request
+from sim.core.tokens import StreamSegment
 
 
 class SystemPromptConnector(KVConnector):

@@ -8,10 +8,10 @@ select it with ``cache: {eviction_policy: mamba_last}``.
 
 from __future__ import annotations
 
-from sim.kv.eviction import free_cached_blocks
-from sim.kv.pool import KVCacheBlock
-from sim.kv.specs import MambaSpec
-from sim.policy.eviction import BaseEvictionPolicy
+from sim.core.kv.eviction import free_cached_blocks
+from sim.core.kv.pool import KVCacheBlock
+from sim.core.kv.specs import MambaSpec
+from sim.core.policy.eviction import BaseEvictionPolicy
 
 
 class MambaLastPolicy(BaseEvictionPolicy):

@@ -1,0 +1,136 @@
+"""Chained block hashes, the prefix-cache identity of a block.
+
+Mirrors vLLM 0.33 ``kv_cache_utils.hash_block_tokens`` /
+``get_request_block_hasher``: the hash of block ``i`` covers the hash of block
+``i - 1`` (or a fixed root for block 0), the block's tokens and the block's
+extra keys (cache salt on the first block only; LoRA name on every block).
+Only *full* blocks of ``hash_block_size`` tokens are hashed.
+
+Differences from vLLM, on purpose:
+
+* The hash is BLAKE2b with an 8-byte digest over a canonical byte encoding,
+  returned as a Python ``int`` (vLLM: sha256 over a pickle, as ``bytes``). It is
+  deterministic across processes and runs (no ``PYTHONHASHSEED``), and an int
+  makes dictionary keys cheap. With 64 bits a collision among the ~10^7 blocks
+  of a large replay has probability ~10^-5; vLLM accepts the same risk class.
+* Tokens are described by :mod:`sim.core.tokens` runs instead of token-id tuples;
+  equal tokens give equal bytes, so equal content gives equal hashes.
+
+A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
+:func:`group_key`; each group therefore caches and evicts on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import struct
+from typing import Protocol, Sequence
+
+from sim.core.tokens import Segment, block_contents
+
+BlockHash = int
+
+_U64 = struct.Struct("<Q")
+
+#: Parent of block 0 (vLLM's ``NONE_HASH`` from a fixed seed).
+NONE_HASH: BlockHash = int.from_bytes(
+    hashlib.blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little"
+)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> BlockHash:
+    """Hash of one full block given its parent's hash, token bytes and extra keys.
+
+    Pure, so memoized (4096 entries, a few MB): requests sharing a prefix hash its blocks once.
+    """
+    h = hashlib.blake2b(digest_size=8)
+    h.update(_U64.pack(NONE_HASH if parent is None else parent))
+    h.update(_U64.pack(len(content)))
+    h.update(content)
+    h.update(extra)
+    return int.from_bytes(h.digest(), "little")
+
+
+def encode_extra_keys(lora_name: str | None, cache_salt: str | None, block_index: int) -> bytes:
+    """Extra-key bytes of a block: LoRA name on every block, cache salt on block 0 only."""
+    parts = b""
+    if lora_name:
+        parts += b"L" + lora_name.encode() + b"\x00"
+    if cache_salt and block_index == 0:
+        parts += b"C" + cache_salt.encode() + b"\x00"
+    return parts
+
+
+def extend_block_hashes(
+    hashes: list[BlockHash],
+    segments: Sequence[Segment],
+    num_tokens: int,
+    hash_block_size: int,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> int:
+    """Append the hashes of the full blocks of ``segments[:num_tokens]`` not yet in ``hashes``.
+
+    ``hashes`` is a request's running hash list (vLLM: ``request.block_hashes``);
+    it is extended in place, never recomputed. Returns the number appended.
+    """
+    start_block = len(hashes)
+    end_block = num_tokens // hash_block_size
+    parent = hashes[-1] if hashes else None
+    contents = block_contents(segments, start_block, end_block, hash_block_size)
+    append = hashes.append
+    if not lora_name and not (cache_salt and start_block == 0):
+        for content in contents:  # no extra keys on any of these blocks
+            parent = hash_block(parent, content, b"")
+            append(parent)
+        return end_block - start_block
+    for i, content in enumerate(contents, start_block):
+        parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
+        append(parent)
+    return end_block - start_block
+
+
+class HashedRequest(Protocol):
+    """What :class:`RequestBlockHasher` reads of a request (``sim.core.request.Request`` has it)."""
+
+    block_hashes: list[BlockHash]
+    lora_name: str | None
+    cache_salt: str | None
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    def segments(self) -> tuple[Segment, ...]: ...
+
+
+class RequestBlockHasher:
+    """A request's block hasher (vLLM ``get_request_block_hasher``), injected into ``Request``.
+
+    Calling it appends the hashes of the request's full ``hash_block_size``
+    blocks not yet in ``request.block_hashes``; existing hashes are never
+    recomputed.
+    """
+
+    __slots__ = ("hash_block_size",)
+
+    def __init__(self, hash_block_size: int) -> None:
+        if hash_block_size < 1:
+            raise ValueError(f"hash_block_size must be >= 1, got {hash_block_size}")
+        self.hash_block_size = hash_block_size
+
+    def __call__(self, request: HashedRequest) -> None:
+        extend_block_hashes(
+            request.block_hashes,
+            request.segments(),
+            request.num_tokens,
+            self.hash_block_size,
+            request.lora_name,
+            request.cache_salt,
+        )
+
+
+def group_key(block_hash: BlockHash, group_id: int) -> tuple[BlockHash, int]:
+    """The prefix-cache key of a block in one KV-cache group."""
+    return (block_hash, group_id)

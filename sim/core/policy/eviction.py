@@ -1,0 +1,404 @@
+"""Eviction policies: which free cached block an allocation evicts (``cache.eviction_policy``).
+
+``lru`` (the default) is vLLM 0.33's free-queue order and is not an object at
+all: :func:`create_eviction_policy` returns ``None`` and the plain
+:class:`~sim.core.kv.pool.BlockPool` runs, untouched. Every other policy is a
+**what-if, not vLLM** (``mirrors_vllm = False``; a scenario that selects one is
+not verifiable against vLLM); the contract a policy must keep is in
+:mod:`sim.core.kv.eviction`. Built-ins:
+
+* ``group_coherent``: dead entries first (:class:`ChainIndex` defines "dead"),
+  then LRU.
+* ``marconi``: after Marconi (Pan et al., *Marconi: Prefix Caching for the Era
+  of Hybrid LLMs*, MLSys 2025, arXiv:2411.19379): the lowest
+  ``recency + alpha * FLOP efficiency`` goes first.
+
+Third-party policies come from the entry point group
+``hybridsim.eviction_policies``; each entry point loads a
+:class:`BaseEvictionPolicy` subclass whose constructor takes the
+``cache.eviction_options`` as keyword arguments (docs/eviction.md has a
+copyable example). :func:`register_eviction_policy` adds one in-process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+from sim.core.kv.eviction import EvictionContext, PolicyBlockPool, free_cached_blocks
+from sim.core.kv.hashing import BlockHash
+from sim.core.kv.pool import BlockPool, KVCacheBlock
+from sim.core.kv.specs import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
+from sim.core.registry import Registry
+
+ENTRY_POINT_GROUP = "hybridsim.eviction_policies"
+LRU = "lru"
+
+
+class BaseEvictionPolicy:
+    """Base class of the non-``lru`` policies (it satisfies :class:`sim.core.kv.eviction.EvictionPolicy`).
+
+    Subclasses set ``name``, validate their options in ``__init__`` (raise
+    ``ValueError`` with a message naming the option) and implement
+    :meth:`select`. ``bind`` stores ``pool``, ``config`` and ``context``;
+    the hooks do nothing unless overridden.
+    """
+
+    name: ClassVar[str] = ""
+    #: Every policy but ``lru`` is a what-if: never a mirror of vLLM.
+    mirrors_vllm: ClassVar[bool] = False
+
+    pool: PolicyBlockPool
+    config: KVCacheConfig
+    context: EvictionContext
+
+    def check_context(self, context: EvictionContext) -> None:
+        """Raise ``ValueError`` if the policy cannot work with ``context`` (called before the run is built)."""
+
+    def bind(self, pool: PolicyBlockPool, config: KVCacheConfig, context: EvictionContext) -> None:
+        self.check_context(context)
+        self.pool = pool
+        self.config = config
+        self.context = context
+
+    def on_cached(self, block: KVCacheBlock, parent: BlockHash | None) -> None:
+        """A cache entry was added (see :class:`sim.core.kv.eviction.EvictionPolicy`)."""
+
+    def on_uncached(self, block: KVCacheBlock, key: tuple[BlockHash, int]) -> None:
+        """A cache entry was dropped."""
+
+    def on_reset(self) -> None:
+        """Every cache entry was dropped."""
+
+    def select(self, num_blocks: int) -> list[KVCacheBlock]:
+        raise NotImplementedError
+
+
+_REGISTRY: Registry[BaseEvictionPolicy] = Registry(
+    BaseEvictionPolicy, ENTRY_POINT_GROUP, "cache.eviction_policy", "eviction policy",
+    options_key="cache.eviction_options",
+)
+
+
+def register_eviction_policy(cls: type[BaseEvictionPolicy]) -> type[BaseEvictionPolicy]:
+    """Register a policy class in-process (usable as a decorator)."""
+    return _REGISTRY.register(cls)
+
+
+def eviction_policy_names() -> list[str]:
+    """``lru`` plus every built-in and installed policy, sorted."""
+    return sorted({LRU, *_REGISTRY.names()})
+
+
+def create_eviction_policy(name: str, options: Mapping[str, Any] | None = None) -> BaseEvictionPolicy | None:
+    """The policy called ``name`` with ``options``; ``None`` for ``lru`` (the plain vLLM pool).
+
+    Unknown names, unknown options and bad option values raise a ``ValueError``
+    naming ``cache.eviction_policy`` / ``cache.eviction_options``.
+    """
+    opts = dict(options or {})
+    if name == LRU:
+        if opts:
+            raise ValueError(f"cache.eviction_options: lru takes no options (given: {', '.join(sorted(opts))})")
+        return None
+    try:
+        _REGISTRY.get_class(name)
+    except ValueError:
+        raise ValueError(
+            f"cache.eviction_policy: unknown eviction policy {name!r}; valid: {', '.join(eviction_policy_names())}"
+        ) from None
+    try:
+        return _REGISTRY.create(name, **opts)
+    except ValueError as exc:
+        message = str(exc)
+        prefix = "" if message.startswith("cache.eviction_options") else "cache.eviction_options: "
+        raise ValueError(prefix + message) from None
+
+
+def eviction_not_verifiable_reason(name: str) -> str | None:
+    """Why a scenario with eviction policy ``name`` cannot be verified against vLLM, or ``None`` for ``lru``."""
+    if name == LRU:
+        return None
+    cls = _REGISTRY.get_class(name)
+    if cls.mirrors_vllm:
+        return None
+    return f"cache.eviction_policy: {name} is a what-if eviction policy (vLLM evicts in LRU free-queue order)"
+
+
+def _positive_int(value: Any, option: str, policy: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{policy}: option {option} must be a positive integer, got {value!r}")
+    return value
+
+
+class ChainIndex:
+    """Which cache entries are *dead*: no future local hit can use them, in any group.
+
+    A usable local hit at boundary ``p`` (vLLM's reconciled lookup) needs, in
+    every group: full attention (FA) all blocks of ``[0, p)``; sliding window
+    (SWA) the ``n = blocks_for_hit`` blocks ending at ``p``; Mamba the state at
+    exactly ``p``. An entry with key ``h`` at boundary ``p`` (``p`` =
+    ``block_hash_num_tokens``; the FA block, SWA block and Mamba state ending
+    at ``p`` share the key ``h``) is detected dead when:
+
+    * **Mamba state**: some FA group, some other Mamba group or some SWA group
+      holds no entry ``h`` (the FA prefix chain is broken at ``p``, or the
+      other groups' parts of boundary ``p`` are gone).
+    * **FA block**: its parent (the previous block of its chain in the same
+      group) is not cached (the chain is broken above it); or, when the model
+      has Mamba groups and no connector is attached (a connector might supply
+      a state), it has no cached child in its group and no Mamba group holds a
+      state ``h`` (it lies beyond the deepest surviving state of its chain).
+    * **SWA block**: some FA group holds no entry ``h`` (every window holding
+      this block ends at or beyond ``p``, where the FA prefix is broken); or
+      ``n > 1``, its parent is not cached and it has no cached child (it can be
+      neither the last block of a full window nor an earlier one).
+
+    Each test is O(number of groups) dictionary lookups. The rules look one
+    level up and one level down only, so the detected set is a subset of the
+    truly dead entries (never a live one): a chain broken several blocks up is
+    found one block at a time, as each detected orphan is evicted (peeling).
+    The index (parent per cached FA/SWA block, cached-child counts) is kept
+    incrementally from the pool's hooks: O(1) per cache entry added or dropped.
+    """
+
+    def __init__(self, pool: BlockPool, config: KVCacheConfig, context: EvictionContext) -> None:
+        self._cached = pool.cached_block_hash_to_block
+        self._pool = pool
+        self.fa_groups: tuple[int, ...] = ()
+        self.mamba_groups: tuple[int, ...] = ()
+        self.swa_groups: tuple[int, ...] = ()
+        self._swa_blocks: dict[int, int] = {}
+        fa, mamba, swa = [], [], []
+        for gid, group in enumerate(config.groups):
+            spec = group.spec
+            if isinstance(spec, FullAttentionSpec):
+                fa.append(gid)
+            elif isinstance(spec, MambaSpec):
+                mamba.append(gid)
+            elif isinstance(spec, SlidingWindowSpec):
+                swa.append(gid)
+                self._swa_blocks[gid] = spec.blocks_for_hit
+        self.fa_groups, self.mamba_groups, self.swa_groups = tuple(fa), tuple(mamba), tuple(swa)
+        self._chained = frozenset(fa) | frozenset(swa)
+        self.fa_tail_rule = bool(mamba) and not context.connector_attached
+        #: block id -> key of its parent block in the same group (cached FA/SWA entries only).
+        self._parent: dict[int, BlockHash | None] = {}
+        #: (group, hash) -> cached FA/SWA entries whose parent has that key.
+        self._children: dict[tuple[int, BlockHash], int] = {}
+
+    # ------------------------------------------------------------------ hooks
+    def on_cached(self, block: KVCacheBlock, parent: BlockHash | None) -> None:
+        key = block.block_hash
+        assert key is not None
+        gid = key[1]
+        if gid not in self._chained:
+            return
+        self._parent[block.block_id] = parent
+        if parent is not None:
+            ck = (gid, parent)
+            self._children[ck] = self._children.get(ck, 0) + 1
+
+    def on_uncached(self, block: KVCacheBlock, key: tuple[BlockHash, int]) -> None:
+        if block.block_id not in self._parent:
+            return
+        parent = self._parent.pop(block.block_id)
+        if parent is not None:
+            ck = (key[1], parent)
+            left = self._children[ck] - 1
+            if left:
+                self._children[ck] = left
+            else:
+                del self._children[ck]
+
+    def on_reset(self) -> None:
+        self._cached = self._pool.cached_block_hash_to_block
+        self._parent.clear()
+        self._children.clear()
+
+    # ---------------------------------------------------------------- queries
+    def _has(self, gid: int, h: BlockHash) -> bool:
+        group_map = self._cached.get(gid)
+        return group_map is not None and h in group_map
+
+    def continued(self, block: KVCacheBlock) -> bool:
+        """Whether ``block`` is an FA or SWA block with a cached child in its group (never for Mamba)."""
+        key = block.block_hash
+        assert key is not None
+        return key[1] in self._chained and (key[1], key[0]) in self._children
+
+    def is_dead(self, block: KVCacheBlock) -> bool:
+        """Whether ``block``'s entry is dead by the rules of the class docstring."""
+        key = block.block_hash
+        assert key is not None
+        h, gid = key
+        has = self._has
+        if gid in self._swa_blocks:
+            if any(not has(f, h) for f in self.fa_groups):
+                return True
+            parent = self._parent.get(block.block_id)
+            return (
+                self._swa_blocks[gid] > 1
+                and parent is not None
+                and not has(gid, parent)
+                and (gid, h) not in self._children
+            )
+        if gid in self._chained:  # full attention
+            parent = self._parent.get(block.block_id)
+            if parent is not None and not has(gid, parent):
+                return True
+            return (
+                self.fa_tail_rule
+                and (gid, h) not in self._children
+                and not any(has(m, h) for m in self.mamba_groups)
+            )
+        # Mamba
+        for other in self.fa_groups + self.swa_groups + self.mamba_groups:
+            if other != gid and not has(other, h):
+                return True
+        return False
+
+
+class _IndexedPolicy(BaseEvictionPolicy):
+    """A policy that keeps a :class:`ChainIndex` and looks at a bounded window of candidates.
+
+    ``window``: at most this many free cached blocks, oldest first, are
+    examined per allocation (the bound on the work: O(window x groups) per
+    allocation that evicts, independent of the pool size). Blocks beyond the
+    window are evicted in LRU order when the window has too few.
+    """
+
+    index: ChainIndex
+
+    def __init__(self, window: int = 512) -> None:
+        self.window = _positive_int(window, "window", self.name)
+
+    def bind(self, pool: PolicyBlockPool, config: KVCacheConfig, context: EvictionContext) -> None:
+        super().bind(pool, config, context)
+        self.index = ChainIndex(pool, config, context)
+
+    def on_cached(self, block: KVCacheBlock, parent: BlockHash | None) -> None:
+        self.index.on_cached(block, parent)
+
+    def on_uncached(self, block: KVCacheBlock, key: tuple[BlockHash, int]) -> None:
+        self.index.on_uncached(block, key)
+
+    def on_reset(self) -> None:
+        self.index.on_reset()
+
+    def _fill_lru(self, chosen: list[KVCacheBlock], num_blocks: int) -> list[KVCacheBlock]:
+        """Top ``chosen`` up to ``num_blocks`` with the oldest free cached blocks not in it."""
+        if len(chosen) >= num_blocks:
+            return chosen[:num_blocks]
+        taken = {b.block_id for b in chosen}
+        for block in free_cached_blocks(self.pool):
+            if block.block_id not in taken:
+                chosen.append(block)
+                if len(chosen) == num_blocks:
+                    break
+        return chosen
+
+
+class GroupCoherentPolicy(_IndexedPolicy):
+    """Dead entries first, then LRU (a what-if, not vLLM).
+
+    Among the ``window`` oldest free cached blocks, the dead ones
+    (:class:`ChainIndex`) are evicted first, oldest first; the rest of the
+    allocation is taken in vLLM's LRU order. Deadness is judged as the window
+    is scanned, before any of this allocation's blocks is evicted.
+    """
+
+    name = "group_coherent"
+
+    def select(self, num_blocks: int) -> list[KVCacheBlock]:
+        dead: list[KVCacheBlock] = []
+        is_dead = self.index.is_dead
+        for scanned, block in enumerate(free_cached_blocks(self.pool)):
+            if scanned == self.window:
+                break
+            if is_dead(block):
+                dead.append(block)
+                if len(dead) == num_blocks:
+                    break
+        return self._fill_lru(dead, num_blocks)
+
+
+class MarconiPolicy(_IndexedPolicy):
+    """Marconi-style utility eviction (a what-if, not vLLM).
+
+    After Pan et al., *Marconi: Prefix Caching for the Era of Hybrid LLMs*
+    (MLSys 2025, arXiv:2411.19379). Among the ``window`` oldest free cached
+    blocks, each candidate gets
+
+        score = recency + alpha * efficiency / max efficiency over the window
+
+    where ``recency`` is its LRU rank scaled to [0, 1] (0 = oldest) and
+    ``efficiency`` is the prefill FLOPs a hit at its boundary ``p`` saves (the
+    step-time model's per-layer costs: :attr:`EvictionContext.prefill_flops`)
+    divided by the bytes the entry holds (one page; pages are unified, so this
+    is the model's bytes per block). A dead entry (:class:`ChainIndex`) saves
+    nothing: efficiency 0. Candidates are the dead entries and, of the live
+    ones, the units Marconi's radix tree evicts: with Mamba groups, the Mamba
+    states (a state closes a radix node; once it goes, the FA blocks only it
+    used become dead and follow, dead first), never a live FA or SWA block
+    (dropping one would break every state below it); without Mamba groups, the
+    FA/SWA leaves (no cached child), so chains shrink tail first. The lowest
+    scores go first (ties: oldest first); then LRU order.
+
+    Where we differ from the paper: Marconi scores radix-tree nodes (a token
+    segment's KV plus one SSM state) over the whole cache; we score single
+    blocks of vLLM's paged pool within a bounded window, and a node's "KV +
+    state" becomes "one page" since the pool's pages have one size. Marconi's
+    admission policy (checkpoint SSM states only at predicted reuse points:
+    the branch point of a purely-input reuse, the end of the last decode of an
+    input-plus-output reuse) is not modelled separately: vLLM's align mode
+    with ``retention_interval: 0`` already keeps states only at the prompt's
+    last block boundary and at the shared-prefix junction, which covers both
+    reuse kinds of a trace whose next turn extends the previous prompt.
+    """
+
+    name = "marconi"
+
+    def __init__(self, alpha: float = 1.0, window: int = 512) -> None:
+        super().__init__(window)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
+            raise ValueError(f"marconi: option alpha must be a non-negative number, got {alpha!r}")
+        self.alpha = float(alpha)
+
+    def check_context(self, context: EvictionContext) -> None:
+        if context.prefill_flops is None:
+            raise ValueError(
+                "marconi needs the step-time model's per-layer costs for its FLOP term: give the scenario "
+                "clock: time, or a model preset and a hardware preset; or use group_coherent"
+            )
+
+    def bind(self, pool: PolicyBlockPool, config: KVCacheConfig, context: EvictionContext) -> None:
+        super().bind(pool, config, context)
+        assert context.prefill_flops is not None
+        self._flops = context.prefill_flops
+        self._page_bytes = float(config.bytes_per_block or 1)
+
+    def select(self, num_blocks: int) -> list[KVCacheBlock]:
+        index = self.index
+        window: list[KVCacheBlock] = []
+        for block in free_cached_blocks(self.pool):
+            if len(window) == self.window:
+                break
+            window.append(block)
+        last = max(len(window) - 1, 1)
+        flops = self._flops
+        scored: list[tuple[int, float, KVCacheBlock]] = []
+        best = 0.0
+        for rank, block in enumerate(window):
+            if index.is_dead(block):
+                scored.append((rank, 0.0, block))
+            elif block.block_hash[1] in index.mamba_groups if index.mamba_groups else not index.continued(block):  # type: ignore[index]
+                eff = flops(block.block_hash_num_tokens or 0) / self._page_bytes
+                best = max(best, eff)
+                scored.append((rank, eff, block))
+        alpha = self.alpha / best if best > 0 else 0.0
+        scored.sort(key=lambda item: (item[0] / last + alpha * item[1], item[0]))
+        return self._fill_lru([block for _, _, block in scored[:num_blocks]], num_blocks)
+
+
+for _cls in (GroupCoherentPolicy, MarconiPolicy):
+    register_eviction_policy(_cls)

@@ -1,0 +1,262 @@
+"""Prefix-boundary policies: where a waiting request's local prefix hit ends.
+
+When a request with ``num_computed_tokens == 0`` is admitted, the scheduler
+asks the policy for a :class:`PrefixLookup`; the connector is then shown the
+block-aligned ``local_tokens``. If the lookup set ``hit_diverged`` and the
+connector adds no external tokens, the scheduler re-runs the plain
+``get_computed_blocks`` (vLLM 0.33's fallback), not the policy; a policy
+with ``requery_after_fallback`` (the what-if ``pr48425_requery``) then has
+the connector asked again at that reconciled boundary. ``mirrors_vllm``
+marks the policies whose decisions are vLLM 0.33's (``pr48425``, and
+``max_per_group`` through the documented emulation of the pre-#48425
+lookup): only those can be verified against vLLM.
+
+A policy must not change cache state beyond what the kv manager's lookup
+methods do (they only read). Built-ins are named after the vLLM behaviour
+they reproduce; third-party policies come from the entry point group
+``hybridsim.prefix_policies`` (each entry point loads a
+:class:`PrefixPolicy` subclass), and :func:`register_prefix_policy` adds one
+in-process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sim.core.kv.coordinator import HybridKVCacheCoordinator
+from sim.core.registry import Registry
+from sim.core.request import Request
+
+ENTRY_POINT_GROUP = "hybridsim.prefix_policies"
+
+
+@dataclass(frozen=True)
+class PrefixLookup:
+    """The local prefix hit a policy chose.
+
+    ``blocks`` is a ``KVCacheBlocks`` (one block list per group) for the hit;
+    ``shared_prefix_boundary`` is the junction the scheduler stores on the
+    request (0 if none); ``hit_diverged`` says the groups disagree, so the hit
+    is valid only if the connector's external tokens supply what a lagging
+    group lacks. What that means is the truth checker's one rule
+    (``sim.core.admission_truth``): to continue at ``b = local_tokens + external`` a
+    group reads full attention ``[0, b)``, sliding window ``[b - W + 1, b)``,
+    or the Mamba state at ``b``; a connector answering ``external > 0``
+    writes every attention group's ``[local_tokens, b)`` and, if its
+    ``supplies_mamba_state`` says so, the state at ``b``; the rest must be
+    resident in the claimed blocks.
+    """
+
+    blocks: Any
+    local_tokens: int
+    shared_prefix_boundary: int
+    hit_diverged: bool = False
+
+
+class PrefixPolicy:
+    """Base class: subclasses set ``name`` and implement :meth:`lookup`."""
+
+    name: ClassVar[str] = ""
+    #: True if :meth:`lookup` reads only the kv manager's lookup methods (the pool's
+    #: cache map, never ref counts or the free queue), the request's hashes, token
+    #: count and ``skip_reading_prefix_cache``, and static connector/config flags:
+    #: then the scheduler may reuse its answer while none of these changed.
+    pure_lookup: ClassVar[bool] = False
+    #: True if runs under this policy are vLLM 0.33's decisions, so that ``hybridsim verify``
+    #: can compare them with the real scheduler (vLLM as shipped, or the documented emulation
+    #: of the pre-#48425 lookup on the scheduler instance). What-if policies keep False.
+    mirrors_vllm: ClassVar[bool] = False
+    #: True makes the scheduler ask the connector again at the reconciled boundary after the
+    #: ``hit_diverged and external == 0`` fallback (a what-if: vLLM 0.33 does not).
+    requery_after_fallback: ClassVar[bool] = False
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        """Local hit for ``request``; ``connector`` is ``None`` when none is attached."""
+        raise NotImplementedError
+
+    def lookup_path(self, connector: Any | None) -> str:
+        """The lookup this policy takes with ``connector`` for the whole run (the run summary's
+        ``lookup_path``); the policy's own name unless it switches on the connector."""
+        return self.name
+
+
+def reconciled_lookup(kv_manager: Any, request: Request) -> PrefixLookup:
+    """vLLM's ``get_computed_blocks``: the fixed-point hit every group agrees on."""
+    blocks, num_hit, boundary = kv_manager.get_computed_blocks(request)
+    return PrefixLookup(blocks, num_hit, boundary, False)
+
+
+class ReconciledPolicy(PrefixPolicy):
+    """Plain ``get_computed_blocks``, connector-blind.
+
+    Reproduces vLLM 0.33 with any connector that does not declare
+    ``supports_divergent_local_hybrid_hits`` (and vLLM without a connector).
+    Always consistent; under per-group divergence it may give up a deeper
+    Mamba state (the situation of vLLM issue #46453).
+    """
+
+    name = "reconciled"
+    pure_lookup = True
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        return reconciled_lookup(kv_manager, request)
+
+
+class PR48425Policy(PrefixPolicy):
+    """vLLM PR #48425 as gated in vLLM 0.33 (``Scheduler._get_local_prefix_cache_hit``).
+
+    With a connector attached that declares
+    ``supports_divergent_local_hybrid_hits``: ``get_computed_blocks_for_connector``
+    (if some group hits deeper than full attention, the reconciled hit; else
+    the full-attention hit with ``hit_diverged`` set when a group lags).
+    Otherwise plain ``get_computed_blocks``. The ``hit_diverged and
+    external == 0`` fallback is the scheduler's.
+    """
+
+    name = "pr48425"
+    pure_lookup = True
+    mirrors_vllm = True
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        if connector is not None and connector.supports_divergent_local_hybrid_hits:
+            blocks, num_local, boundary, diverged = kv_manager.get_computed_blocks_for_connector(request)
+            return PrefixLookup(blocks, num_local, boundary, bool(diverged))
+        return reconciled_lookup(kv_manager, request)
+
+    def lookup_path(self, connector: Any | None) -> str:
+        """``divergent`` (``get_computed_blocks_for_connector``) with an opted-in connector, else
+        ``reconciled`` (plain ``get_computed_blocks``: no connector, or one that does not opt in)."""
+        if connector is not None and connector.supports_divergent_local_hybrid_hits:
+            return "divergent"
+        return "reconciled"
+
+
+class PR48425RequeryPolicy(PR48425Policy):
+    """A what-if, not vLLM: :class:`PR48425Policy`, but after the fallback the connector is asked again.
+
+    vLLM 0.33's scheduler, when the #48425 lookup set ``hit_diverged`` and the
+    connector (asked at the full-attention hit) adds 0 tokens, re-runs the
+    reconciled ``get_computed_blocks`` and does not ask the connector again,
+    so a prefix the connector holds beyond the reconciled boundary is
+    recomputed (the truth checker scores that admission ``recompute``). Here
+    the scheduler asks the connector again at the reconciled boundary
+    (block-aligned) and loads what it answers, to show what that change to
+    vLLM would buy. Not verifiable against vLLM (``mirrors_vllm`` is False).
+    """
+
+    name = "pr48425_requery"
+    requery_after_fallback = True
+    mirrors_vllm = False
+
+
+def _per_group_applies(kv_manager: Any, connector: Any | None) -> bool:
+    """The gate #44243 and #45804 put on their per-group branch: a connector
+    attached, Mamba layers, and the hybrid coordinator with a full-attention
+    group. No capability flag is consulted (that gate came with #48425)."""
+    if connector is None or not kv_manager.kv_cache_config.has_mamba_layers:
+        return False
+    coordinator = kv_manager.coordinator
+    return isinstance(coordinator, HybridKVCacheCoordinator) and coordinator.full_attention_group_id is not None
+
+
+def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any], ...], tuple[int, ...]] | None:
+    """Each group's own hit (``find_longest_cache_hit_per_group``), capped at
+    ``num_tokens - 1``; ``None`` when prefix-cache reads are off for the request."""
+    if not kv_manager.prefix_cache_lookup_enabled(request):
+        return None
+    blocks, hits = kv_manager.coordinator.find_longest_cache_hit_per_group(
+        request.block_hashes, request.num_tokens - 1
+    )
+    return tuple(list(b) for b in blocks), tuple(hits)
+
+
+class _PerGroupPolicy(PrefixPolicy):
+    """The pre-#48425 per-group lookups (#44243, #45804): each group looked up alone, then combined.
+
+    They apply only with a connector attached, Mamba layers and the hybrid
+    coordinator (otherwise plain ``reconciled``); they pin no shared-prefix
+    boundary and never set ``hit_diverged``. Subclasses say how the per-group
+    hits become one local hit (and may cut the per-group block lists in place).
+    """
+
+    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+        raise NotImplementedError
+
+    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+        if not _per_group_applies(kv_manager, connector):
+            return reconciled_lookup(kv_manager, request)
+        found = _per_group_lookup(kv_manager, request)
+        if found is None:
+            return PrefixLookup(kv_manager.empty_kv_cache_blocks, 0, 0, False)
+        blocks, hits = found
+        local = self.choose(kv_manager, blocks, hits)
+        return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
+
+
+class MaxPerGroupPolicy(_PerGroupPolicy):
+    """vLLM after PR #44243 ("Fix Mamba prefix cache hit rate in PD disaggregation").
+
+    With a connector attached, Mamba layers and the hybrid coordinator, the
+    scheduler took ``find_longest_cache_hit_per_group`` as is: every group's
+    claimed blocks are its *own* per-group lookup's blocks (full attention: its
+    left-to-right run; Mamba: ``[null]*i + [state]``), and the local hit is
+    ``max(per_group_hits)``. No shared-prefix boundary is pinned and
+    ``hit_diverged`` is never set. Otherwise plain ``get_computed_blocks``.
+
+    When the Mamba state outlives the full-attention tail (vLLM issue #46453,
+    part 1) the hit claims full-attention positions the FA block list does not
+    cover: ``allocate_slots`` hands those slots fresh, never-computed blocks
+    (dirty KV, which then gets cached), or the local hit plus the connector's
+    tokens reaches the end of the prompt (``assert num_new_tokens > 0``).
+    """
+
+    name = "max_per_group"
+    pure_lookup = True
+    mirrors_vllm = True
+
+    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+        return max(hits)
+
+
+class TrimToMinPolicy(_PerGroupPolicy):
+    """vLLM PR #45804 ("partial prefix caching for hybrid model in PD disaggregation").
+
+    Same gate as :class:`MaxPerGroupPolicy`. The local hit is the minimum over
+    the *dense* (full-attention) groups' per-group hits, and every group's
+    per-group block list is then cut to ``local // block_size`` blocks. The
+    Mamba list is sparse (``[null]*i + [state]``), so when Mamba hits deeper
+    than full attention the cut drops its only real block: ``[null, null, null,
+    s3]`` becomes ``[null, null]`` (vLLM issue #46453, part 2) and the request
+    resumes at the FA hit with no Mamba state there; a fresh fixed-point lookup
+    would have found the boundary every group agrees on. When full attention
+    is the deeper one, the Mamba list is left as is and the resume boundary
+    (the FA hit) again has no Mamba state. No junction, no ``hit_diverged``.
+    """
+
+    name = "trim_to_min"
+    pure_lookup = True
+
+    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+        groups = kv_manager.kv_cache_config.groups
+        local = min(hits[g] for g, group in enumerate(groups) if group.spec.kind == "full_attention")
+        for lst, group in zip(blocks, groups):
+            del lst[local // group.spec.block_size:]
+        return local
+
+
+_REGISTRY: Registry[PrefixPolicy] = Registry(PrefixPolicy, ENTRY_POINT_GROUP, "scheduler.prefix_policy", "policy")
+register_prefix_policy = _REGISTRY.register
+prefix_policy_names = _REGISTRY.names
+
+
+def get_prefix_policy(name: str, **options: Any) -> PrefixPolicy:
+    """Instantiate the policy called ``name``; unknown names raise a ValueError listing valid ones."""
+    return _REGISTRY.create(name, **options)
+
+
+register_prefix_policy(ReconciledPolicy)
+register_prefix_policy(PR48425Policy)
+register_prefix_policy(PR48425RequeryPolicy)
+register_prefix_policy(MaxPerGroupPolicy)
+register_prefix_policy(TrimToMinPolicy)

@@ -1,0 +1,1147 @@
+"""A vLLM 0.33 ``Scheduler`` step for what hybridsim models (``v1/core/sched/scheduler.py``).
+
+One engine step is one :meth:`Scheduler.schedule` followed by one
+:meth:`Scheduler.update_from_output`. Pure and deterministic: no clock, no
+SimPy, no randomness; the engine stamps time on the recorder.
+
+What it decides, as vLLM 0.33 does:
+
+* **Running first** (in ``running`` order), each request gets
+  ``min(remaining, long_prefill_token_threshold, budget, max_model_len -
+  computed - 1)`` tokens, clipped by the Mamba block-aligned split; a request
+  left with 0 tokens is skipped (``continue``). When ``allocate_slots`` fails
+  the scheduler preempts by recompute (FCFS: the last running request;
+  priority: the max of ``(priority, arrival_time)``) until it fits or the
+  request preempted itself; a failed request stops the running loop.
+* **Waiting** only if nothing was preempted this step, while the token budget
+  lasts and fewer than ``max_num_seqs`` run. Waiting requests that hold blocks
+  (async loads) are drained before the others. A fresh admission
+  (``num_computed_tokens == 0``) looks up the local hit through the prefix
+  policy, asks the connector for external tokens (``None``: skip the request
+  this step), re-runs ``get_computed_blocks`` when the lookup's
+  ``hit_diverged`` is set and the connector adds nothing (without asking the
+  connector again, as vLLM 0.33; only a policy with
+  ``requery_after_fallback``, the what-if ``pr48425_requery``, asks again at
+  the reconciled boundary), then allocates the
+  whole prompt (``full_sequence_must_fit``). A failed allocation stops
+  admission for this step (head-of-line). An async load parks the request in
+  ``WAITING_FOR_REMOTE_KVS``; once the engine reports it in
+  ``finished_recving`` its blocks are cached and it is admitted without a new
+  lookup.
+* **Finish**: ``request_finished_all_groups`` on the connector, then the
+  blocks are freed unless the connector still sends them.
+
+vLLM's asserts on this path (``num_new_tokens > 0``, ``num_computed_tokens <=
+num_tokens``, the ones inside ``truncate_computed_blocks`` and the kv core,
+``ValueError`` from the block pool) surface as :class:`EngineCrash`. With
+``on_crash="stop"`` the exception propagates, as the real engine dies; with
+``on_crash="record"`` the offending request is finished with
+``FINISHED_ERROR`` (blocks freed), the crash is kept in :attr:`Scheduler.crashes`
+and the step goes on.
+
+Not modelled (absent from hybridsim): speculative decoding and lookahead
+slots, encoder inputs, LoRA limits, structured output, async scheduling and
+pipeline parallelism (so no output placeholders and no deferred frees), pause
+states, streaming sessions, prefill cadence, DP balancing, DSV41 replay
+windows, fine-grained partial Mamba hits (``prefix_match_unit``), the
+``scheduler_reserve_full_isl=False`` mode, and load-error recovery
+(``_update_requests_with_invalid_blocks``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Literal, NoReturn, Sequence
+
+from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
+from sim.core.kv.fastpath import DecodeCohort
+from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
+from sim.core.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
+from sim.core.request import Request, RequestStatus
+
+SchedulingPolicyName = Literal["fcfs", "priority"]
+
+
+class EngineCrash(Exception):
+    """An assertion or error the real engine would die of, with the request that triggered it.
+
+    ``reason`` names it as the real engine would print it, e.g.
+    ``"AssertionError: num_new_tokens > 0"`` or ``"ValueError: Cannot get 1
+    free blocks from the pool"``.
+    """
+
+    def __init__(self, reason: str, request_id: str | None, step: int = -1) -> None:
+        super().__init__(f"{reason} (request {request_id}, step {step})")
+        self.reason = reason
+        self.request_id = request_id
+        self.step = step
+
+
+def _crash_reason(exc: BaseException) -> str:
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler knobs with vLLM 0.33's ``SchedulerConfig`` class defaults.
+
+    ``max_num_batched_tokens`` (2048) and ``max_num_seqs`` (128) are the class
+    defaults; vLLM's engine raises them by GPU and usage context, which is the
+    config layer's business. ``max_model_len`` ``None`` takes the KV-cache
+    config's. ``watermark`` is the fraction of blocks kept free at admission
+    (passed to the kv manager, which applies it).
+    """
+
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    long_prefill_token_threshold: int = 0
+    policy: SchedulingPolicyName = "fcfs"
+    watermark: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"scheduler.{key}: expected an integer >= 1, got {value!r}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"scheduler.max_model_len: expected an integer >= 1 or null, got {self.max_model_len!r}")
+        thr = self.long_prefill_token_threshold
+        if not isinstance(thr, int) or isinstance(thr, bool) or thr < 0:
+            raise ValueError(f"scheduler.long_prefill_token_threshold: expected an integer >= 0, got {thr!r}")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduler.policy: expected 'fcfs' or 'priority', got {self.policy!r}")
+        if not (isinstance(self.watermark, (int, float)) and 0.0 <= self.watermark < 1.0):
+            raise ValueError(f"scheduler.watermark: expected a fraction in [0, 1), got {self.watermark!r}")
+
+    #: Batches in flight at once: vLLM's ``VllmConfig.max_concurrent_batches`` is the
+    #: pipeline-parallel size, or 2 with async scheduling; hybridsim models neither, so 1.
+    max_concurrent_batches: ClassVar[int] = 1
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled (vLLM ``VllmConfig.max_in_flight_tokens``):
+        concurrent batches x ``max_num_batched_tokens``. The kv manager sizes the
+        sliding-window admission cap with it."""
+        return self.max_concurrent_batches * self.max_num_batched_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What one ``schedule()`` decided (the model input of the step)."""
+
+    step: int
+    scheduled_new_reqs: list[Request] = field(default_factory=list)
+    scheduled_resumed_reqs: list[Request] = field(default_factory=list)
+    scheduled_running_reqs: list[Request] = field(default_factory=list)
+    #: request id -> tokens scheduled this step, in scheduling order.
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    preempted_req_ids: list[str] = field(default_factory=list)
+    #: Requests finished between the previous step and this one.
+    finished_req_ids: set[str] = field(default_factory=set)
+    prefill_tokens: int = 0
+    #: Decode requests (one new token each, all known tokens computed after it).
+    decode_tokens: int = 0
+    #: Sum over the decode requests of ``num_computed_tokens`` before this step.
+    decode_context_tokens: int = 0
+    #: ``(num_new_tokens, num_computed_tokens before)`` of every other scheduled
+    #: request, in scheduling order. With the two decode totals it describes
+    #: the batch without a per-request pass (the step-time model's input).
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    #: The scheduled requests whose known tokens are all computed after this
+    #: step, in scheduling order: each samples one token in ``update_from_output``.
+    sampling_reqs: list[Request] = field(default_factory=list)
+    #: ``num_computed_tokens`` before this step, parallel to ``num_scheduled_tokens``.
+    computed_before: list[int] = field(default_factory=list)
+    #: Parked decodes (:class:`sim.core.kv.fastpath.DecodeCohort`) scheduled for one token each this
+    #: step; they are in neither ``num_scheduled_tokens`` nor ``sampling_reqs`` but are counted
+    #: in ``decode_tokens`` / ``decode_context_tokens``. Always 0 on the plain path.
+    num_parked_decodes: int = 0
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values()) + self.num_parked_decodes
+
+    @property
+    def num_computed_tokens_before(self) -> dict[str, int]:
+        """request id -> ``num_computed_tokens`` before this step (built on demand)."""
+        return dict(zip(self.num_scheduled_tokens, self.computed_before))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One successful admission, as the :data:`AdmissionChecker` sees it.
+
+    ``lookup`` is the policy's result (before any fallback); ``blocks``,
+    ``local_tokens`` and ``external_tokens`` are what ``allocate_slots`` was
+    given; ``hits`` are the independent per-group hits of that lookup.
+    """
+
+    request: Request
+    kind: str
+    lookup: PrefixLookup | None
+    blocks: Any
+    local_tokens: int
+    external_tokens: int
+    fallback: bool
+    load_async: bool
+    hits: tuple[int, ...]
+
+
+#: Classifies an admission: returns ``(outcome, tokens_lost, taint_origin)``.
+AdmissionChecker = Callable[[Admission], tuple[str, int, str]]
+
+
+class _WaitQueue:
+    """vLLM's FCFS deque or priority heap (key: priority, arrival time, request id)."""
+
+    def __init__(self, priority: bool) -> None:
+        self.priority = priority
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, float, str, Request]] = []
+
+    def add(self, request: Request) -> None:
+        if self.priority:
+            heapq.heappush(self._heap, (request.priority, request.arrival_time, request.request_id, request))
+        else:
+            self._fifo.append(request)
+
+    def prepend(self, request: Request) -> None:
+        """Front of the queue (FCFS); a priority queue just re-inserts (vLLM)."""
+        if self.priority:
+            self.add(request)
+        else:
+            self._fifo.appendleft(request)
+
+    def prepend_in_order(self, requests: list[Request]) -> None:
+        """Put ``requests`` at the front, keeping their order."""
+        for request in reversed(requests):
+            self.prepend(request)
+
+    def peek(self) -> Request:
+        return self._heap[0][3] if self.priority else self._fifo[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3] if self.priority else self._fifo.popleft()
+
+    def remove(self, requests: set[Request]) -> None:
+        if self.priority:
+            self._heap = [e for e in self._heap if e[3] not in requests]
+            heapq.heapify(self._heap)
+        else:
+            self._fifo = deque(r for r in self._fifo if r not in requests)
+
+    def __len__(self) -> int:
+        return len(self._heap) if self.priority else len(self._fifo)
+
+
+class _Skip(Exception):
+    """Internal: the waiting request is skipped this step (stays queued)."""
+
+
+class _StopAdmission(Exception):
+    """Internal: admission stops for this step (head-of-line)."""
+
+
+class Scheduler:
+    """vLLM's scheduler over one :class:`~sim.core.kv.manager.KVCacheManager`."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_manager: SchedulerKVManager,
+        connector: SchedulerConnector | None = None,
+        prefix_policy: PrefixPolicy | str = "reconciled",
+        recorder: AdmissionRecorder | None = None,
+        admission_checker: AdmissionChecker | None = None,
+        on_crash: Literal["stop", "record"] = "stop",
+    ) -> None:
+        if on_crash not in ("stop", "record"):
+            raise ValueError(f"on_crash: expected 'stop' or 'record', got {on_crash!r}")
+        self.config = config
+        self.kv = kv_manager
+        kv_cfg: KVCacheConfig = kv_manager.kv_cache_config
+        self.kv_cache_config = kv_cfg
+        self.max_model_len = config.max_model_len or kv_cfg.max_model_len
+        self.block_size = kv_cfg.scheduler_block_size
+        self.hash_block_size = kv_cfg.hash_block_size
+        self._block_hasher = RequestBlockHasher(self.hash_block_size)
+        self.num_groups = len(kv_cfg.groups)
+        # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
+        if connector is not None and connector.name == "none":
+            connector = None
+        if connector is not None and not connector.supports_hma and self.num_groups > 1:
+            raise ValueError(
+                f"connector {connector.name!r} does not support the hybrid memory allocator (supports_hma: false); "
+                f"a model with {self.num_groups} KV-cache groups cannot use it (vLLM refuses to start)"
+            )
+        self.connector = connector
+        self.prefix_policy = get_prefix_policy(prefix_policy) if isinstance(prefix_policy, str) else prefix_policy
+        self.recorder = recorder
+        self.admission_checker = admission_checker
+        self.on_crash = on_crash
+        self.priority = config.policy == "priority"
+
+        # Mamba block-aligned split (vLLM `need_mamba_block_aligned_split`).
+        mamba_specs = [g.spec for g in kv_cfg.groups if isinstance(g.spec, MambaSpec)]
+        self.need_mamba_split = kv_cfg.needs_mamba_block_aligned_split
+        self.mamba_block_size = mamba_specs[0].block_size if mamba_specs else 0
+        self.mamba_has_prefill_checkpoints = kv_cfg.mamba_prefill_checkpoints
+
+        self.requests: dict[str, Request] = {}
+        self.running: list[Request] = []
+        self.waiting = _WaitQueue(self.priority)
+        self.kv_holding_waiting = _WaitQueue(self.priority)
+        self.finished_req_ids: set[str] = set()
+        self.finished_recving_kv_req_ids: set[str] = set()
+        self._inflight_prefills: dict[str, Request] = {}
+        #: Reuse a waiting request's last prefix lookup while its inputs are unchanged (see
+        #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
+        self.reuse_prefix_lookups = True
+        self._last_lookup: tuple[tuple[object, ...], tuple[int, ...], PrefixLookup] | None = None
+        #: The current admission attempt's lookup position in kv_events and last connector question
+        #: (``-1``: not asked / not answered); recorded on its admissions row.
+        self._attempt_seq = 0
+        self._asked_at = -1
+        self._answer = -1
+        #: Crashes kept with ``on_crash="record"`` (in order).
+        self.crashes: list[EngineCrash] = []
+        #: The event-driven running set (sim.core.kv.fastpath): with the quiet horizons, when no
+        #: per-request schedule row, priority victim or recorded crash needs every member in order.
+        self.cohort = DecodeCohort(
+            enabled=kv_manager.quiet.enabled
+            and not self.priority
+            and on_crash == "stop"
+            and not (recorder is not None and recorder.schedule_enabled)
+        )
+        self.step = 0
+        # Counters.
+        self.num_preemptions = 0
+        self.num_admissions = 0
+        self.num_fallbacks = 0
+        self.num_finished = 0
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (vLLM ``add_request``); injects its block hasher."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r}: duplicate request id")
+        if request.num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
+                f"max_model_len {self.max_model_len}"
+            )
+        request.set_block_hasher(self._block_hasher)
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or len(self.waiting) or len(self.kv_holding_waiting))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """``(running, waiting)``; waiting includes requests parked on an async load."""
+        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.kv_holding_waiting)
+
+    # --------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        """Decide one engine step. Raises :class:`EngineCrash` (``on_crash="stop"``)."""
+        out = SchedulerOutput(step=self.step, finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = set()
+        budget = self.config.max_num_batched_tokens
+        preempted: list[Request] = []
+        kinds: dict[str, str] = {}
+        self.kv.new_step_starts()
+
+        num_running, num_waiting = self.get_request_counts()
+        # vLLM: the threshold only applies when someone else could be starved.
+        threshold = self.config.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+
+        cohort = self.cohort
+        if cohort.members:
+            cohort.materialize_due()
+        if cohort.members:
+            budget = self._schedule_running_parked(out, budget, threshold, preempted)
+        else:
+            budget = self._schedule_running(out, budget, threshold, preempted)
+        if not preempted:
+            self._schedule_waiting(out, budget, threshold, kinds)
+
+        out.preempted_req_ids = [r.request_id for r in preempted]
+        self._update_after_schedule(out, kinds)
+        return out
+
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]
+    ) -> int:
+        req_index = 0
+        running = self.running
+        allocate_slots = self.kv.allocate_running_slots
+        # The kv manager's quiet horizons (sim.core.kv.fastpath): inside one, allocate_slots is a proven no-op.
+        quiet = self.kv.quiet
+        take_decodes = quiet.take_decodes if quiet.enabled else None
+        scheduled_running = out.scheduled_running_reqs
+        num_scheduled = out.num_scheduled_tokens
+        finished_error = RequestStatus.FINISHED_ERROR
+        while req_index < len(running) and budget > 0:
+            if take_decodes is not None:
+                # A run of 1-token decodes inside their horizons, scheduled in one call.
+                num_fast = take_decodes(running, req_index, budget, scheduled_running, num_scheduled)
+                req_index += num_fast
+                budget -= num_fast
+                if req_index >= len(running) or budget <= 0:
+                    break
+            request = running[req_index]
+            n = self._running_tokens(request, budget, threshold)
+            if n <= 0:
+                # vLLM `continue`s here (not FCFS-strict): later requests may still run.
+                req_index += 1
+                continue
+            rid = request.request_id
+            try:
+                new_blocks = allocate_slots(request, n)
+            except (AssertionError, ValueError) as exc:
+                new_blocks = self._allocation_crash(request, exc)
+            if new_blocks is None:  # (a crash also lands here: it returns no blocks)
+                new_blocks, req_index, budget = self._preempt_for(
+                    request, n, req_index, budget, out, preempted, allocate_slots
+                )
+                if request.status is finished_error:
+                    continue  # on_crash="record": it left `running`, the next one is at req_index
+                if new_blocks is None:
+                    if self.priority and request.status is RequestStatus.PREEMPTED:
+                        # It preempted itself; the higher-priority ones after it may still fit.
+                        continue
+                    break
+            scheduled_running.append(request)
+            num_scheduled[rid] = n
+            budget -= n
+            req_index += 1
+        return budget
+
+    def _running_tokens(self, request: Request, budget: int, threshold: int) -> int:
+        """The running loop's chunk for ``request``: what it still needs, clipped by the
+        long-prefill threshold, the budget, ``max_model_len`` and the Mamba split."""
+        num_prompt = request.num_prompt_tokens
+        num_tokens = num_prompt + request.num_output_tokens
+        computed = request.num_computed_tokens
+        n = num_tokens - computed
+        if 0 < threshold < n:
+            n = threshold
+        if n > budget:
+            n = budget
+        if n > self.max_model_len - computed - 1:
+            n = self.max_model_len - computed - 1
+        # The split only clips prefill chunks (it returns ``n`` once prefill is done).
+        if self.need_mamba_split and (computed < num_tokens - 1 or computed < num_prompt):
+            n = self._mamba_block_aligned_split(request, n)
+        return n
+
+    def _schedule_running_parked(
+        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]
+    ) -> int:
+        """:meth:`_schedule_running` with parked decodes (:class:`DecodeCohort`) in ``running``.
+
+        Only the other (*active*) requests are visited, in ``running`` order; the
+        parked ones between them take one token of the budget each, as the plain
+        loop would give them, without being touched. Positions in ``running`` are
+        stable during the loop: only preemption (which pops from the end; a parked
+        victim is unparked first) removes requests, and the cohort is off with
+        priority scheduling and with ``on_crash="record"``. Where the plain loop
+        would stop (budget used up, or an allocation that fails even after
+        preempting), the parked requests from there on are not scheduled this
+        step: they are unparked with their counters as they are.
+        """
+        running = self.running
+        members = self.cohort.members
+        actives = [(i, r) for i, r in enumerate(running) if r.request_id not in members]
+        allocate_slots = self.kv.allocate_running_slots
+        scheduled_running = out.scheduled_running_reqs
+        num_scheduled = out.num_scheduled_tokens
+        prev = -1  # the last visited active position
+        cut = -1  # from this position on, nothing more is scheduled (-1: everything was)
+        for pos, request in actives:
+            if pos >= len(running):
+                break  # preempted (with everything after it)
+            parked = pos - prev - 1
+            if parked >= budget:
+                cut = prev + 1 + budget
+                budget = 0
+                break
+            budget -= parked
+            prev = pos
+            n = self._running_tokens(request, budget, threshold)
+            if n <= 0:
+                continue
+            try:
+                new_blocks = allocate_slots(request, n)
+            except (AssertionError, ValueError) as exc:
+                new_blocks = self._allocation_crash(request, exc)  # raises: on_crash is "stop"
+            if new_blocks is None:
+                new_blocks, _, budget = self._preempt_for(request, n, pos, budget, out, preempted, allocate_slots)
+                if new_blocks is None:
+                    cut = pos
+                    break
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = n
+            budget -= n
+            if budget <= 0:
+                cut = pos + 1
+                break
+        if cut == -1:
+            # The parked ones after the last active still there take one token each.
+            parked = len(running) - prev - 1
+            if parked > budget:
+                cut = prev + 1 + budget
+            budget -= min(parked, budget)
+        if cut != -1:
+            materialize = self.cohort.materialize
+            for request in running[cut:]:
+                materialize(request.request_id)
+        return budget
+
+    def _allocation_crash(self, request: Request, exc: BaseException) -> KVCacheBlocks | None:
+        """``allocate_slots`` raised: an engine crash; with ``on_crash="record"`` the request fails (no blocks)."""
+        try:
+            self._crash(_crash_reason(exc), request=request)
+        except EngineCrash:
+            if self.on_crash == "stop":
+                raise
+            self._fail_request(request)
+        return None
+
+    def _preempt_for(
+        self, request: Request, n: int, req_index: int, budget: int, out: SchedulerOutput,
+        preempted: list[Request], allocate_slots: Callable[[Request, int], Any],
+    ) -> tuple[Any, int, int]:
+        """``allocate_slots`` gave ``request`` no blocks: preempt until it fits or it preempted itself.
+
+        Returns ``(new_blocks, req_index, budget)``; ``new_blocks`` is None when
+        it still does not fit or failed (a crash with ``on_crash="record"``:
+        then nothing is preempted). A priority victim scheduled earlier in this
+        loop gives its tokens back to the budget.
+        """
+        new_blocks = None
+        while new_blocks is None:
+            if request.status is RequestStatus.FINISHED_ERROR:
+                break
+            if self.connector is not None and self.connector.has_pending_block_frees():
+                break
+            if self.priority:
+                victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                victim_index = self.running.index(victim)
+                del self.running[victim_index]
+                if victim_index < req_index:
+                    req_index -= 1
+                if victim.request_id in out.num_scheduled_tokens:
+                    out.scheduled_running_reqs.remove(victim)
+                    budget += out.num_scheduled_tokens.pop(victim.request_id)
+            else:
+                victim = self.running.pop()
+            self._preempt_request(victim)
+            preempted.append(victim)
+            if victim is request:
+                break
+            try:
+                new_blocks = allocate_slots(request, n)
+            except (AssertionError, ValueError) as exc:
+                new_blocks = self._allocation_crash(request, exc)
+        return new_blocks, req_index, budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, kinds: dict[str, str]) -> None:
+        skipped: dict[int, list[Request]] = {0: [], 1: []}
+        while budget > 0:
+            queue = self.kv_holding_waiting if len(self.kv_holding_waiting) else self.waiting
+            if not len(queue):
+                break
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            request = queue.peek()
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                if request.request_id not in self.finished_recving_kv_req_ids:
+                    self._skip(queue, skipped)
+                    continue
+                self._update_waiting_for_remote_kv(request)
+                request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+            try:
+                admitted = self._try_admit(request, queue, budget, threshold, out, kinds)
+            except _Skip:
+                self._skip(queue, skipped)
+                continue
+            except _StopAdmission:
+                break
+            except EngineCrash:
+                if self.on_crash == "stop":
+                    raise
+                self._fail_request(request)
+                continue
+            budget -= admitted
+        for holds, group in ((1, self.kv_holding_waiting), (0, self.waiting)):
+            group.prepend_in_order(skipped[holds])
+
+    def _skip(self, queue: _WaitQueue, skipped: dict[int, list[Request]]) -> None:
+        request = queue.pop()
+        skipped[int(self._holds_kv_blocks(request))].append(request)
+
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    def _try_admit(
+        self,
+        request: Request,
+        queue: _WaitQueue,
+        budget: int,
+        threshold: int,
+        out: SchedulerOutput,
+        kinds: dict[str, str],
+    ) -> int:
+        """Admit ``request`` (head of ``queue``); returns the tokens it was scheduled.
+
+        Raises ``_Skip`` (stay queued, try the next one), ``_StopAdmission``
+        (head-of-line stop) or :class:`EngineCrash`.
+        """
+        rid = request.request_id
+        if self.recorder is not None:
+            # Where the attempt's lookup stands in kv_events (for `hybridsim explain`).
+            self._attempt_seq = len(self.recorder.kv_events) + self.kv.num_pending_events
+            self._asked_at, self._answer = -1, -1
+        lookup: PrefixLookup | None = None
+        hits: tuple[int, ...] = (0,) * self.num_groups
+        ext = 0
+        load_async = False
+        fallback = False
+        if request.num_computed_tokens == 0:
+            kind = "after_preemption" if request.num_preemptions else "first"
+            hits, lookup = self._prefix_lookup(request)
+            blocks, local = lookup.blocks, lookup.local_tokens
+            request.shared_prefix_boundary = lookup.shared_prefix_boundary
+            row: dict[str, Any] = dict(request=request, kind=kind, hits=hits, lookup=lookup)
+            if self.connector is not None:
+                blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row, fallback=False)
+                if lookup.hit_diverged and ext == 0:
+                    # vLLM 0.33: no external tokens back the deeper local hit; reconcile.
+                    blocks, local, request.shared_prefix_boundary = self.kv.get_computed_blocks(request)
+                    fallback = True
+                    if self.prefix_policy.requery_after_fallback:
+                        # A what-if (not vLLM): ask the connector again at the reconciled boundary.
+                        blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row,
+                                                                             fallback=True)
+            computed = local + ext
+            row = dict(row, local=local, ext=ext, fallback=fallback)
+            self._check(computed <= request.num_tokens, "num_computed_tokens <= request.num_tokens", **row)
+        else:
+            # After an async load: no new lookup (vLLM), blocks already held.
+            kind = "after_async_load"
+            blocks = self.kv.empty_kv_cache_blocks
+            local = 0
+            computed = request.num_computed_tokens
+            row = dict(request=request, kind=kind, hits=hits, lookup=None, local=0, ext=0, fallback=False)
+
+        if load_async:
+            self._check(ext > 0, "num_external_computed_tokens > 0", **row)
+            n = 0
+        else:
+            n = request.num_tokens - computed
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            self._check(n > 0, "num_new_tokens > 0", **row)
+            if self.need_mamba_split:
+                n = self._mamba_block_aligned_split(request, n, local, ext)
+                if n == 0:
+                    self._record_admission(**row, outcome="not_admitted", reason="no_aligned_chunk")
+                    raise _StopAdmission
+        reserved = self._inflight_prefill_reserved_blocks() if load_async else 0
+        new_blocks = self._guarded(
+            lambda: self.kv.allocate_slots(
+                request,
+                n,
+                num_new_computed_tokens=local,
+                new_computed_blocks=blocks,
+                num_external_computed_tokens=ext,
+                delay_cache_blocks=load_async,
+                full_sequence_must_fit=True,
+                reserved_blocks=reserved,
+                has_scheduled_reqs=bool(self.running),
+            ),
+            **row,
+        )
+        if new_blocks is None:
+            self._record_admission(**row, outcome="not_admitted", reason="no_blocks")
+            raise _StopAdmission
+
+        conn = self.connector
+        if conn is not None:
+            self._guarded(lambda: conn.update_state_after_alloc(request, self.kv.get_blocks(rid), ext),
+                          **row)
+        self.num_admissions += 1
+        if fallback:
+            self.num_fallbacks += 1
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = computed
+            request.num_external_computed_tokens = ext
+        outcome, tokens_lost, taint_origin = "ok", 0, ""
+        if self.admission_checker is not None:
+            outcome, tokens_lost, taint_origin = self.admission_checker(
+                Admission(request, kind, lookup, blocks, local, ext, fallback, load_async, hits)
+            )
+        self._record_admission(**row, outcome=outcome, tokens_lost=tokens_lost, taint_origin=taint_origin,
+                               num_computed=computed)
+
+        if load_async:
+            request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+            request.num_computed_tokens = computed
+            self._inflight_prefills[rid] = request
+            raise _Skip
+        queue.pop()
+        self.running.append(request)
+        if request.status == RequestStatus.WAITING:
+            out.scheduled_new_reqs.append(request)
+            kinds[rid] = "new"
+        else:
+            out.scheduled_resumed_reqs.append(request)
+            kinds[rid] = "resumed"
+        out.num_scheduled_tokens[rid] = n
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = computed
+        if computed + n < request.num_tokens:
+            self._inflight_prefills[rid] = request
+        return n
+
+    def _ask_connector(
+        self, request: Request, blocks: Any, local: int, row: dict[str, Any], fallback: bool
+    ) -> tuple[Any, int, int, bool]:
+        """vLLM's connector query for a fresh admission: ``(blocks, local, ext, load_async)``.
+
+        The connector is shown the block-aligned local hit; a partial tail is
+        kept only when the answer does not cover it (else the blocks are
+        truncated to the aligned hit). ``None`` skips the request this step.
+        """
+        partial_tail = local % self.block_size
+        aligned_local = local - partial_tail
+        # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
+        conn = self.connector
+        assert conn is not None  # only called when the scheduler has a connector
+        self._asked_at, self._answer = aligned_local, -1
+        ext_answer, load_async = self._guarded(
+            lambda: conn.get_num_new_matched_tokens(request, aligned_local),
+            **row, local=local, fallback=fallback,
+        )
+        if ext_answer is not None:
+            self._answer = ext_answer
+        if request.skip_reading_prefix_cache:
+            ext_answer, load_async = 0, False
+        if ext_answer is None:
+            self._record_admission(**row, local=local, ext=0, fallback=fallback, outcome="not_admitted",
+                                   reason="connector_not_ready")
+            raise _Skip
+        if partial_tail and ext_answer > partial_tail:
+            blocks = self._guarded(lambda: self.kv.truncate_computed_blocks(blocks, aligned_local),
+                                   **row, local=local, ext=ext_answer, fallback=fallback)
+            return blocks, aligned_local, ext_answer, load_async
+        if partial_tail:
+            return blocks, local, 0, False
+        return blocks, local, ext_answer, load_async
+
+    def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
+        """The per-group hits and the policy's lookup for a waiting request.
+
+        A simulator speed-up, not a vLLM feature: a head-of-line request that
+        failed to admit is looked up again on the next step, usually against the
+        same cache. Both answers read only the pool's cache map (not ref counts
+        or the free queue) and the request's hashes, token count and
+        ``skip_reading_prefix_cache``, so the last answer is reused while the
+        pool's ``cache_generation`` and those inputs are unchanged, for a policy
+        declaring ``pure_lookup``. Every attempt still records its own row.
+        """
+        pool = self.kv.block_pool
+        key = None
+        if self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
+            key = (
+                request.request_id, pool.cache_generation, request.num_tokens, len(request.block_hashes),
+                request.skip_reading_prefix_cache,
+            )
+            last = self._last_lookup
+            if last is not None and last[0] == key:
+                return last[1], last[2]
+        hits = tuple(self.kv.find_per_group_hits(request))
+        lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
+        self._last_lookup = (key, hits, lookup) if key is not None else None
+        return hits, lookup
+
+    def _check(self, ok: bool, assertion: str, **row: Any) -> None:
+        """vLLM ``assert <assertion>``: a failed one is an engine crash."""
+        if not ok:
+            self._crash(f"AssertionError: {assertion}", **row)
+
+    def _guarded(self, call: Callable[[], Any], **row: Any) -> Any:
+        """Run a kv-core call; its AssertionError / ValueError is an engine crash.
+
+        ``row`` names the request (and, during an admission, the admission row
+        to record with outcome ``crash``).
+        """
+        try:
+            return call()
+        except (AssertionError, ValueError) as exc:
+            self._crash(_crash_reason(exc), **row)
+
+    def _crash(self, reason: str, request: Request, kind: str = "", hits: Sequence[int] = (),
+               lookup: PrefixLookup | None = None, local: int = 0, ext: int = 0, fallback: bool = False) -> NoReturn:
+        if kind:
+            self._record_admission(request=request, kind=kind, hits=hits, lookup=lookup, local=local, ext=ext,
+                                   fallback=fallback, outcome="crash", crash_reason=reason)
+        crash = EngineCrash(reason, request.request_id, self.step)
+        if self.on_crash == "record":
+            self.crashes.append(crash)
+        raise crash
+
+    def _record_admission(
+        self,
+        *,
+        request: Request,
+        kind: str,
+        hits: Sequence[int],
+        lookup: PrefixLookup | None,
+        local: int,
+        ext: int,
+        fallback: bool,
+        outcome: str,
+        reason: str = "",
+        crash_reason: str = "",
+        tokens_lost: int = 0,
+        taint_origin: str = "",
+        num_computed: int | None = None,
+    ) -> None:
+        """One ``admissions`` row; ``num_computed`` is where an admitted request resumes."""
+        if self.recorder is None:
+            return
+        self.recorder.record_admission(
+            request_id=request.request_id,
+            prompt_tokens=request.num_prompt_tokens,
+            hits=hits,
+            local_tokens=local,
+            external_tokens=ext,
+            hit_diverged=bool(lookup is not None and lookup.hit_diverged),
+            fallback=fallback,
+            policy=self.prefix_policy.name,
+            outcome=outcome,
+            crash_reason=crash_reason,
+            kind=kind,
+            reason=reason,
+            num_computed_tokens=request.num_computed_tokens if num_computed is None else num_computed,
+            tokens_lost=tokens_lost,
+            taint_origin=taint_origin,
+            lookup_seq=self._attempt_seq,
+            connector_asked_at=self._asked_at,
+            connector_answer=self._answer,
+        )
+
+    def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        """Advance ``num_computed_tokens`` of every scheduled request (vLLM ``_update_after_schedule``).
+
+        ``kinds`` holds the schedule-row kind of new and resumed requests; the
+        others were scheduled from ``running`` (they lead ``num_scheduled_tokens``,
+        in the order of ``scheduled_running_reqs``).
+
+        ``Request.num_in_flight_tokens`` is not advanced: without async
+        scheduling a step's tokens are computed before the next ``schedule()``
+        and nothing reads the count inside the step, so vLLM's increment here
+        and decrement in ``update_from_output`` always meet at 0 where it is read.
+        """
+        num_scheduled = out.num_scheduled_tokens
+        reqs = out.scheduled_running_reqs
+        if len(reqs) < len(num_scheduled):
+            requests = self.requests
+            reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs):]]
+        inflight_prefills = self._inflight_prefills
+        prefill_chunks = out.prefill_chunks
+        add_chunk = prefill_chunks.append
+        add_sampling = out.sampling_reqs.append
+        befores = out.computed_before
+        add_before = befores.append
+        decode = decode_context = prefill = 0
+        for request, n in zip(reqs, num_scheduled.values()):
+            before = request.num_computed_tokens
+            add_before(before)
+            request.num_computed_tokens = after = before + n
+            num_tokens = request.num_prompt_tokens + request.num_output_tokens
+            if after >= num_tokens:
+                add_sampling(request)
+                if inflight_prefills:
+                    inflight_prefills.pop(request.request_id, None)
+                if n == 1 and after == num_tokens:
+                    decode += 1
+                    decode_context += before
+                    continue
+            prefill += n
+            add_chunk((n, before))
+        cohort = self.cohort
+        if cohort.members:
+            # The parked decodes, in aggregate: each computes one token on its context.
+            parked, parked_context = cohort.decode_totals()
+            out.num_parked_decodes = parked
+            decode += parked
+            decode_context += parked_context
+            cohort.sched_clock += 1
+        out.decode_tokens += decode
+        out.decode_context_tokens += decode_context
+        out.prefill_tokens += prefill
+        rec = self.recorder
+        if rec is not None and rec.schedule_enabled:
+            rids = list(num_scheduled)
+            row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
+            rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
+
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute preemption: free every block, back to the front of ``waiting``.
+
+        Its ``schedule`` row (0 tokens, ``preempted=True``) carries the
+        computed tokens it lost.
+        """
+        self.cohort.materialize(request.request_id)
+        if self.recorder is not None:
+            self.recorder.record_schedule(request.request_id, "running", 0, request.num_computed_tokens, True)
+        self.kv.free(request)
+        self._inflight_prefills.pop(request.request_id, None)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    # ----------------------------------------------------------- mamba split
+    def _mamba_block_aligned_split(
+        self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """vLLM ``_mamba_block_aligned_split`` without EAGLE and fine-grained hits.
+
+        Non-final prefill chunks end on Mamba block boundaries; a chunk also
+        stops at the last cacheable boundary ``floor((num_tokens - 1) / B) * B``
+        (unless the layers write it into a prefill checkpoint block from inside
+        the final chunk), at the block-floored shared-prefix junction, and at
+        the next boundary when it starts mid-block.
+        """
+        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new_tokens
+        bs = self.mamba_block_size
+        # vLLM aligns the checkpoint to the scheduler block size (the hash block only with
+        # fine-grained partial hits, which we do not model).
+        last_cache_position = prefill_checkpoint_position(request.num_tokens, self.block_size)
+        end = start + num_new_tokens
+        use_internal_checkpoint = (
+            self.mamba_has_prefill_checkpoints
+            and end >= prefill_end
+            and prefill_checkpoint_valid(
+                start, end, prefill_checkpoint_position(prefill_end, self.block_size), self.hash_block_size, bs
+            )
+        )
+        if use_internal_checkpoint:
+            last_cache_position = 0
+        if end < prefill_end:
+            max_prefill = self.config.max_num_batched_tokens
+            if self.config.long_prefill_token_threshold > 0:
+                max_prefill = min(max_prefill, self.config.long_prefill_token_threshold)
+            aligned_end = end // bs * bs
+            if aligned_end > start or bs <= max_prefill:
+                end = aligned_end
+        junction = request.shared_prefix_boundary
+        stops = (
+            (start // bs + 1) * bs if start % bs and not use_internal_checkpoint else 0,
+            last_cache_position,
+            start + (junction - start) // bs * bs if start < junction < end else 0,
+        )
+        end = min((s for s in stops if start < s < end), default=end)
+        return max(end - start, 0)
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""
+        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills.values())
+
+    def _request_remaining_blocks(self, request: Request) -> int:
+        """vLLM ``_request_remaining_blocks``: blocks to hold the full sequence (admission cap applied)."""
+        full = min(request.num_tokens, self.max_model_len)
+        return self.kv.coordinator.get_num_blocks_to_allocate(
+            request_id=request.request_id,
+            num_tokens=full,
+            new_computed_blocks=self.kv.empty_kv_cache_blocks.blocks,
+            total_computed_tokens=request.num_computed_tokens,
+            num_local_computed_tokens=request.num_computed_tokens,
+            num_tokens_main_model=full,
+            apply_admission_cap=True,
+            prefill_end=max(request.num_prompt_tokens, request.num_tokens - 1),
+        )
+
+    # ------------------------------------------------------ async KV loads
+    def update_from_kv_xfer_finished(self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()) -> None:
+        """The connector's finished transfers (vLLM ``_update_from_kv_xfer_finished``)."""
+        for rid in finished_recving:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(rid)
+            elif request.is_finished():
+                self._free_blocks(request)
+        for rid in finished_sending:
+            request = self.requests.get(rid)
+            if request is not None:
+                self._free_blocks(request)
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        """The load finished: cache the loaded blocks; a whole-prompt load recomputes the last token."""
+        self.kv.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.discard(request.request_id)
+
+    # ---------------------------------------------------- update from output
+    def update_from_output(self, out: SchedulerOutput) -> list[Request]:
+        """Apply the step's model output; returns the requests that finished.
+
+        Each scheduled request whose known tokens are now all computed samples
+        one token (as vLLM's scheduler tests fabricate model output) and stops
+        on ``output_len`` (the workload's EOS), ``max_tokens`` or ``max_model_len``.
+        """
+        finished: list[Request] = []
+        running_status = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
+        cohort = self.cohort
+        if out.num_parked_decodes:
+            cohort.out_clock += 1  # every parked decode sampled one token (none can stop)
+        # Prefill chunks that leave tokens to compute sample nothing; `sampling_reqs` skips them.
+        for request in out.sampling_reqs:
+            if request.status is not running_status:
+                continue  # finished, preempted or failed meanwhile
+            request.num_output_tokens = num_output = request.num_output_tokens + 1
+            num_tokens = request.num_prompt_tokens + num_output
+            # Request.append_output_tokens(1), with its block-hash check inlined.
+            # (A new full block can only end at this token: the hashes were complete before it.)
+            hbs = request.hash_block_size
+            if hbs and not num_tokens % hbs:
+                request.update_block_hashes()
+            if num_output < request.output_len and num_tokens < max_model_len:
+                continue  # `_stop_status` is None exactly here (output_len <= max_tokens)
+            status = self._stop_status(request)
+            if status is not None:
+                request.status = status
+                self.running.remove(request)
+                self._free_request(request)
+                finished.append(request)
+        if cohort.enabled:
+            self._park_quiet_decodes(out.sampling_reqs)
+        self._drain_events()
+        self.step += 1
+        return finished
+
+    def _park_quiet_decodes(self, sampled: list[Request]) -> None:
+        """Park each request that just sampled and whose next steps are quiet decodes
+        (:meth:`DecodeCohort.quiet_steps`, at least two of them)."""
+        cohort = self.cohort
+        horizons = self.kv.quiet
+        running_status = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
+        for request in sampled:
+            if request.status is not running_status:
+                continue
+            steps = cohort.quiet_steps(request, horizons.get(request.request_id), max_model_len)
+            if steps >= 2:
+                cohort.park(request, steps)
+
+    def settle(self) -> None:
+        """Write every parked decode's counters back (the run ends; tables read requests)."""
+        self.cohort.materialize_all()
+
+    def _stop_status(self, request: Request) -> RequestStatus | None:
+        """vLLM ``check_stop`` order: EOS (here: the workload's ``output_len``), then length caps."""
+        if request.num_output_tokens >= request.output_len and request.output_len < request.max_tokens:
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _drain_events(self) -> None:
+        events = list(self.kv.take_events())
+        if self.connector is not None:
+            events.extend(self.connector.take_events())
+        if self.recorder is not None and events:
+            self.recorder.record_kv_events(events)
+
+    # ---------------------------------------------------------------- finish
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (abort); returns those that were not finished yet."""
+        if not status.is_finished:
+            raise ValueError(f"finish_requests: {status.name} is not a finished status")
+        ids = (request_ids,) if isinstance(request_ids, str) else tuple(request_ids)
+        done: list[Request] = []
+        for rid in ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            self._remove_from_queues(request)
+            delay_free = (
+                request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                and rid not in self.finished_recving_kv_req_ids
+            )
+            self.finished_recving_kv_req_ids.discard(rid)
+            request.status = status
+            self._free_request(request, delay_free_blocks=delay_free)
+            done.append(request)
+        return done
+
+    def _remove_from_queues(self, request: Request) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self.cohort.materialize(request.request_id)
+            self.running.remove(request)
+        else:
+            self.waiting.remove({request})
+            self.kv_holding_waiting.remove({request})
+
+    def _fail_request(self, request: Request) -> None:
+        """``on_crash="record"``: the crashing request fails, the engine goes on."""
+        self._remove_from_queues(request)
+        request.status = RequestStatus.FINISHED_ERROR
+        self._free_request(request)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> None:
+        """vLLM ``_free_request``: tell the connector, then free unless it still sends."""
+        self._inflight_prefills.pop(request.request_id, None)
+        if self.connector is not None:
+            delay_free_blocks |= self._connector_finished(request)
+        self.finished_req_ids.add(request.request_id)
+        self.num_finished += 1
+        if not delay_free_blocks:
+            self._free_blocks(request)
+
+    def _connector_finished(self, request: Request) -> bool:
+        processed = max(0, request.num_computed_tokens - request.num_in_flight_tokens)
+        self.kv.remove_skipped_blocks(request.request_id, processed)
+        block_ids = self.kv.get_block_ids_for_computed_tokens(request.request_id, request.num_computed_tokens)
+        connector = self.connector
+        assert connector is not None, "_connector_finished needs a connector"
+        if connector.supports_hma:
+            delay, _ = connector.request_finished_all_groups(request, block_ids)
+        else:
+            delay, _ = connector.request_finished(request, block_ids[0])
+        return bool(delay)
+
+    def _free_blocks(self, request: Request) -> None:
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)

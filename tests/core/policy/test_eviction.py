@@ -1,0 +1,194 @@
+"""Eviction policies (sim.core.policy.eviction): exact eviction order on hand-built pools, registry, options."""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+import sim.core.registry
+from sim.core.kv.eviction import EvictionContext, PolicyBlockPool, make_block_pool
+from sim.core.kv.specs import kv_cache_config_from_groups
+from sim.core.policy import eviction as ev
+
+FA_MAMBA = ["full_attention", "mamba"]
+EXAMPLE_SRC = Path(__file__).resolve().parents[3] / "examples" / "eviction" / "src"
+
+
+def _pool(policy: str, groups=FA_MAMBA, connector: bool = False, num_blocks: int = 12, **options) -> PolicyBlockPool:
+    config = kv_cache_config_from_groups(groups, block_size=16, num_blocks=num_blocks, retention_interval=None)
+    pol = ev.create_eviction_policy(policy, options)
+    assert pol is not None
+    ctx = EvictionContext(connector_attached=connector, prefill_flops=lambda p: float(p))
+    pool = make_block_pool(config, True, True, pol, ctx)
+    assert isinstance(pool, PolicyBlockPool)
+    return pool
+
+
+def _chain(pool: PolicyBlockPool):
+    """FA blocks a1..a3 (keys 11, 12, 13 at 16, 32, 48 tokens) and the Mamba state m at key 12 (32 tokens).
+
+    Freed as vLLM frees them: the state first (the request moved past it), then the FA table tail first.
+    Free queue afterwards: 7 uncached blocks, then m, a3, a2, a1 (LRU evicts m first).
+    """
+    a1, a2, a3, m = pool.get_new_blocks(4, "r")
+    pool.cache_full_blocks("r", [a1, a2, a3], [11, 12, 13], 0, 3, 16, 0)
+    pool.cache_block_at("r", m, 12, 32, 1)
+    pool.free_blocks([m])
+    pool.free_blocks([a3, a2, a1])
+    names = {a1.block_id: "a1", a2.block_id: "a2", a3.block_id: "a3", m.block_id: "m"}
+    return names
+
+
+def _eviction_order(pool: PolicyBlockPool, names: dict[int, str], per_call: int = 1) -> list[str]:
+    uncached = sum(1 for b in pool.free_block_queue if b.block_hash is None)
+    pool.get_new_blocks(uncached, "fill")
+    order: list[str] = []
+    while pool.get_num_free_blocks():
+        order += [names[b.block_id] for b in pool.get_new_blocks(min(per_call, pool.get_num_free_blocks()), "x")]
+    return order
+
+
+def test_group_coherent_evicts_the_fa_tail_beyond_the_state_first_then_peels():
+    pool = _pool("group_coherent")
+    names = _chain(pool)
+    # a3 lies beyond the only state (dead); then nothing is dead: LRU takes m; then a2 has lost its
+    # state (dead), then a1.
+    assert _eviction_order(pool, names) == ["a3", "m", "a2", "a1"]
+
+
+def test_group_coherent_with_a_connector_keeps_fa_tails_and_is_lru_here():
+    pool = _pool("group_coherent", connector=True)
+    names = _chain(pool)
+    assert _eviction_order(pool, names) == ["m", "a3", "a2", "a1"]
+
+
+def test_group_coherent_evicts_a_state_whose_fa_prefix_is_gone_and_orphaned_fa_blocks():
+    pool = _pool("group_coherent", connector=True)  # connector: only the broken-chain rules apply
+    (o,) = pool.get_new_blocks(1, "o")
+    pool.cache_full_blocks("o", [o], [91], 0, 1, 16, 0)
+    pool.free_blocks([o])  # an older, live FA block (a connector may complete it)
+    names = _chain(pool) | {o.block_id: "o"}
+    a2 = next(b for b in pool.blocks if names.get(b.block_id) == "a2")
+    a1 = next(b for b in pool.blocks if names.get(b.block_id) == "a1")
+    pool.touch([a1])  # a request holds a1
+    pool.evict_blocks([a2.block_id])  # the FA block at 32 is gone: m (key 12) and a3 (parent 12) are dead
+    assert pool.free_block_queue.block_ids()[0] == a2.block_id  # uncached now: to the front
+    assert _eviction_order(pool, names) == ["m", "a3", "o"]  # LRU: o, m, a3
+
+
+def test_group_coherent_other_mamba_groups_state_missing_is_dead():
+    pool = _pool("group_coherent", groups=["full_attention", "mamba", "mamba"], connector=True)
+    a1, a2, m1, m2 = pool.get_new_blocks(4, "r")
+    pool.cache_full_blocks("r", [a1, a2], [11, 12], 0, 2, 16, 0)
+    pool.cache_block_at("r", m1, 12, 32, 1)
+    pool.cache_block_at("r", m2, 12, 32, 2)
+    pool.free_blocks([m1])
+    pool.free_blocks([m2])
+    pool.free_blocks([a2, a1])
+    names = {a1.block_id: "a1", a2.block_id: "a2", m1.block_id: "m1", m2.block_id: "m2"}
+    # LRU takes m1; m2's boundary then misses group 1's state: dead, before the older-looking FA blocks.
+    assert _eviction_order(pool, names) == ["m1", "m2", "a2", "a1"]
+
+
+def test_group_coherent_sliding_window_block_without_parent_or_child_is_dead():
+    groups = ["full_attention", {"type": "sliding_window", "window": 40}]  # 3 blocks of 16 for a hit
+    pool = _pool("group_coherent", groups=groups, connector=True, num_blocks=14)
+    a = pool.get_new_blocks(4, "r")
+    s = pool.get_new_blocks(4, "r")
+    pool.cache_full_blocks("r", a, [11, 12, 13, 14], 0, 4, 16, 0)
+    pool.cache_full_blocks("r", s, [11, 12, 13, 14], 0, 4, 16, 1)
+    pool.free_blocks(s)  # queue order s1..s4 (oldest first)
+    pool.free_blocks(a)
+    names = {b.block_id: f"s{i + 1}" for i, b in enumerate(s)}
+    pool.touch(a)  # FA blocks held: only SWA blocks are candidates
+    pool.evict_blocks([s[1].block_id, s[3].block_id])  # s3 loses its parent (s2) and its child (s4)
+    # s3 can be neither the last block of a window nor an earlier one: dead, before the older s1
+    # (a first block: never dead by the window rule). LRU: s1, s3.
+    assert _eviction_order(pool, names) == ["s3", "s1"]
+
+
+def test_marconi_scores_recency_plus_alpha_times_flop_efficiency():
+    # Candidates m (rank 0, efficiency 32), a3 (rank 1, dead: 0); a2 and a1 have cached children.
+    pool = _pool("marconi", alpha=1.0)
+    names = _chain(pool)
+    assert _eviction_order(pool, names, per_call=2) == ["a3", "m", "a2", "a1"]
+    # alpha 0 is recency alone: LRU among the leaves.
+    pool = _pool("marconi", alpha=0.0)
+    names = _chain(pool)
+    assert _eviction_order(pool, names, per_call=2) == ["m", "a3", "a2", "a1"]
+
+
+def _eviction_order_of_two_states(alpha: float) -> list[str]:
+    """Two free Mamba states, ``mx`` (freed first, 32 tokens deep) and ``my`` (freed later, 16 deep),
+    their FA prefixes held; the order in which marconi evicts them."""
+    pool = _pool("marconi", alpha=alpha, connector=True, num_blocks=10)
+    x1, x2, y1 = pool.get_new_blocks(3, "r")
+    mx, my = pool.get_new_blocks(2, "r")
+    pool.cache_full_blocks("x", [x1, x2], [21, 22], 0, 2, 16, 0)
+    pool.cache_full_blocks("y", [y1], [31], 0, 1, 16, 0)
+    pool.cache_block_at("x", mx, 22, 32, 1)
+    pool.cache_block_at("y", my, 31, 16, 1)
+    pool.free_blocks([mx])  # older, deeper (32 tokens)
+    pool.free_blocks([my])  # newer, shallower (16 tokens)
+    pool.free_blocks([x2, x1, y1])
+    pool.touch([x1, x2, y1])
+    return _eviction_order(pool, {mx.block_id: "mx", my.block_id: "my"})
+
+
+def test_marconi_prefers_to_keep_the_deeper_state_of_two():
+    # scores: mx = 0 + 2 * 32/32 = 2, my = 1 + 2 * 16/32 = 2 -> tie, oldest first; alpha 3 tips it.
+    assert _eviction_order_of_two_states(2.0) == ["mx", "my"]
+    assert _eviction_order_of_two_states(3.0) == ["my", "mx"]
+
+
+def test_window_bounds_the_candidates_and_lru_fills_beyond_it():
+    pool = _pool("group_coherent", window=1)
+    names = _chain(pool)
+    # Only m is examined (alive), so LRU; a3 is still dead next and is examined first then.
+    assert _eviction_order(pool, names) == ["m", "a3", "a2", "a1"]
+
+
+def test_names_options_and_verifiability():
+    assert ev.eviction_policy_names()[:3] == ["group_coherent", "lru", "marconi"]
+    assert ev.create_eviction_policy("lru") is None
+    assert ev.eviction_not_verifiable_reason("lru") is None
+    assert "what-if" in (ev.eviction_not_verifiable_reason("marconi") or "")
+    assert ev.GroupCoherentPolicy.mirrors_vllm is False and ev.MarconiPolicy.mirrors_vllm is False
+    with pytest.raises(ValueError, match=r"cache.eviction_policy: unknown eviction policy 'fifo'; valid: group_coherent, lru"):
+        ev.create_eviction_policy("fifo")
+    with pytest.raises(ValueError, match="cache.eviction_options: lru takes no options"):
+        ev.create_eviction_policy("lru", {"window": 3})
+    with pytest.raises(ValueError, match=r"cache.eviction_options.beta: unknown option \(valid: alpha, window\)"):
+        ev.create_eviction_policy("marconi", {"beta": 1})
+    with pytest.raises(ValueError, match="cache.eviction_options: group_coherent: option window must be a positive integer"):
+        ev.create_eviction_policy("group_coherent", {"window": 0})
+    with pytest.raises(ValueError, match="marconi: option alpha must be a non-negative number"):
+        ev.create_eviction_policy("marconi", {"alpha": -1})
+    with pytest.raises(ValueError, match="marconi needs the step-time model"):
+        ev.MarconiPolicy().check_context(EvictionContext())
+
+
+@pytest.fixture
+def example_plugin(monkeypatch):
+    """Pretend the example package (examples/eviction) is installed: its source on sys.path, its entry point."""
+    monkeypatch.syspath_prepend(str(EXAMPLE_SRC))
+    ep = EntryPoint(name="mamba_last", value="hybridsim_example_eviction:MambaLastPolicy", group=ev.ENTRY_POINT_GROUP)
+
+    def fake_entry_points(group=None, **_):
+        return [ep] if group == ev.ENTRY_POINT_GROUP else []
+
+    monkeypatch.setattr(sim.core.registry, "entry_points", fake_entry_points)
+    yield
+    sys.modules.pop("hybridsim_example_eviction", None)
+
+
+def test_example_policy_loads_through_the_entry_point_and_evicts_attention_first(example_plugin):
+    assert "mamba_last" in ev.eviction_policy_names()
+    pool = _pool("mamba_last", window=8)
+    names = _chain(pool)
+    assert _eviction_order(pool, names) == ["a3", "a2", "a1", "m"]
+    with pytest.raises(ValueError, match="mamba_last: option window must be a positive integer"):
+        ev.create_eviction_policy("mamba_last", {"window": "x"})
