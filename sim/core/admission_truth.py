@@ -70,6 +70,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from sim.core.admission import AdmissionAttempt
 from sim.core.interfaces import SchedulerConnector
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import BlockHash
@@ -100,7 +101,7 @@ def resident_block_range(kind: str, block_size: int, window: int, boundary: int,
 
 
 class TruthChecker:
-    """Callable ``Admission -> (outcome, tokens_lost, taint_origin)`` over one kv manager.
+    """Callable ``AdmissionAttempt -> (outcome, tokens_lost, taint_origin)`` over one kv manager.
 
     Installs itself as the block pool's ``cache_listener`` (to taint blocks a
     corrupt request caches later); one checker per kv manager.
@@ -149,7 +150,7 @@ class TruthChecker:
                     blk.taint = origin
 
     # ------------------------------------------------------------- verdict
-    def __call__(self, adm: Any) -> tuple[str, int, str]:
+    def __call__(self, adm: AdmissionAttempt) -> tuple[str, int, str]:
         rid = adm.request.request_id
         if adm.kind == "after_async_load":
             outcome, origin = self._async_verdicts.pop(rid, (OK, ""))
@@ -169,11 +170,11 @@ class TruthChecker:
     def _writes_state(self, ext: int) -> bool:
         return ext > 0 and self.connector is not None and self.connector.supplies_mamba_state
 
-    def _classify(self, adm: Any) -> tuple[str, int, str]:
+    def _classify(self, adm: AdmissionAttempt) -> tuple[str, int, str]:
         request = adm.request
-        local, ext = adm.local_tokens, adm.external_tokens
+        local, ext = adm.local, adm.ext
         resume = local + ext
-        claimed = adm.blocks.blocks if adm.blocks is not None else ()
+        claimed = adm.blocks.blocks
         state_supplied = self._writes_state(ext)
         refilled = ext > 0 and self.connector is not None and self.connector.pulls_unhashed_blocks
         bad: int | None = None
@@ -183,6 +184,7 @@ class TruthChecker:
             lst = claimed[gid] if gid < len(claimed) else ()
             hashes = self._hashes_at(request, bs)
             need = resident_block_range(kind, bs, window, resume, local, state_supplied)
+            point: int | None
             if need is None:
                 point, taint = resume, None
             else:
@@ -222,7 +224,7 @@ class TruthChecker:
         mine = own[gid][index] if index < len(own[gid]) else None
         return any(blk is not mine and blk.taint is None for blk in self.pool.get_all_cached_blocks(hashes[index], gid))
 
-    def _resident_for(self, adm: Any, own: Any, boundary: int, local: int, state_supplied: bool) -> bool:
+    def _resident_for(self, adm: AdmissionAttempt, own: Any, boundary: int, local: int, state_supplied: bool) -> bool:
         """The rule for a hypothetical admission at ``boundary`` (connector writes from ``local``),
         looked up in the cache; full attention is taken from the admission's per-group hits."""
         for gid, kind, bs, window in self.groups:
@@ -235,7 +237,7 @@ class TruthChecker:
                 return False
         return True
 
-    def _best_local_boundary(self, adm: Any, resume: int) -> int:
+    def _best_local_boundary(self, adm: AdmissionAttempt, resume: int) -> int:
         """Deepest valid boundary the local cache offered beyond ``resume`` (0 if none)."""
         cap: int = adm.request.num_tokens - 1
         for gid, kind, _, _ in self.groups:
@@ -251,7 +253,7 @@ class TruthChecker:
             b -= self.align
         return 0
 
-    def _best_connector_boundary(self, adm: Any) -> int:
+    def _best_connector_boundary(self, adm: AdmissionAttempt) -> int:
         """Deepest valid boundary with a connector load (0 if none).
 
         Shown the full-attention hit, and shown the admission's own aligned
@@ -264,7 +266,7 @@ class TruthChecker:
         if conn is None or request.skip_reading_prefix_cache:
             return 0
         fa_hits = [adm.hits[gid] for gid, kind, _, _ in self.groups if kind == "full_attention"]
-        shown_at = {adm.local_tokens // self.align * self.align}
+        shown_at = {adm.local // self.align * self.align}
         if fa_hits:
             shown_at.add(min(fa_hits) // self.align * self.align)
         own = self.kv.coordinator.get_blocks(request.request_id)

@@ -53,8 +53,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Literal, NoReturn, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Literal, NoReturn, TypeVar
 
+from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
 from sim.core.kv.fastpath import DecodeCohort
 from sim.core.kv.hashing import RequestBlockHasher
@@ -64,6 +65,7 @@ from sim.core.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
 from sim.core.request import Request, RequestStatus
 
 SchedulingPolicyName = Literal["fcfs", "priority"]
+_T = TypeVar("_T")
 
 
 class EngineCrash(Exception):
@@ -173,30 +175,6 @@ class SchedulerOutput:
         return dict(zip(self.num_scheduled_tokens, self.computed_before))
 
 
-@dataclass(frozen=True)
-class Admission:
-    """One successful admission, as the :data:`AdmissionChecker` sees it.
-
-    ``lookup`` is the policy's result (before any fallback); ``blocks``,
-    ``local_tokens`` and ``external_tokens`` are what ``allocate_slots`` was
-    given; ``hits`` are the independent per-group hits of that lookup.
-    """
-
-    request: Request
-    kind: str
-    lookup: PrefixLookup | None
-    blocks: Any
-    local_tokens: int
-    external_tokens: int
-    fallback: bool
-    load_async: bool
-    hits: tuple[int, ...]
-
-
-#: Classifies an admission: returns ``(outcome, tokens_lost, taint_origin)``.
-AdmissionChecker = Callable[[Admission], tuple[str, int, str]]
-
-
 class _WaitQueue:
     """vLLM's FCFS deque or priority heap (key: priority, arrival time, request id)."""
 
@@ -238,14 +216,6 @@ class _WaitQueue:
 
     def __len__(self) -> int:
         return len(self._heap) if self.priority else len(self._fifo)
-
-
-class _Skip(Exception):
-    """Internal: the waiting request is skipped this step (stays queued)."""
-
-
-class _StopAdmission(Exception):
-    """Internal: admission stops for this step (head-of-line)."""
 
 
 class Scheduler:
@@ -304,11 +274,6 @@ class Scheduler:
         #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
         self.reuse_prefix_lookups = True
         self._last_lookup: tuple[tuple[object, ...], tuple[int, ...], PrefixLookup] | None = None
-        #: The current admission attempt's lookup position in kv_events and last connector question
-        #: (``-1``: not asked / not answered); recorded on its admissions row.
-        self._attempt_seq = 0
-        self._asked_at = -1
-        self._answer = -1
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
         #: The event-driven running set (sim.core.kv.fastpath): with the quiet horizons, when no
@@ -563,6 +528,7 @@ class Scheduler:
         return new_blocks, req_index, budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, kinds: dict[str, str]) -> None:
+        """The waiting phase: admission attempts, head of queue first, while budget and seats last."""
         skipped: dict[int, list[Request]] = {0: [], 1: []}
         while budget > 0:
             queue = self.kv_holding_waiting if len(self.kv_holding_waiting) else self.waiting
@@ -578,18 +544,19 @@ class Scheduler:
                 self._update_waiting_for_remote_kv(request)
                 request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
             try:
-                admitted = self._try_admit(request, queue, budget, threshold, out, kinds)
-            except _Skip:
-                self._skip(queue, skipped)
-                continue
-            except _StopAdmission:
-                break
+                attempt = self._try_admit(request, budget, threshold)
             except EngineCrash:
                 if self.on_crash == "stop":
                     raise
                 self._fail_request(request)
                 continue
-            budget -= admitted
+            if attempt.end is AttemptEnd.SKIPPED:
+                self._skip(queue, skipped)
+            elif attempt.end is AttemptEnd.STOPPED:
+                break
+            else:
+                queue.pop()
+                budget -= self._start_running(attempt, out, kinds)
         for holds, group in ((1, self.kv_holding_waiting), (0, self.waiting)):
             group.prepend_in_order(skipped[holds])
 
@@ -601,114 +568,179 @@ class Scheduler:
     def _holds_kv_blocks(request: Request) -> bool:
         return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
-    def _try_admit(
-        self,
-        request: Request,
-        queue: _WaitQueue,
-        budget: int,
-        threshold: int,
-        out: SchedulerOutput,
-        kinds: dict[str, str],
-    ) -> int:
-        """Admit ``request`` (head of ``queue``); returns the tokens it was scheduled.
+    # --------------------------------------------------- admission attempt
+    def _try_admit(self, request: Request, budget: int, threshold: int) -> AdmissionAttempt:
+        """One admission attempt for ``request`` (head of its queue), through its phases, recorded once.
 
-        Raises ``_Skip`` (stay queued, try the next one), ``_StopAdmission``
-        (head-of-line stop) or :class:`EngineCrash`.
+        Returns the attempt with ``end`` set. Raises :class:`EngineCrash` (the
+        attempt is recorded first, with outcome ``crash``).
         """
-        rid = request.request_id
-        if self.recorder is not None:
-            # Where the attempt's lookup stands in kv_events (for `hybridsim explain`).
-            self._attempt_seq = len(self.recorder.kv_events) + self.kv.num_pending_events
-            self._asked_at, self._answer = -1, -1
-        lookup: PrefixLookup | None = None
-        hits: tuple[int, ...] = (0,) * self.num_groups
-        ext = 0
-        load_async = False
-        fallback = False
+        attempt = self._begin_attempt(request)
+        try:
+            self._run_attempt(attempt, budget, threshold)
+        except EngineCrash as crash:
+            attempt.outcome, attempt.crash_reason = "crash", crash.reason
+            self._record_admission(attempt)
+            raise
+        self._record_admission(attempt)
+        return attempt
+
+    def _begin_attempt(self, request: Request) -> AdmissionAttempt:
+        """Phase 1: the attempt's kind and where its lookup stands in ``kv_events`` (for ``explain``)."""
         if request.num_computed_tokens == 0:
             kind = "after_preemption" if request.num_preemptions else "first"
-            hits, lookup = self._prefix_lookup(request)
-            blocks, local = lookup.blocks, lookup.local_tokens
-            request.shared_prefix_boundary = lookup.shared_prefix_boundary
-            row: dict[str, Any] = dict(request=request, kind=kind, hits=hits, lookup=lookup)
-            if self.connector is not None:
-                blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row, fallback=False)
-                if lookup.hit_diverged and ext == 0:
-                    # vLLM 0.33: no external tokens back the deeper local hit; reconcile.
-                    blocks, local, request.shared_prefix_boundary = self.kv.get_computed_blocks(request)
-                    fallback = True
-                    if self.prefix_policy.requery_after_fallback:
-                        # A what-if (not vLLM): ask the connector again at the reconciled boundary.
-                        blocks, local, ext, load_async = self._ask_connector(request, blocks, local, row,
-                                                                             fallback=True)
-            computed = local + ext
-            row = dict(row, local=local, ext=ext, fallback=fallback)
-            self._check(computed <= request.num_tokens, "num_computed_tokens <= request.num_tokens", **row)
         else:
-            # After an async load: no new lookup (vLLM), blocks already held.
-            kind = "after_async_load"
-            blocks = self.kv.empty_kv_cache_blocks
-            local = 0
-            computed = request.num_computed_tokens
-            row = dict(request=request, kind=kind, hits=hits, lookup=None, local=0, ext=0, fallback=False)
+            kind = "after_async_load"  # blocks already held: no new lookup (vLLM)
+        lookup_seq = len(self.recorder.kv_events) + self.kv.num_pending_events if self.recorder is not None else 0
+        return AdmissionAttempt(
+            request=request, kind=kind, hits=(0,) * self.num_groups, blocks=self.kv.empty_kv_cache_blocks,
+            lookup_seq=lookup_seq, computed=request.num_computed_tokens,
+        )
 
-        if load_async:
-            self._check(ext > 0, "num_external_computed_tokens > 0", **row)
-            n = 0
+    def _run_attempt(self, attempt: AdmissionAttempt, budget: int, threshold: int) -> None:
+        """Phases 2-5 (lookup, connector, size, allocate + verdict); each may end the attempt."""
+        if attempt.kind != "after_async_load":
+            self._lookup_phase(attempt)
+            if self.connector is not None and not self._connector_phase(attempt):
+                return
+            attempt.computed = attempt.local + attempt.ext
+            self._check(attempt.computed <= attempt.request.num_tokens, "num_computed_tokens <= request.num_tokens",
+                        attempt.request)
+        if not self._size_phase(attempt, budget, threshold):
+            return
+        self._allocate_phase(attempt)
+
+    def _lookup_phase(self, attempt: AdmissionAttempt) -> None:
+        """Phase 2: the per-group hits and the policy's local hit."""
+        request = attempt.request
+        attempt.hits, lookup = self._prefix_lookup(request)
+        attempt.lookup, attempt.blocks, attempt.local = lookup, lookup.blocks, lookup.local_tokens
+        request.shared_prefix_boundary = lookup.shared_prefix_boundary
+
+    def _connector_phase(self, attempt: AdmissionAttempt) -> bool:
+        """Phase 3: external tokens, and vLLM 0.33's fallback for a diverged hit the connector does not back.
+
+        The fallback re-runs ``get_computed_blocks`` without asking the
+        connector again (vLLM 0.33); only a policy with
+        ``requery_after_fallback`` (the what-if ``pr48425_requery``) asks again
+        at the reconciled boundary. False: the connector is not ready (the
+        attempt ended ``SKIPPED``).
+        """
+        if not self._ask_connector(attempt):
+            return False
+        if attempt.hit_diverged and attempt.ext == 0:
+            request = attempt.request
+            attempt.blocks, attempt.local, request.shared_prefix_boundary = self.kv.get_computed_blocks(request)
+            attempt.fallback = True
+            if self.prefix_policy.requery_after_fallback:
+                return self._ask_connector(attempt)
+        return True
+
+    def _ask_connector(self, attempt: AdmissionAttempt) -> bool:
+        """vLLM's connector query at the attempt's local hit: sets ``ext`` and ``load_async``.
+
+        The connector is shown the block-aligned local hit; a partial tail is
+        kept only when the answer does not cover it (else the blocks are
+        truncated to the aligned hit). A ``None`` answer ends the attempt
+        (``connector_not_ready``, skipped this step) and returns False.
+        """
+        request = attempt.request
+        partial_tail = attempt.local % self.block_size
+        aligned_local = attempt.local - partial_tail
+        # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
+        conn = self.connector
+        assert conn is not None  # only called when the scheduler has a connector
+        attempt.asked_at, attempt.answer = aligned_local, -1
+        ext_answer, load_async = self._guarded(
+            lambda: conn.get_num_new_matched_tokens(request, aligned_local), request
+        )
+        if ext_answer is not None:
+            attempt.answer = ext_answer
+        if request.skip_reading_prefix_cache:
+            ext_answer, load_async = 0, False
+        if ext_answer is None:
+            attempt.stop(AttemptEnd.SKIPPED, "connector_not_ready")
+            return False
+        if partial_tail and ext_answer > partial_tail:
+            attempt.ext = ext_answer
+            blocks = attempt.blocks
+            attempt.blocks = self._guarded(lambda: self.kv.truncate_computed_blocks(blocks, aligned_local), request)
+            attempt.local, attempt.load_async = aligned_local, load_async
+        elif partial_tail:
+            attempt.ext, attempt.load_async = 0, False
         else:
-            n = request.num_tokens - computed
-            if 0 < threshold < n:
-                n = threshold
-            n = min(n, budget)
-            self._check(n > 0, "num_new_tokens > 0", **row)
-            if self.need_mamba_split:
-                n = self._mamba_block_aligned_split(request, n, local, ext)
-                if n == 0:
-                    self._record_admission(**row, outcome="not_admitted", reason="no_aligned_chunk")
-                    raise _StopAdmission
+            attempt.ext, attempt.load_async = ext_answer, load_async
+        return True
+
+    def _size_phase(self, attempt: AdmissionAttempt, budget: int, threshold: int) -> bool:
+        """Phase 4: the tokens to schedule (0 for an async load). False: no aligned chunk (``STOPPED``)."""
+        request = attempt.request
+        if attempt.load_async:
+            self._check(attempt.ext > 0, "num_external_computed_tokens > 0", request)
+            attempt.num_new_tokens = 0
+            return True
+        n = request.num_tokens - attempt.computed
+        if 0 < threshold < n:
+            n = threshold
+        n = min(n, budget)
+        self._check(n > 0, "num_new_tokens > 0", request)
+        if self.need_mamba_split:
+            n = self._mamba_block_aligned_split(request, n, attempt.local, attempt.ext)
+            if n == 0:
+                attempt.stop(AttemptEnd.STOPPED, "no_aligned_chunk")
+                return False
+        attempt.num_new_tokens = n
+        return True
+
+    def _allocate_phase(self, attempt: AdmissionAttempt) -> None:
+        """Phase 5: ``allocate_slots`` for the whole prompt, the connector's ``update_state_after_alloc``,
+        and the truth checker's verdict; an async load parks the request (``SKIPPED``)."""
+        request = attempt.request
+        load_async = attempt.load_async
         reserved = self._inflight_prefill_reserved_blocks() if load_async else 0
         new_blocks = self._guarded(
             lambda: self.kv.allocate_slots(
                 request,
-                n,
-                num_new_computed_tokens=local,
-                new_computed_blocks=blocks,
-                num_external_computed_tokens=ext,
+                attempt.num_new_tokens,
+                num_new_computed_tokens=attempt.local,
+                new_computed_blocks=attempt.blocks,
+                num_external_computed_tokens=attempt.ext,
                 delay_cache_blocks=load_async,
                 full_sequence_must_fit=True,
                 reserved_blocks=reserved,
                 has_scheduled_reqs=bool(self.running),
             ),
-            **row,
+            request,
         )
         if new_blocks is None:
-            self._record_admission(**row, outcome="not_admitted", reason="no_blocks")
-            raise _StopAdmission
-
+            attempt.stop(AttemptEnd.STOPPED, "no_blocks")
+            return
         conn = self.connector
         if conn is not None:
-            self._guarded(lambda: conn.update_state_after_alloc(request, self.kv.get_blocks(rid), ext),
-                          **row)
+            ext = attempt.ext
+            self._guarded(lambda: conn.update_state_after_alloc(request, self.kv.get_blocks(request.request_id), ext),
+                          request)
         self.num_admissions += 1
-        if fallback:
+        if attempt.fallback:
             self.num_fallbacks += 1
         if request.num_cached_tokens < 0:
-            request.num_cached_tokens = computed
-            request.num_external_computed_tokens = ext
-        outcome, tokens_lost, taint_origin = "ok", 0, ""
+            request.num_cached_tokens = attempt.computed
+            request.num_external_computed_tokens = attempt.ext
+        attempt.outcome = "ok"
         if self.admission_checker is not None:
-            outcome, tokens_lost, taint_origin = self.admission_checker(
-                Admission(request, kind, lookup, blocks, local, ext, fallback, load_async, hits)
-            )
-        self._record_admission(**row, outcome=outcome, tokens_lost=tokens_lost, taint_origin=taint_origin,
-                               num_computed=computed)
-
+            attempt.outcome, attempt.tokens_lost, attempt.taint_origin = self.admission_checker(attempt)
         if load_async:
             request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-            request.num_computed_tokens = computed
-            self._inflight_prefills[rid] = request
-            raise _Skip
-        queue.pop()
+            request.num_computed_tokens = attempt.computed
+            self._inflight_prefills[request.request_id] = request
+            attempt.end = AttemptEnd.SKIPPED
+        else:
+            attempt.end = AttemptEnd.ADMITTED
+
+    def _start_running(self, attempt: AdmissionAttempt, out: SchedulerOutput, kinds: dict[str, str]) -> int:
+        """An admitted request joins ``running`` with its tokens scheduled; returns them."""
+        request, n = attempt.request, attempt.num_new_tokens
+        rid = request.request_id
         self.running.append(request)
         if request.status == RequestStatus.WAITING:
             out.scheduled_new_reqs.append(request)
@@ -718,45 +750,10 @@ class Scheduler:
             kinds[rid] = "resumed"
         out.num_scheduled_tokens[rid] = n
         request.status = RequestStatus.RUNNING
-        request.num_computed_tokens = computed
-        if computed + n < request.num_tokens:
+        request.num_computed_tokens = attempt.computed
+        if attempt.computed + n < request.num_tokens:
             self._inflight_prefills[rid] = request
         return n
-
-    def _ask_connector(
-        self, request: Request, blocks: Any, local: int, row: dict[str, Any], fallback: bool
-    ) -> tuple[Any, int, int, bool]:
-        """vLLM's connector query for a fresh admission: ``(blocks, local, ext, load_async)``.
-
-        The connector is shown the block-aligned local hit; a partial tail is
-        kept only when the answer does not cover it (else the blocks are
-        truncated to the aligned hit). ``None`` skips the request this step.
-        """
-        partial_tail = local % self.block_size
-        aligned_local = local - partial_tail
-        # A connector's own scheduler-side asserts (e.g. NIXL's) kill the engine too.
-        conn = self.connector
-        assert conn is not None  # only called when the scheduler has a connector
-        self._asked_at, self._answer = aligned_local, -1
-        ext_answer, load_async = self._guarded(
-            lambda: conn.get_num_new_matched_tokens(request, aligned_local),
-            **row, local=local, fallback=fallback,
-        )
-        if ext_answer is not None:
-            self._answer = ext_answer
-        if request.skip_reading_prefix_cache:
-            ext_answer, load_async = 0, False
-        if ext_answer is None:
-            self._record_admission(**row, local=local, ext=0, fallback=fallback, outcome="not_admitted",
-                                   reason="connector_not_ready")
-            raise _Skip
-        if partial_tail and ext_answer > partial_tail:
-            blocks = self._guarded(lambda: self.kv.truncate_computed_blocks(blocks, aligned_local),
-                                   **row, local=local, ext=ext_answer, fallback=fallback)
-            return blocks, aligned_local, ext_answer, load_async
-        if partial_tail:
-            return blocks, local, 0, False
-        return blocks, local, ext_answer, load_async
 
     def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
         """The per-group hits and the policy's lookup for a waiting request.
@@ -784,71 +781,50 @@ class Scheduler:
         self._last_lookup = (key, hits, lookup) if key is not None else None
         return hits, lookup
 
-    def _check(self, ok: bool, assertion: str, **row: Any) -> None:
+    def _check(self, ok: bool, assertion: str, request: Request) -> None:
         """vLLM ``assert <assertion>``: a failed one is an engine crash."""
         if not ok:
-            self._crash(f"AssertionError: {assertion}", **row)
+            self._crash(f"AssertionError: {assertion}", request)
 
-    def _guarded(self, call: Callable[[], Any], **row: Any) -> Any:
-        """Run a kv-core call; its AssertionError / ValueError is an engine crash.
-
-        ``row`` names the request (and, during an admission, the admission row
-        to record with outcome ``crash``).
-        """
+    def _guarded(self, call: Callable[[], _T], request: Request) -> _T:
+        """Run a kv-core or connector call for ``request``; its AssertionError / ValueError is an engine crash."""
         try:
             return call()
         except (AssertionError, ValueError) as exc:
-            self._crash(_crash_reason(exc), **row)
+            self._crash(_crash_reason(exc), request)
 
-    def _crash(self, reason: str, request: Request, kind: str = "", hits: Sequence[int] = (),
-               lookup: PrefixLookup | None = None, local: int = 0, ext: int = 0, fallback: bool = False) -> NoReturn:
-        if kind:
-            self._record_admission(request=request, kind=kind, hits=hits, lookup=lookup, local=local, ext=ext,
-                                   fallback=fallback, outcome="crash", crash_reason=reason)
+    def _crash(self, reason: str, request: Request) -> NoReturn:
         crash = EngineCrash(reason, request.request_id, self.step)
         if self.on_crash == "record":
             self.crashes.append(crash)
         raise crash
 
-    def _record_admission(
-        self,
-        *,
-        request: Request,
-        kind: str,
-        hits: Sequence[int],
-        lookup: PrefixLookup | None,
-        local: int,
-        ext: int,
-        fallback: bool,
-        outcome: str,
-        reason: str = "",
-        crash_reason: str = "",
-        tokens_lost: int = 0,
-        taint_origin: str = "",
-        num_computed: int | None = None,
-    ) -> None:
-        """One ``admissions`` row; ``num_computed`` is where an admitted request resumes."""
+    def _record_admission(self, attempt: AdmissionAttempt) -> None:
+        """The attempt's one ``admissions`` row. ``num_computed_tokens`` is where an allocated request
+        resumes, else where the request stands."""
         if self.recorder is None:
             return
+        request = attempt.request
+        allocated = attempt.outcome not in ("not_admitted", "crash")
         self.recorder.record_admission(
             request_id=request.request_id,
             prompt_tokens=request.num_prompt_tokens,
-            hits=hits,
-            local_tokens=local,
-            external_tokens=ext,
-            hit_diverged=bool(lookup is not None and lookup.hit_diverged),
-            fallback=fallback,
+            hits=attempt.hits,
+            local_tokens=attempt.local,
+            external_tokens=attempt.ext,
+            hit_diverged=attempt.hit_diverged,
+            fallback=attempt.fallback,
             policy=self.prefix_policy.name,
-            outcome=outcome,
-            crash_reason=crash_reason,
-            kind=kind,
-            reason=reason,
-            num_computed_tokens=request.num_computed_tokens if num_computed is None else num_computed,
-            tokens_lost=tokens_lost,
-            taint_origin=taint_origin,
-            lookup_seq=self._attempt_seq,
-            connector_asked_at=self._asked_at,
-            connector_answer=self._answer,
+            outcome=attempt.outcome,
+            crash_reason=attempt.crash_reason,
+            kind=attempt.kind,
+            reason=attempt.reason,
+            num_computed_tokens=attempt.computed if allocated else request.num_computed_tokens,
+            tokens_lost=attempt.tokens_lost,
+            taint_origin=attempt.taint_origin,
+            lookup_seq=attempt.lookup_seq,
+            connector_asked_at=attempt.asked_at,
+            connector_answer=attempt.answer,
         )
 
     def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:

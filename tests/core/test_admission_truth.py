@@ -9,7 +9,7 @@ from sim.core.kv.manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.policy.prefix import PrefixLookup
 from sim.core.request import Request
-from sim.core.scheduler import Admission
+from sim.core.admission import AdmissionAttempt
 from sim.core.tokens import StreamSegment
 
 B = 16
@@ -44,7 +44,8 @@ def _seeded(fa_blocks, mamba_states):
 
 def _admit(kv, request, blocks, local, ext=0, hits=(0, 0), kind="first", load_async=False):
     lookup = PrefixLookup(kv.create_kv_cache_blocks(blocks), local, 0, False)
-    return Admission(request, kind, lookup, lookup.blocks, local, ext, False, load_async, hits)
+    return AdmissionAttempt(request=request, kind=kind, hits=hits, blocks=lookup.blocks, lookup=lookup, local=local,
+                            ext=ext, load_async=load_async)
 
 
 def test_consistent_claim_is_ok_and_a_shallower_one_is_recompute():
@@ -122,7 +123,7 @@ def test_readmission_forgets_the_old_bad_point_and_async_resume_repeats_the_verd
     assert "a" in check.bad
     got = check(_admit(kv, r, ([b[0, 0]], [b[1, 0]]), 16, ext=16, hits=(32, 16), load_async=True))
     assert got == ("ok", 0, "") and "a" not in check.bad
-    resume = Admission(r, "after_async_load", None, kv.empty_kv_cache_blocks, 0, 0, False, False, (0, 0))
+    resume = AdmissionAttempt(request=r, kind="after_async_load", hits=(0, 0), blocks=kv.empty_kv_cache_blocks)
     assert check(resume) == ("ok", 0, "")
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sim.core.kv.coordinator import HybridKVCacheCoordinator
+from sim.core.kv.manager import KVCacheBlocks
 from sim.core.registry import Registry
 from sim.core.request import Request
 
@@ -48,7 +49,7 @@ class PrefixLookup:
     resident in the claimed blocks.
     """
 
-    blocks: Any
+    blocks: KVCacheBlocks
     local_tokens: int
     shared_prefix_boundary: int
     hit_diverged: bool = False
