@@ -39,8 +39,64 @@ from sim.core.request import Request
 
 def _prob(key: str, value: Any) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 1:
-        raise ValueError(f"connector.{key}: expected a probability in [0, 1], got {value!r}")
+        raise ValueError(f"{key}: expected a probability in [0, 1], got {value!r}")
     return float(value)
+
+
+#: The options of ``faulty`` that decide faults (everything but ``wraps`` / ``inner``).
+FAULT_OPTIONS = (
+    "load_failure_prob", "partial_load_prob", "partial_fraction", "mamba_drop_prob", "slow_prob", "slowdown",
+    "fail_loads", "partial_loads", "drop_mamba", "slow",
+)
+_PROBABILITIES = ("load_failure_prob", "partial_load_prob", "partial_fraction", "mamba_drop_prob", "slow_prob")
+
+
+def _factor(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        raise ValueError(f"{key}: expected a factor >= 1, got {value!r}")
+    return float(value)
+
+
+def _ids(where: str, key: str, faults: Mapping[str, Any]) -> set[str]:
+    value = faults.get(key, ())
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}.{key}: expected a list of request ids, got {value!r}")
+    return set(value)
+
+
+def _mapping(where: str, key: str, faults: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    value = faults.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}.{key}: expected a mapping of request id to a number, got {value!r}")
+    return list(value.items())
+
+
+@dataclass(frozen=True)
+class FaultUpdate:
+    """Checked fault options: ``scalars`` (probabilities, ``slowdown``) and the per-request additions."""
+
+    scalars: dict[str, float]
+    fail_loads: set[str]
+    drop_mamba: set[str]
+    partial_loads: dict[str, float]
+    slow: dict[str, float]
+
+
+def parse_faults(faults: Mapping[str, Any], where: str) -> FaultUpdate:
+    """Check fault options (keys of :data:`FAULT_OPTIONS`); a bad one raises ValueError naming ``where.key``."""
+    unknown = sorted(set(faults) - set(FAULT_OPTIONS))
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: not a fault option of 'faulty' (valid: {', '.join(FAULT_OPTIONS)})")
+    scalars = {k: _prob(f"{where}.{k}", faults[k]) for k in _PROBABILITIES if k in faults}
+    if "slowdown" in faults:
+        scalars["slowdown"] = _factor(f"{where}.slowdown", faults["slowdown"])
+    return FaultUpdate(
+        scalars=scalars,
+        fail_loads=_ids(where, "fail_loads", faults),
+        drop_mamba=_ids(where, "drop_mamba", faults),
+        partial_loads={k: _prob(f"{where}.partial_loads.{k}", v) for k, v in _mapping(where, "partial_loads", faults)},
+        slow={k: _factor(f"{where}.slow.{k}", v) for k, v in _mapping(where, "slow", faults)},
+    )
 
 
 class _SlowedLink:
@@ -94,21 +150,19 @@ class FaultyConnector(KVConnector):
         spec = wraps if wraps is not None else inner
         assert spec is not None  # exactly one was given (checked above)
         self.inner = spec if isinstance(spec, KVConnector) else _build_inner(spec)
-        self.load_failure_prob = _prob("load_failure_prob", load_failure_prob)
-        self.partial_load_prob = _prob("partial_load_prob", partial_load_prob)
-        self.partial_fraction = _prob("partial_fraction", partial_fraction)
-        self.mamba_drop_prob = _prob("mamba_drop_prob", mamba_drop_prob)
-        self.slow_prob = _prob("slow_prob", slow_prob)
-        if not isinstance(slowdown, (int, float)) or slowdown < 1:
-            raise ValueError(f"connector.slowdown: expected a factor >= 1, got {slowdown!r}")
-        self.slowdown = float(slowdown)
-        self.fail_loads = set(fail_loads)
-        self.partial_loads = {k: _prob(f"partial_loads.{k}", v) for k, v in (partial_loads or {}).items()}
-        self.drop_mamba = set(drop_mamba)
-        self.slow = dict(slow or {})
-        for k, v in self.slow.items():
-            if not isinstance(v, (int, float)) or v < 1:
-                raise ValueError(f"connector.slow.{k}: expected a factor >= 1, got {v!r}")
+        self.load_failure_prob = self.partial_load_prob = self.mamba_drop_prob = self.slow_prob = 0.0
+        self.partial_fraction = self.slowdown = 0.0
+        self.fail_loads: set[str] = set()
+        self.partial_loads: dict[str, float] = {}
+        self.drop_mamba: set[str] = set()
+        self.slow: dict[str, float] = {}
+        self._set_faults(
+            dict(load_failure_prob=load_failure_prob, partial_load_prob=partial_load_prob,
+                 partial_fraction=partial_fraction, mamba_drop_prob=mamba_drop_prob, slow_prob=slow_prob,
+                 slowdown=slowdown, fail_loads=fail_loads, partial_loads=partial_loads, drop_mamba=drop_mamba,
+                 slow=slow),
+            "connector",
+        )
         self.supports_hma = self.inner.supports_hma
         self.supports_divergent_local_hybrid_hits = self.inner.supports_divergent_local_hybrid_hits
         self.supplies_mamba_state = self.inner.supplies_mamba_state
@@ -126,6 +180,30 @@ class FaultyConnector(KVConnector):
             "slow_requests": 0,
             "error_blocks": 0,
         }
+
+    # ------------------------------------------------------------------ fault options
+    def _set_faults(self, faults: Mapping[str, Any], where: str) -> None:
+        """Apply fault options: probabilities and factors replace the current ones, request-id lists and
+        maps are added to. Every value is checked (:func:`parse_faults`) before any is changed."""
+        update = parse_faults(faults, where)
+        for key, value in update.scalars.items():
+            setattr(self, key, value)
+        self.fail_loads |= update.fail_loads
+        self.drop_mamba |= update.drop_mamba
+        self.partial_loads.update(update.partial_loads)
+        self.slow.update(update.slow)
+
+    def check_fault(self, options: Mapping[str, Any]) -> None:
+        """Raise ValueError (naming the key and the valid ones) if ``options`` cannot be injected."""
+        parse_faults(options, "connector_fault")
+
+    def inject_fault(self, options: Mapping[str, Any]) -> None:
+        """A ``connector_fault`` action: change the fault options from now on (see :meth:`_set_faults`).
+
+        A load already under way keeps the fault planned when it started; a
+        slow factor is fixed when a request arrives, so it applies to requests
+        that arrive afterwards."""
+        self._set_faults(options, "connector_fault")
 
     # ------------------------------------------------------------------ plumbing
     def bind(self, ctx: ConnectorContext) -> None:

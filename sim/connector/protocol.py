@@ -7,7 +7,7 @@ default; a plug-in connector that does not subclass it must still have them all.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol, runtime_checkable
 
 from sim.connector.context import ConnectorContext
 from sim.core.interfaces import SchedulerConnector
@@ -38,4 +38,17 @@ class Connector(SchedulerConnector, Protocol):
 
     def step_columns(self) -> dict[str, Any]:
         """Per-step extension columns of the ``steps`` table."""
+        ...
+
+
+@runtime_checkable
+class FaultInjector(Protocol):
+    """A connector that takes ``connector_fault`` actions (the ``faulty`` wrapper)."""
+
+    def check_fault(self, options: Mapping[str, Any]) -> None:
+        """Raise ValueError naming the bad key (and the valid ones) if ``options`` cannot be injected."""
+        ...
+
+    def inject_fault(self, options: Mapping[str, Any]) -> None:
+        """Apply ``options`` from now on."""
         ...

@@ -25,12 +25,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sim.config import ScenarioError
+from sim.connector.protocol import FaultInjector
 from sim.engine.loop import Action
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import extend_block_hashes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.config.scenario import Scenario
+    from sim.config.scenario import ActionSpec, Scenario
     from sim.engine.build import Components
 
 
@@ -80,6 +81,23 @@ def _evict_action(spec: Any, components: "Components", index: int) -> Action:
     return Action(at=None, at_s=None, apply=apply, description=desc)
 
 
+def _fault_action(spec: "ActionSpec", scenario: "Scenario", components: "Components", index: int) -> Action:
+    """A ``connector_fault`` action: the ``faulty`` connector's fault options change at ``at``."""
+    connector = components.connector
+    if not isinstance(connector, FaultInjector):
+        raise ScenarioError(
+            f"actions.{index}.connector_fault: connector {scenario.connector.type!r} takes no faults "
+            "(use connector type 'faulty' wrapping it)"
+        )
+    assert spec.connector_fault is not None  # an action is exactly one of evict, reset_prefix_cache, connector_fault
+    options = dict(spec.connector_fault.model_extra or {})
+    try:
+        connector.check_fault(options)
+    except ValueError as exc:
+        raise ScenarioError(f"actions.{index}.{exc}") from None
+    return Action(None, None, partial(connector.inject_fault, options), f"connector_fault {sorted(options)}")
+
+
 def build_actions(scenario: "Scenario", components: "Components") -> list[Action]:
     """The scenario's actions, bound to this run's objects, each due at its step (or time)."""
     actions: list[Action] = []
@@ -90,16 +108,7 @@ def build_actions(scenario: "Scenario", components: "Components") -> list[Action
             manager = components.kv_manager
             action = Action(None, None, manager.reset_prefix_cache, "reset_prefix_cache")
         else:
-            connector = components.connector
-            inject = getattr(connector, "inject_fault", None)
-            if inject is None:
-                raise ScenarioError(
-                    f"actions.{i}.connector_fault: connector {scenario.connector.type!r} takes no faults "
-                    "(use connector type 'faulty' wrapping it)"
-                )
-            fault = spec.connector_fault
-            assert fault is not None  # an action is exactly one of evict, reset_prefix_cache, connector_fault
-            action = Action(None, None, partial(inject, **dict(fault.model_extra or {})), "connector_fault")
+            action = _fault_action(spec, scenario, components, i)
         if scenario.clock == "steps":
             action.at = int(spec.at)
         else:

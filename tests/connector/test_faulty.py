@@ -131,3 +131,13 @@ def test_connector_without_hma_is_refused_on_a_multi_group_model():
     # the wrapper inherits its inner connector's capability
     with pytest.raises(ValueError, match="does not support HMA"):
         check_connector_compatible(FaultyConnector(wraps=NoHMA()), hybrid)
+
+
+def test_inject_fault_adds_request_ids_and_replaces_probabilities():
+    ctx, _ = step_ctx(FA, MAMBA)
+    conn = faulty(ctx, fail_loads=["a"], load_failure_prob=0.5)
+    conn.inject_fault({"fail_loads": ["b"], "load_failure_prob": 0.0, "drop_mamba": ["m"]})
+    assert conn.fail_loads == {"a", "b"} and conn.load_failure_prob == 0.0 and conn.drop_mamba == {"m"}
+    with pytest.raises(ValueError, match="connector_fault.slow.x: expected a factor >= 1"):
+        conn.inject_fault({"slow": {"x": 0.5}, "fail_loads": ["c"]})
+    assert "c" not in conn.fail_loads  # a rejected injection changes nothing

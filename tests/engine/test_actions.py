@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sim
-from sim.config import scenario_from_text
+from sim.config import ScenarioError, scenario_from_text
 
 EQUAL_CONTENT_TWICE = """
 name: evict-equal-content-twice
@@ -40,3 +42,49 @@ def test_evict_drops_every_block_cached_under_the_hash():
     ]
     assert set(removed["cause"]) == {"evict_action"}
     assert removed["block_hash"].iloc[2] == removed["block_hash"].iloc[3] == stored_fa["block_hash"].iloc[0]
+
+
+FAULT_LATER = """
+name: fault-action
+clock: steps
+cache: {block_size: 16, num_blocks: 40, groups: [full_attention]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 64, prefix_policy: pr48425}
+connector: {type: faulty, wraps: {type: scripted, matched_tokens: {r0: 32, r1: 32}, load_async: true,
+            async_load_steps: 1}}
+workload:
+  requests:
+    - {id: r0, at: 0, prompt: [{content: doc, tokens: 100}], max_tokens: 2}
+    - {id: r1, at: 10, prompt: [{content: other, tokens: 100}], max_tokens: 2}
+"""
+
+
+def _faults(actions: str) -> dict:
+    result = sim.run(scenario_from_text(FAULT_LATER + actions, "fault-action.yaml"))
+    return {k: v for k, v in result.summary["connector_metrics"].items() if k.startswith("fault_")}
+
+
+def test_connector_fault_action_changes_the_faults_from_its_step_on():
+    """Both requests load 32 tokens (2 blocks); only r1's load starts after the action, so only it fails."""
+    assert _faults("")["fault_failed_loads"] == 0
+    got = _faults("actions:\n  - {at: 5, connector_fault: {fail_loads: [r1], load_failure_prob: 0.0}}\n")
+    assert (got["fault_loads_seen"], got["fault_failed_loads"], got["fault_error_blocks"]) == (2, 1, 2)
+    # An action after r1's load started changes nothing for it.
+    assert _faults("actions:\n  - {at: 11, connector_fault: {fail_loads: [r1]}}\n")["fault_failed_loads"] == 0
+
+
+def test_connector_fault_action_with_a_bad_option_names_it_and_the_valid_ones():
+    with pytest.raises(ScenarioError) as err:
+        sim.run(scenario_from_text(FAULT_LATER + "actions:\n  - {at: 5, connector_fault: {fail_load: [r1]}}\n",
+                                   "fault-action.yaml"))
+    assert "actions.0.connector_fault.fail_load: not a fault option of 'faulty'" in str(err.value)
+    assert "fail_loads" in str(err.value)
+    with pytest.raises(ScenarioError, match=r"actions.0.connector_fault.load_failure_prob: expected a probability"):
+        sim.run(scenario_from_text(FAULT_LATER + "actions:\n  - {at: 5, connector_fault: {load_failure_prob: 2}}\n",
+                                   "fault-action.yaml"))
+
+
+def test_connector_fault_action_needs_the_faulty_wrapper():
+    text = FAULT_LATER.replace("{type: faulty, wraps: {type: scripted", "{type: scripted").replace(
+        "async_load_steps: 1}}", "async_load_steps: 1}")
+    with pytest.raises(ScenarioError, match="connector 'scripted' takes no faults"):
+        sim.run(scenario_from_text(text + "actions:\n  - {at: 5, connector_fault: {fail_loads: [r1]}}\n", "f.yaml"))
