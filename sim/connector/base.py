@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from sim.connector.context import ConnectorContext
+from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
 
@@ -60,13 +61,22 @@ class KVConnector:
     #: A load refills the request's unhashed blocks too (the NIXL-like ``remote`` pull).
     pulls_unhashed_blocks: bool = False
 
-    #: The context given by :meth:`bind` (``None`` until bound; typed loosely so that the
-    #: subclasses, which only run bound, need no ``None`` checks).
-    ctx: Any = None
+    _ctx: ConnectorContext | None = None
+
+    @property
+    def ctx(self) -> ConnectorContext:
+        """The context given by :meth:`bind`; using a connector that was never bound is an error."""
+        if self._ctx is None:
+            raise RuntimeError(f"connector {self.name!r}: bind(ctx) must be called before it is used")
+        return self._ctx
+
+    @property
+    def bound(self) -> bool:
+        return self._ctx is not None
 
     def bind(self, ctx: ConnectorContext) -> None:
         """Receive the run's :class:`~sim.connector.context.ConnectorContext` (once, before step 0)."""
-        self.ctx = ctx
+        self._ctx = ctx
 
     def on_new_request(self, request: Request) -> None:
         """A request entered the scheduler."""
@@ -83,7 +93,7 @@ class KVConnector:
         cannot answer hypothetically (the default for third-party connectors that do not override it)."""
         return None
 
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Blocks were allocated for ``request``; ``num_external_tokens`` > 0 means load them."""
 
     def request_finished_all_groups(

@@ -34,6 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
 from sim.core.kv.pool import KVEvent
+from sim.core.kv.manager import KVCacheBlocks
 from sim.core.request import Request
 
 
@@ -266,7 +267,7 @@ class FaultyConnector(KVConnector):
             return _PlannedFault("mamba_drops", mamba)
         return None
 
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
         if num_external_tokens > 0:
             self.counters["loads_seen"] += 1

@@ -62,6 +62,7 @@ from typing import Any, Literal, Sequence
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, GroupLayout, LinkSpec, block_table
 from sim.core.kv.pool import KVEvent
+from sim.core.kv.manager import KVCacheBlocks
 from sim.core.request import Request
 
 #: PCIe Gen5 x16: 64 GB/s raw per direction, ~50 GB/s effective for pinned-memory DMA.
@@ -347,7 +348,7 @@ class OffloadConnector(KVConnector):
             keys.extend((g.index, self._key(request, j)) for j in range(lo, stop))
         return keys
 
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         state = self._state(request)
         if num_external_tokens <= 0:
             return
@@ -364,9 +365,9 @@ class OffloadConnector(KVConnector):
                 raise AssertionError("num_locally_computed_tokens % tokens_per_block == 0")
         keys = self.load_keys(request, local, end)
         nbytes = sum(self.entry_bytes_for_load(g, local, end) for g in self.ctx.groups)
-        for g, k in keys:
-            self.tier.touch(g, k)
-            self.tier.pin(g, k, +1)
+        for gid, key in keys:
+            self.tier.touch(gid, key)
+            self.tier.pin(gid, key, +1)
         state.loading = True
         self._loads_in_flight += 1
         self.counters["loads"] += 1

@@ -67,6 +67,7 @@ from typing import Any, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
+from sim.core.kv.manager import KVCacheBlocks
 from sim.core.request import Request
 
 #: One 200 Gb/s RDMA NIC (InfiniBand HDR / NDR200, RoCE) at ~25 GB/s effective.
@@ -222,7 +223,7 @@ class RemoteConnector(KVConnector):
                 if not abs(nd - npf) <= max_padding:
                     raise AssertionError(f"Group {i}: |{nd} - {npf}| > {max_padding}")
 
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
         remote = self._remote.get(rid)
         if remote is None or remote.consumed:

@@ -21,9 +21,10 @@ no KV of its own and never delays a free.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from sim.connector.base import KVConnector
+from sim.core.kv.manager import KVCacheBlocks
 from sim.core.request import Request
 
 
@@ -77,7 +78,7 @@ class ScriptedConnector(KVConnector):
         if rid in self.matched_tokens:
             ext = self.matched_tokens[rid]
         elif rid in self.holds:
-            if self.ctx is None:
+            if not self.bound:
                 raise RuntimeError("scripted connector: holds mode needs bind(ctx) (the scheduler block size) first")
             held = min(self.holds[rid], request.num_tokens - 1)
             held -= held % self.ctx.scheduler_block_size
@@ -86,7 +87,7 @@ class ScriptedConnector(KVConnector):
             ext = 0
         return ext
 
-    def update_state_after_alloc(self, request: Request, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
         self.loads.append((request.request_id, num_external_tokens))
