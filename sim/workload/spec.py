@@ -76,6 +76,11 @@ class IdsSegmentSpec(_Model):
 
 
 def _segment_kind(value: Any) -> str:
+    """The tag of a segment: from its keys when validating input, from its class when serializing."""
+    if isinstance(value, OutputSegmentSpec):
+        return "output"
+    if isinstance(value, IdsSegmentSpec):
+        return "ids"
     if isinstance(value, dict):
         if "output_of" in value:
             return "output"

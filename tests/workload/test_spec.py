@@ -114,3 +114,15 @@ def test_record_takes_exactly_one_prompt_form():
         RecordSpec.model_validate({"id": "a", "max_tokens": 1})
     with pytest.raises(ValidationError, match="exactly one"):
         RecordSpec.model_validate({"id": "a", "max_tokens": 1, "token_ids": [1], "prompt": [{"ids": [1]}]})
+
+
+def test_segments_serialize_as_their_own_kind_and_round_trip(recwarn):
+    """The discriminator tags model instances too, so dumping an ``output_of`` or ``ids`` segment
+    neither warns nor turns it into a content segment."""
+    record = {"id": "r1", "at": 0, "max_tokens": 1,
+              "prompt": [{"content": "doc", "tokens": 8}, {"output_of": "r0", "tokens": 2}, {"ids": [5, 6]}]}
+    spec = RecordSpec.model_validate(record)
+    dumped = spec.model_dump(exclude_defaults=True)
+    assert dumped["prompt"] == [{"content": "doc", "tokens": 8}, {"output_of": "r0", "tokens": 2}, {"ids": [5, 6]}]
+    assert RecordSpec.model_validate(dumped) == spec
+    assert not [w for w in recwarn if "serializ" in str(w.message).lower()]
