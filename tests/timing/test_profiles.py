@@ -18,7 +18,7 @@ def test_the_a100_extract_loads_with_llama3_shapes():
     m = p.model(32)
     # Llama-3-8B: 6.98e9 parameters outside embedding and LM head
     assert m.dense_params == pytest.approx(6.98e9, rel=0.01)
-    assert p.attention is not None and len(p.attention) == 54
+    assert p.attention is not None and len(p.attention) == 74
 
 
 def test_step_sums_follow_vidur():
