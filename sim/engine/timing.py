@@ -269,6 +269,13 @@ class StepTimeModel:
 
     __slots__ = (
         "_attn_classes",
+        "_attn_floor",
+        "_ctx_c",
+        "_cta_inv_bw",
+        "_dec_c",
+        "_dec_inv_bw",
+        "_pre_c",
+        "_pre_inv_bw",
         "_attn_layers",
         "_bw",
         "_decode_slots",
@@ -325,6 +332,15 @@ class StepTimeModel:
         self._pair_flops = 4.0 * model.num_attention_heads * model.head_dim
         self._kv_bytes = float(sum(layer.bytes_per_token for layer in attn) / len(attn)) if attn else 0.0
         self._q_bytes = 2.0 * model.num_attention_heads * model.head_dim * ACT_BYTES  # q in, o out
+        # attention kernels' rates: s per FLOP, s per byte
+        self._dec_c = self._pair_flops / (self._peak * params.attn_prefill_efficiency)
+        self._dec_inv_bw = 1.0 / (self._bw * params.attn_decode_memory_efficiency)
+        self._cta_inv_bw = 1.0 / params.attn_decode_cta_bandwidth
+        self._pre_c = self._dec_c
+        self._ctx_c = self._pair_flops / (self._peak * params.attn_context_efficiency)
+        self._pre_inv_bw = 1.0 / (self._bw * params.memory_efficiency)
+        self._attn_floor = params.attn_floor_s
+        self._inv_k = 1.0 / params.transition_k
         self._moe_layers = model.num_moe_layers
         self._num_experts = model.num_experts
         self._expert_pick = (1.0 - model.experts_per_token / model.num_experts) if model.num_experts else 0.0
@@ -358,7 +374,6 @@ class StepTimeModel:
         self._small_bytes_per_token = float(sum(n * b[1] for n, b in blocks))
         self._small_step_bytes_per_token = float((2 + 2) * h * ACT_BYTES)  # embedding row out, final norm r/w
         self._tile = params.gemm_row_tile
-        self._inv_k = 1.0 / params.transition_k
         self._gemm_consts = tuple((name, tuple((g.count,) + self._gemm_coefficients(g) for g in gs))
                                   for name, gs in self._gemms)
         self._lm_consts = self._gemm_coefficients(self._lm_head) if self._lm_head is not None else None
@@ -429,11 +444,13 @@ class StepTimeModel:
         below 2**53 (float64 sums of integers are exact there).
 
         Sliding-window layers need the totals inside each window
-        (``windowed[w]``, :meth:`window_totals`). Without them the window
-        is charged from the plain totals as ``min(total, count x window)``:
-        exact when every request's context is on the same side of the window,
-        otherwise an upper bound on the windowed cost (never above the
-        uncapped one). :meth:`step_time` and :meth:`breakdown` always pass them.
+        (``windowed[w]``, :meth:`window_totals`). Without them each total is
+        capped from the plain totals at ``count x window`` (decode context at
+        ``decodes x window``, prefill KV read at ``chunks x window``, prefill
+        pairs at ``prefill tokens x window``, of which the causal pairs first):
+        never above the uncapped cost, never below the exact decode and pair
+        totals, and exact for decodes whose contexts are all on one side of the
+        window. :meth:`step_time` and :meth:`breakdown` always pass them.
         """
         if num_requests == 0:
             return 0.0
@@ -539,23 +556,21 @@ class StepTimeModel:
         mean (the model sees the batch's totals). ``attn_decode_ctas_per_sm =
         0`` or ``sm_count = 0`` leaves the plain roofline.
         """
-        p = self.params
-        k = self._k
-        c = self._pair_flops * (context + requests) / (self._peak * p.attn_prefill_efficiency)
-        m = (kv_bytes * (context + 2.0 * requests) + self._q_bytes * requests) / (
-            self._bw * p.attn_decode_memory_efficiency
-        )
+        k, inv_k = self._k, self._inv_k
+        c = (context + requests) * self._dec_c
+        m = (kv_bytes * (context + 2.0 * requests) + self._q_bytes * requests) * self._dec_inv_bw
+        # the p-norm is homogeneous: a wave of a share of the blocks costs that share of the whole roofline
+        whole = math.sqrt(c * c + m * m) if k == 2.0 else (c**k + m**k) ** inv_k
         blocks = requests * kv_heads
         slots = self._decode_slots
         if blocks <= slots or not slots:
-            return kernel_time(c, m, p.attn_floor_s, k)
+            return self._attn_floor + whole
         waves = math.ceil(blocks / slots)
-        share = slots / blocks
-        full = kernel_time(c * share, m * share, 0.0, k)
-        last = (blocks - (waves - 1) * slots) / blocks
-        alone = kv_bytes * context / blocks / p.attn_decode_cta_bandwidth
-        tail = kernel_time(alone, kernel_time(c * last, m * last, 0.0, k), 0.0, k)
-        return p.attn_floor_s + (waves - 1) * full + min(full, tail)
+        full = whole * slots / blocks
+        share = whole * (blocks - (waves - 1) * slots) / blocks
+        alone = kv_bytes * context / blocks * self._cta_inv_bw
+        tail = math.sqrt(alone * alone + share * share) if k == 2.0 else (alone**k + share**k) ** inv_k
+        return self._attn_floor + (waves - 1) * full + (full if tail > full else tail)
 
     def attention_prefill_time(self, tokens: float, context: float, context_pairs: float, causal_pairs: float) -> float:
         """One attention layer's prefill kernel over chunks with these totals (pairs as in the module docstring).
@@ -567,20 +582,19 @@ class StepTimeModel:
     def prefill_kernel_time(self, kv_bytes: float, tokens: float, context: float, context_pairs: float,
                             causal_pairs: float) -> float:
         """One prefill-attention kernel with ``kv_bytes`` of KV per token (pairs as in the module docstring)."""
-        p = self.params
-        c = (
-            self._pair_flops * causal_pairs / (self._peak * p.attn_prefill_efficiency)
-            + self._pair_flops * context_pairs / (self._peak * p.attn_context_efficiency)
-            + p.attn_prefill_token_s * tokens
-        )
-        m = (kv_bytes * (context + 2.0 * tokens) + self._q_bytes * tokens) / (self._bw * p.memory_efficiency)
-        return kernel_time(c, m, p.attn_floor_s, self._k)
+        c = causal_pairs * self._pre_c + context_pairs * self._ctx_c + self.params.attn_prefill_token_s * tokens
+        m = (kv_bytes * (context + 2.0 * tokens) + self._q_bytes * tokens) * self._pre_inv_bw
+        return kernel_time(c, m, self._attn_floor, self._k)
 
     def _attention(self, r: int, t: float, ctx: float, nc: float, nn1: float, dr: int, dctx: float,
                    windowed: Mapping[int, WindowTotals] | None) -> tuple[float, float]:
         """Seconds of every attention layer's decode and prefill kernels (per kind of layer)."""
         pr, pt = r - dr, t - dr
         pctx, pnc, pcausal = ctx - dctx, nc - dctx, (nn1 - 2.0 * dr) * 0.5
+        if not self._windows and len(self._attn_classes) == 1:  # the engine's usual case: one kind of layer
+            count, _, kv_bytes, heads = self._attn_classes[0]
+            return (count * self.decode_kernel_time(kv_bytes, heads, dr, dctx) if dr else 0.0,
+                    count * self.prefill_kernel_time(kv_bytes, pt, pctx, pnc, pcausal) if pr else 0.0)
         decode = prefill = 0.0
         for count, window, kv_bytes, heads in self._attn_classes:
             if window is None:
@@ -676,7 +690,7 @@ def _window_pairs(positions: np.ndarray, window: int) -> np.ndarray:
 
 def _window_bound(window: int, dr: int, dctx: float, pr: int, pt: float, pctx: float, pnc: float,
                   pcausal: float) -> WindowTotals:
-    """Window totals from the plain totals: each capped at ``count x window`` (an upper bound; see step_time_totals)."""
+    """Window totals from the plain totals, each capped at ``count x window`` (see step_time_totals)."""
     causal = min(pcausal, pt * window)
     pairs = min(pnc + pcausal, pt * window)
     return (min(dctx, dr * window), min(pctx, pr * window), max(0.0, pairs - causal), causal)

@@ -252,3 +252,54 @@ def test_decode_waves_are_whole_waves_plus_a_tail():
         replace(params, attn_decode_ctas_per_sm=-1)
     with pytest.raises(ValueError, match="attn_decode_cta_bandwidth must be > 0"):
         replace(params, attn_decode_cta_bandwidth=0.0)
+
+
+# --------------------------------------------------------------------------- sliding-window layers
+
+SWA = AttentionLayerShape(num_kv_heads=1, head_size=4, window=64)
+
+
+def test_sliding_window_decode_reads_at_most_the_window():
+    swa, full = StepTimeModel(tiny([SWA]), HW, PARAMS), StepTimeModel(tiny([ATTN]), HW, PARAMS)
+    batch = [(1, 1000), (1, 30), (1, 5000)]
+    capped = [(1, 64), (1, 30), (1, 64)]
+    assert swa.breakdown(batch)["attn_decode"] == full.breakdown(capped)["attn_decode"]
+    assert swa.step_time([(1, 64)] * 8) == swa.step_time([(1, 100_000)] * 8)  # flat beyond the window
+    assert swa.step_time([(1, 10)] * 8) < swa.step_time([(1, 64)] * 8)
+    hybrid = StepTimeModel(tiny([ATTN, SWA]), HW, PARAMS)  # one layer of each: the terms add up per layer
+    assert hybrid.breakdown(batch)["attn_decode"] == pytest.approx(
+        full.breakdown(batch)["attn_decode"] + full.breakdown(capped)["attn_decode"], rel=1e-12)
+
+
+def test_sliding_window_prefill_counts_pairs_inside_the_window():
+    swa = StepTimeModel(tiny([SWA]), HW, PARAMS)
+    kvb = SWA.bytes_per_token
+    # 100 new tokens on no context: query j attends min(j, 64) keys -> 64*65/2 + 36*64 = 4384 causal pairs
+    assert swa.breakdown([(100, 0)])["attn_prefill"] == swa.prefill_kernel_time(kvb, 100, 0, 0, 4384)
+    # on 500 cached tokens: 64 keys per query (6400 pairs), 4384 of them among the new tokens; 64 cached read
+    assert swa.breakdown([(100, 500)])["attn_prefill"] == swa.prefill_kernel_time(kvb, 100, 64, 6400 - 4384, 4384)
+    # short chunks inside the window cost what full attention does
+    full = StepTimeModel(tiny([ATTN]), HW, PARAMS)
+    assert swa.breakdown([(20, 30)])["attn_prefill"] == full.breakdown([(20, 30)])["attn_prefill"]
+    assert StepTimeModel(tiny([SWA]), HW, PARAMS).prefill_flops(100) == pytest.approx(
+        StepTimeModel(tiny([ATTN]), HW, PARAMS).prefill_flops(100) - 4 * 2 * 4 * (5050 - 4384))
+
+
+def test_sliding_window_from_totals_caps_each_total_at_count_times_window():
+    st = StepTimeModel(tiny([ATTN, SWA]), HW, PARAMS)
+    uncapped = StepTimeModel(tiny([ATTN, ATTN]), HW, PARAMS)
+
+    def from_totals(batch):
+        n = np.array([b[0] for b in batch], dtype=float)
+        c = np.array([b[1] for b in batch], dtype=float)
+        d = n == 1
+        return st.step_time_totals(len(n), n.sum(), c.sum(), (n * c).sum(), (n * (n + 1)).sum(),
+                                   decode_requests=int(d.sum()), decode_context=float(c[d].sum()))
+
+    beyond = [(1, 500), (1, 9000), (1, 64)]  # every decode context at or beyond the window: exact
+    assert from_totals(beyond) == pytest.approx(st.step_time(beyond), rel=1e-12)
+    mixed = [(1, 10), (1, 9000), (30, 0), (200, 300)]
+    assert st.step_time(mixed) < from_totals(mixed) < uncapped.step_time(mixed)
+    windowed = st.window_totals(np.array([b[0] for b in mixed], float), np.array([b[1] for b in mixed], float))
+    # decodes 10 + 64; chunks read 0 + 64 cached; 200 queries x 64 keys, 2080 + 136*64 of them causal, + 465
+    assert windowed == {64: (74.0, 64.0, 64.0 * 200 - (2080 + 136 * 64), 465.0 + 2080 + 136 * 64)}
