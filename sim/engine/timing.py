@@ -154,14 +154,18 @@ A100_80G = TimingParams(
   stored snapshot of Vidur (over 4 MiB), read from the fork
   ``sw5sh/cs378-assignment3`` @ 7ac2fe9fb6cea9d4630659a10c5cccfc9fbdd776 (same
   path, 9,155,341 bytes, the size a Git LFS pointer to it records in the fork
-  ``Nisarg-M-Patel/llm-fair-scheduling``); the 54 rows we read are the extract in
-  ``tests/data/profiles/a100/meta-llama/Meta-Llama-3-8B/attention.csv``.
+  ``Nisarg-M-Patel/llm-fair-scheduling``); the 74 rows we read are the extract in
+  ``tests/data/profiles/a100/meta-llama/Meta-Llama-3-8B/attention.csv``. The decode
+  parameters (``attn_decode_*``, ``attn_floor_s``) are fitted on its 53 decode rows,
+  the wave term included: the fit picks 3 blocks per SM (324 slots: FlashInfer's
+  kernel steps at batch 41, 82, 122 with 8 KV heads); kernel MAPE 7.4% -> 5.1%, every
+  decode step within 8% (docs/timing.md).
 * Mamba state terms: FlashInfer's ``selective_state_update`` microbenchmark
   (flashinfer PR #4616 on Blackwell: 0.0468 / 0.0873 / 0.1674 ms at batch 64 /
   128 / 256 for the ``benchmarks/samples/sample_testlist.txt`` shape, 64 heads x
   128 x 128 bf16 state, and 5.1 µs at batch 1) is, with a 5 µs floor, 0.80-0.83
-  of the 8 TB/s HBM: ``state_floor_s = 5e-6`` and ``state_memory_efficiency`` =
-  the attention-decode efficiency (0.81) agree with it. vLLM PR #48018
+  of the 8 TB/s HBM: ``state_floor_s = 5e-6`` and ``state_memory_efficiency =
+  0.8056`` agree with it. vLLM PR #48018
   (ReplaySSM) confirms the regime on H100 (halving the state traffic speeds the
   kernel up 1.4-1.8x at batch 32-512; latency-bound at batch 1-8). Quality: a
   fraction-of-bandwidth transfer from another GPU generation, for one kernel;
@@ -176,14 +180,28 @@ H100_80G = replace(
     A100_80G,
     compute_efficiency=0.7861, memory_efficiency=0.8935, kernel_floor_s=4.556e-6, transition_k=1.422,
     gemm_row_tile=64, elementwise_memory_efficiency=0.7336, small_op_floor_s=2.256e-6,
+    attn_decode_memory_efficiency=0.4669, attn_floor_s=1.798e-5, attn_decode_ctas_per_sm=2,
+    attn_decode_cta_bandwidth=1.447e10,
 )
-"""H100-SXM-80GB, fitted with ``hybridsim timing fit`` on the GEMMs and small ops of
-``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
-``data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv`` (all TP-1 rows).
-No H100 attention profile could be read (Vidur's snapshot lacks it, the one fork
-carrying it holds a Git LFS pointer), so the attention and Mamba terms keep the
-A100 efficiencies and floors (fractions of the H100's own peak and bandwidth):
-unvalidated on H100.
+"""H100-SXM-80GB, fitted with ``hybridsim timing fit`` on public profiles:
+
+* GEMMs and small ops: ``microsoft/vidur`` @ 7d47513363ec447a741ac5e47241580b47724fbf,
+  ``data/profiling/compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv`` (all TP-1 rows).
+  That profile's ``attention.csv`` cannot be read (Vidur's snapshot lacks it; the one
+  fork carrying the path, ``Nisarg-M-Patel/llm-fair-scheduling``, holds a Git LFS pointer).
+* decode attention (``attn_decode_*``, ``attn_floor_s``): 49 decode rows (TP 1, KV
+  length 32 / 576 / 3200 / 3264, batch 1-128) of
+  ``data/profiling/compute/h100/meta-llama/Meta-Llama-3.1-405B/attention.csv`` in the
+  fork ``adi-anirudh/vidur_hbf_hbm_backend`` @ a336807ca19bee36d2f77124b35887db661b6df1
+  (Vidur's profiler, ``AttentionBackend.FLASH_ATTENTION``, 128 query / 8 KV heads of
+  128: the same KV per token as Llama-3-8B). The fit picks 2 blocks per SM by itself
+  (264 slots: the kernel steps at batch 34, 67, 100). Decode-kernel MAPE 35.6% with
+  the A100 fractions, 5.7% fitted (KV >= 576; the KV-32 rows are latency-bound, 10.0%
+  over all 49). Not checked in (that file states no licence of its own, and the fork
+  does not say whether it comes from Vidur). Caveats: a FlashAttention kernel at a
+  16:1 query/KV head ratio, not FlashInfer's; 0.47 of HBM is what it reached.
+* prefill attention and the Mamba terms keep the A100 fractions (of the H100's own
+  peak and bandwidth): unvalidated on H100.
 """
 
 #: Calibrated constants per hardware preset name; other presets use :class:`TimingParams`' defaults.
