@@ -198,8 +198,9 @@ H100_80G = replace(
   (264 slots: the kernel steps at batch 34, 67, 100). Decode-kernel MAPE 35.6% with
   the A100 fractions, 5.7% fitted (KV >= 576; the KV-32 rows are latency-bound, 10.0%
   over all 49). Not checked in (that file states no licence of its own, and the fork
-  does not say whether it comes from Vidur). Caveats: a FlashAttention kernel at a
-  16:1 query/KV head ratio, not FlashInfer's; 0.47 of HBM is what it reached.
+  does not say whether it comes from Vidur). Caveats: that profiler's FlashAttention
+  kernel at a 16:1 query/KV head ratio; vLLM 0.33's FlashAttention backend runs FA3 on
+  Hopper, which no public profile covers; 0.47 of HBM is what the profiled kernel reached.
 * prefill attention and the Mamba terms keep the A100 fractions (of the H100's own
   peak and bandwidth): unvalidated on H100.
 """
