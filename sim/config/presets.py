@@ -452,7 +452,12 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
 
 @dataclass(frozen=True, slots=True)
 class HardwarePreset:
-    """One GPU: memory capacity (bytes), HBM bandwidth (bytes/s), dense bf16 tensor FLOP/s."""
+    """One GPU: memory capacity (bytes), HBM bandwidth (bytes/s), dense bf16 tensor FLOP/s, SM count.
+
+    ``sm_count`` (streaming multiprocessors) sizes a kernel's waves of thread
+    blocks in the step-time model (the decode-attention wave term); 0 means
+    unknown, and that term is off.
+    """
 
     name: str
     memory_bytes: int
@@ -460,19 +465,23 @@ class HardwarePreset:
     bf16_flops: float
     compute_capability: tuple[int, int]
     source: str
+    sm_count: int = 0
 
 
 HARDWARE_PRESETS: dict[str, HardwarePreset] = {
     h.name: h
     for h in (
-        # NVIDIA A100 datasheet, SXM4 80GB: 80 GB HBM2e, 2,039 GB/s, BF16 tensor 312 TFLOPS dense.
-        HardwarePreset("a100-80g", 80 * GiB, 2.039e12, 312e12, (8, 0), "NVIDIA A100 80GB SXM datasheet"),
-        # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity = 989.5 dense.
-        HardwarePreset("h100-80g", 80 * GiB, 3.35e12, 989.5e12, (9, 0), "NVIDIA H100 SXM datasheet"),
-        # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity = 989.5 dense.
-        HardwarePreset("h200", 141 * 10**9, 4.8e12, 989.5e12, (9, 0), "NVIDIA H200 SXM datasheet"),
-        # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 tensor 362.05 TFLOPS dense (733 sparse).
-        HardwarePreset("l40s", 48 * GiB, 864e9, 362.05e12, (8, 9), "NVIDIA L40S datasheet"),
+        # NVIDIA A100 datasheet, SXM4 80GB: 80 GB HBM2e, 2,039 GB/s, BF16 tensor 312 TFLOPS dense;
+        # 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper).
+        HardwarePreset("a100-80g", 80 * GiB, 2.039e12, 312e12, (8, 0), "NVIDIA A100 80GB SXM datasheet", 108),
+        # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity = 989.5 dense;
+        # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
+        HardwarePreset("h100-80g", 80 * GiB, 3.35e12, 989.5e12, (9, 0), "NVIDIA H100 SXM datasheet", 132),
+        # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity = 989.5 dense;
+        # the H100 SXM5 die, 132 SMs.
+        HardwarePreset("h200", 141 * 10**9, 4.8e12, 989.5e12, (9, 0), "NVIDIA H200 SXM datasheet", 132),
+        # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 tensor 362.05 TFLOPS dense (733 sparse); 142 SMs.
+        HardwarePreset("l40s", 48 * GiB, 864e9, 362.05e12, (8, 9), "NVIDIA L40S datasheet", 142),
     )
 }
 

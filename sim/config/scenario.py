@@ -158,6 +158,7 @@ class HardwareOverrides(_Strict):
     memory_bytes: PositiveInt | None = None
     memory_bandwidth: PositiveFloat | None = None
     bf16_flops: PositiveFloat | None = None
+    sm_count: NonNegativeInt | None = None
     step_overhead_s: NonNegativeFloat | None = None
     per_request_overhead_s: NonNegativeFloat | None = None
     compute_efficiency: Fraction | None = None
@@ -170,6 +171,8 @@ class HardwareOverrides(_Strict):
     attn_prefill_token_s: NonNegativeFloat | None = None
     attn_decode_memory_efficiency: Fraction | None = None
     attn_floor_s: NonNegativeFloat | None = None
+    attn_decode_ctas_per_sm: NonNegativeInt | None = None
+    attn_decode_cta_bandwidth: PositiveFloat | None = None
     elementwise_memory_efficiency: Fraction | None = None
     small_op_floor_s: NonNegativeFloat | None = None
     state_memory_efficiency: Fraction | None = None
@@ -226,9 +229,10 @@ class HardwareSection(_Strict):
         return name
 
     def preset_obj(self) -> HardwarePreset:
-        """The preset with ``memory_bytes`` / ``memory_bandwidth`` / ``bf16_flops`` overrides applied."""
+        """The preset with ``memory_bytes`` / ``memory_bandwidth`` / ``bf16_flops`` / ``sm_count`` overrides applied."""
         hw = HARDWARE_PRESETS[self.preset]
-        given = {k: v for k, v in self.overrides.given().items() if k in ("memory_bytes", "memory_bandwidth", "bf16_flops")}
+        keys = ("memory_bytes", "memory_bandwidth", "bf16_flops", "sm_count")
+        given = {k: v for k, v in self.overrides.given().items() if k in keys}
         return replace(hw, **given) if given else hw
 
 

@@ -10,8 +10,10 @@ earlier ones fixed):
    at every token count.
 2. Small ops (``elementwise_memory_efficiency``, ``small_op_floor_s``): the
    small-op part of every profiled step.
-3. Attention decode (``attn_decode_memory_efficiency``, ``attn_floor_s``):
-   the decode rows of ``attention.csv``.
+3. Attention decode (``attn_decode_memory_efficiency``, ``attn_floor_s``,
+   ``attn_decode_ctas_per_sm``, ``attn_decode_cta_bandwidth``): the decode
+   rows of ``attention.csv`` (the blocks per SM among a few integers, with
+   the hardware's ``sm_count``).
 4. Attention prefill (``attn_prefill_efficiency``, ``attn_context_efficiency``,
    ``attn_prefill_token_s``): its prefill rows.
 
@@ -48,17 +50,19 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "small_op_floor_s": (1e-8, 1e-4),
     "attn_decode_memory_efficiency": (0.05, 1.0),
     "attn_floor_s": (1e-8, 2e-4),
+    "attn_decode_cta_bandwidth": (1e8, 1e12),
     "attn_prefill_efficiency": (0.05, 1.0),
     "attn_context_efficiency": (0.05, 1.0),
     "attn_prefill_token_s": (1e-12, 1e-6),
 }
 #: Candidate values of discrete parameters.
-CHOICES: dict[str, tuple[int, ...]] = {"gemm_row_tile": (1, 64, 128, 256)}
+CHOICES: dict[str, tuple[int, ...]] = {"gemm_row_tile": (1, 64, 128, 256), "attn_decode_ctas_per_sm": (0, 1, 2, 3, 4, 6, 8)}
 
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gemm", ("compute_efficiency", "memory_efficiency", "kernel_floor_s", "transition_k", "gemm_row_tile")),
     ("small_ops", ("elementwise_memory_efficiency", "small_op_floor_s")),
-    ("attn_decode", ("attn_decode_memory_efficiency", "attn_floor_s")),
+    ("attn_decode", ("attn_decode_ctas_per_sm", "attn_decode_memory_efficiency", "attn_floor_s",
+                     "attn_decode_cta_bandwidth")),
     ("attn_prefill", ("attn_prefill_efficiency", "attn_context_efficiency", "attn_prefill_token_s")),
 )
 

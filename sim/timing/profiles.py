@@ -5,7 +5,8 @@ count) and, optionally, ``attention.csv`` (FlashInfer/FlashAttention prefill
 and decode per batch shape), as Vidur's profiler writes them under
 ``data/profiling/compute/<gpu>/<model>/``. Only the columns named here are read
 (``time_stats.<op>.median`` in milliseconds, plus the shape columns), so a
-column subset of Vidur's files also loads; rows with
+column subset of Vidur's files also loads (a profile without
+``attn_kv_cache_save``, as Vidur's FlashAttention backend writes, counts it as 0); rows with
 ``num_tensor_parallel_workers != 1`` are ignored (the model is TP 1); of rows
 repeated for one shape (Vidur's token grid lists some sizes twice) the first is
 used.
@@ -32,7 +33,9 @@ from sim.core.kv.shapes import AttentionLayerShape, ModelShape
 MLP_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
            "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
 MLP_SHAPE = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens")
-ATTN_OPS = ("attn_kv_cache_save", "attn_prefill", "attn_decode")
+ATTN_OPS = ("attn_prefill", "attn_decode")
+#: Newer Vidur profiles (its FlashAttention backend) have no KV-cache-save column: it counts as 0.
+KV_SAVE = "attn_kv_cache_save"
 ATTN_SHAPE = ("batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill")
 #: Per-layer small ops in a Vidur layer: two norms, rotary, activation, two residual adds.
 SMALL_OPS = ("input_layernorm", "attn_rope", "post_attention_layernorm", "mlp_act", "add", "add")
@@ -113,6 +116,8 @@ def load_profile(path: str | Path) -> Profile:
     attn_path = root / "attention.csv"
     if attn_path.is_file():
         attention = _read_csv(attn_path, ATTN_SHAPE + tuple(_col(op) for op in ATTN_OPS))
+        if _col(KV_SAVE) not in attention.columns:
+            attention = attention.assign(**{_col(KV_SAVE): 0.0})
         attention = attention.assign(is_prefill=attention["is_prefill"].astype(str).str.lower() == "true")
         attention = attention.groupby(list(ATTN_SHAPE), sort=True).first().reset_index()
     return Profile(
@@ -184,7 +189,7 @@ def profiled_steps(profile: Profile, layers: int, *, include_prefill_kv_save: bo
         parts = _linear_parts(profile, n, layers)
         parts["attn_prefill"] = layers * _ms(row, "attn_prefill")
         if include_prefill_kv_save:
-            parts["small_ops"] += layers * _ms(row, "attn_kv_cache_save")
+            parts["small_ops"] += layers * _ms(row, KV_SAVE)
         steps.append(ProfiledStep(f"prefill {n} on {c}", "prefill", [(n, c)], parts))
     for _, row in decodes.iterrows():
         b, c = int(row["batch_size"]), int(row["kv_cache_size"])
@@ -192,7 +197,7 @@ def profiled_steps(profile: Profile, layers: int, *, include_prefill_kv_save: bo
             continue
         parts = _linear_parts(profile, b, layers)
         parts["attn_decode"] = layers * _ms(row, "attn_decode")
-        parts["small_ops"] += layers * _ms(row, "attn_kv_cache_save")
+        parts["small_ops"] += layers * _ms(row, KV_SAVE)
         steps.append(ProfiledStep(f"decode b={b} at {c}", "decode", [(1, c)] * b, parts))
     for _, p in prefills[(prefills["kv_cache_size"] == 0) & (prefills["prefill_chunk_size"] <= mixed_max_chunk)].iterrows():
         n = int(p["prefill_chunk_size"])
@@ -203,8 +208,8 @@ def profiled_steps(profile: Profile, layers: int, *, include_prefill_kv_save: bo
             parts = _linear_parts(profile, n + b, layers)
             parts["attn_prefill"] = layers * _ms(p, "attn_prefill")
             parts["attn_decode"] = layers * _ms(d, "attn_decode")
-            parts["small_ops"] += layers * _ms(d, "attn_kv_cache_save")
+            parts["small_ops"] += layers * _ms(d, KV_SAVE)
             if include_prefill_kv_save:
-                parts["small_ops"] += layers * _ms(p, "attn_kv_cache_save")
+                parts["small_ops"] += layers * _ms(p, KV_SAVE)
             steps.append(ProfiledStep(f"mixed {n} + b={b} at {c}", "mixed", [(n, 0)] + [(1, c)] * b, parts))
     return steps

@@ -11,7 +11,7 @@ from sim.timing.profiles import load_profile, profiled_steps
 
 FITTED = ("compute_efficiency", "memory_efficiency", "kernel_floor_s", "transition_k",
           "elementwise_memory_efficiency", "small_op_floor_s", "attn_decode_memory_efficiency", "attn_floor_s",
-          "attn_prefill_efficiency", "attn_context_efficiency", "attn_prefill_token_s")
+          "attn_decode_cta_bandwidth", "attn_prefill_efficiency", "attn_context_efficiency", "attn_prefill_token_s")
 
 
 def test_fit_recovers_known_parameters(synthetic_profile):
@@ -20,6 +20,7 @@ def test_fit_recovers_known_parameters(synthetic_profile):
     steps = profiled_steps(profile, LAYERS)
     result = fit_profile(profile, model, hw, steps, start=TimingParams())  # start far from TRUE
     assert result.params.gemm_row_tile == TRUE.gemm_row_tile
+    assert result.params.attn_decode_ctas_per_sm == TRUE.attn_decode_ctas_per_sm == 2  # the start has 3
     for name in FITTED:
         assert getattr(result.params, name) == pytest.approx(getattr(TRUE, name), rel=0.03), name
     assert all(g.rms_log_error < 0.01 for g in result.groups)

@@ -5,6 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from synthetic_profile import LAYERS, write_synthetic_profile
+
 from sim.timing.profiles import ProfileError, load_profile, profiled_steps
 
 PROFILES = Path(__file__).resolve().parents[1] / "data" / "profiles"
@@ -18,7 +20,7 @@ def test_the_a100_extract_loads_with_llama3_shapes():
     m = p.model(32)
     # Llama-3-8B: 6.98e9 parameters outside embedding and LM head
     assert m.dense_params == pytest.approx(6.98e9, rel=0.01)
-    assert p.attention is not None and len(p.attention) == 54
+    assert p.attention is not None and len(p.attention) == 74
 
 
 def test_step_sums_follow_vidur():
@@ -65,3 +67,15 @@ def test_bad_profiles_name_the_file(tmp_path):
     pd.DataFrame({"num_tokens": [1]}).to_csv(tmp_path / "mlp.csv", index=False)
     with pytest.raises(ProfileError, match=r"mlp.csv: missing column\(s\) n_head"):
         load_profile(tmp_path)
+
+
+def test_an_attention_csv_without_kv_cache_save_loads(tmp_path):
+    """Vidur's FlashAttention-backend profiles have no attn_kv_cache_save column: it counts as 0."""
+    root = write_synthetic_profile(tmp_path / "fa")
+    att = pd.read_csv(root / "attention.csv")
+    att.drop(columns=["time_stats.attn_kv_cache_save.median"]).to_csv(root / "attention.csv", index=False)
+    p = load_profile(root)
+    assert p.attention is not None and (p.attention["time_stats.attn_kv_cache_save.median"] == 0.0).all()
+    decode = [s for s in profiled_steps(p, LAYERS) if s.regime == "decode"]
+    assert decode and all(s.parts["attn_decode"] > 0 for s in decode)
+
