@@ -33,7 +33,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
-from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
+from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
+from sim.trace.tables import infer_num_groups
 
 PLOT_FORMATS = ("png", "svg")
 
@@ -53,17 +54,9 @@ _LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 # ---------------------------------------------------------------- plumbing
 
 
-def _tables(result: Any) -> dict[str, pd.DataFrame]:
-    tables = result.tables if hasattr(result, "tables") else result
-    if not isinstance(tables, Mapping):
-        raise ValueError("expected a loaded result, an object with .tables, or a mapping of DataFrames")
-    num_groups = max([0] + [infer_num_groups(t.columns) for t in tables.values()])
-    return {n: tables[n] if n in tables else empty_table(n, num_groups) for n in TABLE_NAMES}
-
-
-def _kinds(result: Any, group_kinds: Sequence[str] | None, num_groups: int) -> list[str]:
+def _kinds(result: ResultSource, group_kinds: Sequence[str] | None, num_groups: int) -> list[str]:
     if group_kinds is None:
-        group_kinds = getattr(result, "group_kinds", None) or (getattr(result, "summary", None) or {}).get("groups")
+        group_kinds = (result.group_kinds if isinstance(result, LoadedResult) else None) or summary_of(result).get("groups")
     kinds = list(group_kinds or [])
     if kinds and len(kinds) != num_groups:
         raise ValueError(f"group_kinds {kinds} has {len(kinds)} entries, the tables have {num_groups} groups")
@@ -85,9 +78,9 @@ def _ordered_outcomes(values: Sequence[str]) -> list[str]:
     return [o for o in OUTCOME_ORDER if o in present] + sorted(present - set(OUTCOME_ORDER))
 
 
-def _time_axis(result: Any, steps: pd.DataFrame) -> tuple[str, str]:
+def _time_axis(result: ResultSource, steps: pd.DataFrame) -> tuple[str, str]:
     """``time_s`` under ``clock: time``, ``step`` under ``clock: steps`` (where time counts steps)."""
-    clock = (getattr(result, "summary", None) or {}).get("clock")
+    clock = summary_of(result).get("clock")
     if clock == "time" or (clock is None and not steps["time_s"].equals(steps["step"].astype(float))
                            and steps["time_s"].nunique() > 1):
         return "time_s", "simulated time (s)"
@@ -183,13 +176,13 @@ def eviction_marks(times: pd.Series, span: tuple[float, float], bins: int = 80) 
     return "density", edges, counts
 
 
-def crash_positions(result: Any, xcol: str) -> list[float]:
+def crash_positions(result: ResultSource, xcol: str) -> list[float]:
     """Where the run's crashes are on the x axis (crashed admission rows; else ``summary["crash"]``)."""
-    adm = _tables(result)["admissions"]
+    adm = tables_of(result)["admissions"]
     rows = adm[adm["outcome"] == "crash"]
     if len(rows):
         return sorted(float(v) for v in rows[xcol])
-    crash = (getattr(result, "summary", None) or {}).get("crash")
+    crash = summary_of(result).get("crash")
     if crash:
         return [float(crash["step" if xcol == "step" else "time_s"])]
     return []
@@ -217,10 +210,10 @@ def _series(ax: Axes, steps: pd.DataFrame, xcol: str, prefix: str, groups: Seque
     ax.step(steps[xcol], hi, where="post", color=colour, linestyle=style, linewidth=0.8)
 
 
-def plot_block_usage(result: Any, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
+def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
     """Free blocks of the shared pool, then per group panel (groups of one kind merged) blocks in use
     and cached blocks per step; evictions as ticks (few) or a density (many); crashes marked."""
-    t = _tables(result)
+    t = tables_of(result)
     steps, kv = t["steps"], t["kv_events"]
     n = infer_num_groups(steps.columns)
     kinds = _kinds(result, group_kinds, n)
@@ -282,12 +275,12 @@ def _divergence_groups(kinds: Sequence[str], n: int) -> tuple[int, int] | None:
     return fa, other
 
 
-def plot_divergence(result: Any, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
+def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
     """Per admitted row: full-attention hit vs Mamba hit, coloured by outcome, y = x marked.
 
     Equal points are merged into one marker whose area grows with the count.
     """
-    t = _tables(result)
+    t = tables_of(result)
     adm = t["admissions"]
     n = infer_num_groups(adm.columns)
     kinds = _kinds(result, group_kinds, n)
@@ -321,10 +314,10 @@ def plot_divergence(result: Any, path: str | Path, *, group_kinds: Sequence[str]
     return _save(fig, path)
 
 
-def plot_eviction_raster(result: Any, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
+def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
     """One dot per evicted cache entry: time (or step) × block id, one panel per group panel
     (groups of one kind merged, the first one drawn); crashes marked."""
-    t = _tables(result)
+    t = tables_of(result)
     kv, steps = t["kv_events"], t["steps"]
     n = max(infer_num_groups(t["admissions"].columns), infer_num_groups(steps.columns))
     kinds = _kinds(result, group_kinds, n)
@@ -367,14 +360,14 @@ def _ecdf(ax: Axes, values: pd.Series, label: str | None = None, index: int = 0)
     return True
 
 
-def latency_unit(result: Any) -> str:
+def latency_unit(result: ResultSource) -> str:
     """``"steps"`` on the step clock (latencies count engine steps there), else ``"s"``."""
-    return "steps" if (getattr(result, "summary", None) or {}).get("clock") == "steps" else "s"
+    return "steps" if summary_of(result).get("clock") == "steps" else "s"
 
 
-def plot_latency_cdfs(result: Any, path: str | Path) -> Path:
+def plot_latency_cdfs(result: ResultSource, path: str | Path) -> Path:
     """Empirical CDFs of TTFT, TPOT and E2E latency over finished requests (in steps on the step clock)."""
-    per_req = request_metrics(_tables(result)["requests"])
+    per_req = request_metrics(tables_of(result)["requests"])
     done = per_req[per_req["finished"]]
     fig, axes = _figure(1, 3, width=12.0, height=4.0)
     fig.suptitle(f"Latency CDFs ({len(done)} finished requests)")
@@ -413,16 +406,16 @@ def _outcome_table(adm: pd.DataFrame, by: str | pd.Series) -> pd.DataFrame:
     return table[_ordered_outcomes(list(table.columns))]
 
 
-def outcome_counts(result: Any) -> tuple[pd.Series, pd.Series]:
+def outcome_counts(result: ResultSource) -> tuple[pd.Series, pd.Series]:
     """(requests by final outcome, each request once; admission attempts by outcome), in outcome order."""
-    t = _tables(result)
+    t = tables_of(result)
     final = t["requests"]["outcome"].value_counts()
     attempts = t["admissions"]["outcome"].value_counts()
     return (final.reindex(_ordered_outcomes(list(final.index))).astype(int),
             attempts.reindex(_ordered_outcomes(list(attempts.index))).astype(int))
 
 
-def plot_outcomes(result: Any, path: str | Path) -> Path:
+def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
     """Requests by final outcome (each once), and admission attempts by outcome in a second panel."""
     final, attempts = outcome_counts(result)
     fig, axes = _figure(1, 2, width=10.0, height=4.5)
@@ -448,11 +441,11 @@ def connector_columns(steps: pd.DataFrame) -> list[str]:
     return [c for c in steps.columns if c.startswith("conn_")]
 
 
-def plot_connector(result: Any, path: str | Path) -> Path:
+def plot_connector(result: ResultSource, path: str | Path) -> Path:
     """Connector per step: tier occupancy (``conn_tier_bytes``, GB) and loads / stores in flight."""
-    steps = _tables(result)["steps"]
+    steps = tables_of(result)["steps"]
     fig, axes = _figure(2, 1, width=10.0, height=5.0, sharex=True, legend_right=1.6)
-    fig.suptitle(f"Connector ({(getattr(result, 'summary', None) or {}).get('connector', '')})")
+    fig.suptitle(f"Connector ({summary_of(result).get('connector', '')})")
     if steps.empty or not connector_columns(steps):
         _empty(axes[0, 0], "no connector columns in the steps table")
         return _save(fig, path)
@@ -485,7 +478,7 @@ def compare_latency_cdfs(results: Mapping[str, Any], path: str | Path) -> Path:
     fig.suptitle("Latency CDFs by run")
     done = {}
     for label, result in results.items():
-        per_req = request_metrics(_tables(result)["requests"])
+        per_req = request_metrics(tables_of(result)["requests"])
         done[label] = per_req[per_req["finished"]]
     for ax, (col, name) in zip(axes[0], _LATENCIES):
         ax.set_title(name)
@@ -505,7 +498,7 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
     """Admission outcome counts, one bar cluster per run label."""
     frames = []
     for label, result in results.items():
-        adm = _tables(result)["admissions"]
+        adm = tables_of(result)["admissions"]
         frames.append(pd.DataFrame({"run": str(label), "outcome": adm["outcome"].astype(object)}))
     adm = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"run": [], "outcome": []})
     fig, axes = _figure(width=max(6.0, 1.6 * len(results) + 3), height=4.5)
@@ -547,7 +540,7 @@ def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path, *, group_kinds:
     return _save(fig, path)
 
 
-def plot_all(result: Any, out_dir: str | Path, fmt: str = "png",
+def plot_all(result: ResultSource, out_dir: str | Path, fmt: str = "png",
              *, group_kinds: Sequence[str] | None = None) -> list[Path]:
     """Every single-run figure into ``out_dir``; returns the paths written, in a fixed order."""
     if fmt not in PLOT_FORMATS:
@@ -559,4 +552,4 @@ def plot_all(result: Any, out_dir: str | Path, fmt: str = "png",
         plot_eviction_raster(result, out / f"eviction_raster.{fmt}", group_kinds=group_kinds),
         plot_latency_cdfs(result, out / f"latency_cdfs.{fmt}"),
         plot_outcomes(result, out / f"outcomes.{fmt}"),
-    ] + ([plot_connector(result, out / f"connector.{fmt}")] if connector_columns(_tables(result)["steps"]) else [])
+    ] + ([plot_connector(result, out / f"connector.{fmt}")] if connector_columns(tables_of(result)["steps"]) else [])

@@ -43,7 +43,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups
+from sim.trace.bundle import ResultSource, tables_of
+from sim.trace.tables import infer_num_groups
 
 #: ``requests.outcome`` values of a request that ran to completion.
 FINISHED_OUTCOMES: frozenset[str] = frozenset({"ok", "recompute", "corrupt"})
@@ -51,14 +52,6 @@ FINISHED_OUTCOMES: frozenset[str] = frozenset({"ok", "recompute", "corrupt"})
 NOT_ADMITTED = "not_admitted"
 FULL_ATTENTION = "full_attention"
 PERCENTILES = (50, 90, 95, 99)
-
-
-def _tables(source: Any) -> dict[str, pd.DataFrame]:
-    tables = source.tables if hasattr(source, "tables") else source
-    if not isinstance(tables, Mapping):
-        raise ValueError("expected a mapping of table name to DataFrame or an object with .tables")
-    num_groups = max([0] + [infer_num_groups(t.columns) for t in tables.values()])
-    return {n: tables[n] if n in tables else empty_table(n, num_groups) for n in TABLE_NAMES}
 
 
 def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
@@ -126,7 +119,7 @@ def _full_attention_rate(first: pd.DataFrame, group_kinds: Sequence[str], prompt
 
 
 def run_summary(
-    tables: Any,
+    tables: ResultSource,
     *,
     group_kinds: Sequence[str],
     slo_ttft_s: float | None = None,
@@ -140,7 +133,7 @@ def run_summary(
     group in group order; ``crash`` is ``None`` or ``{step, time_s,
     request_id, reason}`` (DESIGN.md §6).
     """
-    t = _tables(tables)
+    t = tables_of(tables)
     adm, req, kv = t["admissions"], t["requests"], t["kv_events"]
     num_groups = max(infer_num_groups(adm.columns), infer_num_groups(t["steps"].columns))
     if len(group_kinds) != num_groups:
@@ -231,7 +224,7 @@ def run_summary(
     }
 
 
-def add_ideal_hit_rate(summary: dict[str, Any], tables: Any, requests: Sequence[Any], block_size: int) -> None:
+def add_ideal_hit_rate(summary: dict[str, Any], tables: ResultSource, requests: Sequence[Any], block_size: int) -> None:
     """Add the infinite-cache limit to ``summary["cache"]`` (``outputs.ideal_hit_rate: true``).
 
     ``ideal_hit_rate`` / ``ideal_hit_tokens``: :func:`sim.workload.stats.ideal_hit_tokens`
@@ -246,7 +239,7 @@ def add_ideal_hit_rate(summary: dict[str, Any], tables: Any, requests: Sequence[
 
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     ideal = int(sum(ideal_hit_tokens(ordered, block_size)))
-    first = first_admissions(_tables(tables)["admissions"])
+    first = first_admissions(tables_of(tables)["admissions"])
     reused = int(first["local_tokens"].sum() + first["external_tokens"].sum())
     cache = summary["cache"]
     cache["ideal_hit_tokens"] = ideal

@@ -317,3 +317,24 @@ def load_result(path: str | Path, *, verify: bool = True) -> LoadedResult:
     result = LoadedResult.from_tables(tables, summary=summary, scenario_yaml=scenario_yaml)
     result.path = directory
     return result
+
+
+#: What the metrics and plots read: a result (run or loaded back) or a plain mapping of tables.
+ResultSource = LoadedResult | Mapping[str, pd.DataFrame]
+
+
+def tables_of(source: ResultSource) -> dict[str, pd.DataFrame]:
+    """Every contract table of ``source``; a table it lacks is empty with the contract columns."""
+    if isinstance(source, LoadedResult):
+        tables: Mapping[str, pd.DataFrame] = source.tables
+    elif isinstance(source, Mapping):
+        tables = source
+    else:
+        raise ValueError(f"expected a result or a mapping of table name to DataFrame, got {type(source).__name__}")
+    num_groups = max([0] + [infer_num_groups(t.columns) for t in tables.values()])
+    return {n: tables[n] if n in tables else empty_table(n, num_groups) for n in TABLE_NAMES}
+
+
+def summary_of(source: ResultSource) -> Mapping[str, Any]:
+    """The run summary of ``source`` (empty for a plain mapping of tables)."""
+    return source.summary if isinstance(source, LoadedResult) else {}
