@@ -72,10 +72,11 @@ from typing import Any, Sequence
 
 from sim.core.admission import AdmissionAttempt
 from sim.core.interfaces import SchedulerConnector
-from sim.core.kv.hash_view import block_hashes_at
+from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.specs import SlidingWindowSpec, cdiv
 from sim.core.kv.manager import KVCacheManager
+from sim.core.request import Request
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 
@@ -114,11 +115,7 @@ class TruthChecker:
             connector = None
         self.connector = connector
         self.align = kv_manager.kv_cache_config.scheduler_block_size
-        #: ``Request.block_hashes`` granularity; each group is checked against its own view.
-        self.hash_block_size = kv_manager.kv_cache_config.hash_block_size
-        #: With prefix caching off nothing is ever cached, so no position is resident in any group
-        #: (and the hash granularity need not divide the groups' block sizes).
-        self.caching = bool(kv_manager.block_pool.enable_caching)
+        self.kv_cache_config = kv_manager.kv_cache_config
         #: (group id, kind, block size, window; 0 unless sliding window).
         self.groups: list[tuple[int, str, int, int]] = []
         for gid, group in enumerate(kv_manager.kv_cache_config.groups):
@@ -161,11 +158,9 @@ class TruthChecker:
             self._async_verdicts[rid] = (outcome, origin)
         return outcome, lost, origin
 
-    def _hashes_at(self, request: Any, block_size: int) -> Sequence[BlockHash]:
-        """The request's block hashes at ``block_size``; none without prefix caching (nothing is cached)."""
-        if not self.caching:
-            return ()
-        return block_hashes_at(request.block_hashes, self.hash_block_size, block_size)
+    def _hashes_at(self, request: Request, block_size: int) -> Sequence[BlockHash]:
+        """The request's block hashes at ``block_size`` (none without prefix caching: nothing is cached)."""
+        return cached_block_hashes(request.block_hashes, self.kv_cache_config, block_size)
 
     def _writes_state(self, ext: int) -> bool:
         return ext > 0 and self.connector is not None and self.connector.supplies_mamba_state

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from sim.config import ScenarioError
 from sim.connector.protocol import FaultInjector
 from sim.engine.loop import Action
-from sim.core.kv.hash_view import block_hashes_at
+from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import extend_block_hashes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,16 +58,19 @@ def _evict_action(spec: Any, components: "Components", index: int) -> Action:
         fine, request.prompt, request.num_prompt_tokens, config.hash_block_size, request.lora_name, request.cache_salt
     )
     targets: list[tuple[int, int]] = []
-    # With prefix caching off nothing is cached: the action evicts nothing (vLLM's evict_blocks finds no entry).
-    for g in groups if components.kv_manager.block_pool.enable_caching else ():
-        group_hashes = block_hashes_at(fine, config.hash_block_size, config.groups[g].spec.block_size)
+    for g in groups:
+        block_size = config.groups[g].spec.block_size
+        full_blocks = request.num_prompt_tokens // block_size
         for i in spec.blocks:
-            if i >= len(group_hashes):
+            if i >= full_blocks:
                 raise ScenarioError(
                     f"actions.{index}.evict.blocks: block {i} is beyond request {spec.prefix_of!r}'s "
-                    f"{len(group_hashes)} full prompt blocks in group {g}"
+                    f"{full_blocks} full prompt blocks in group {g}"
                 )
-            targets.append((group_hashes[i], g))
+        # With prefix caching off there are no cached hashes: the action evicts nothing (as vLLM's
+        # evict_blocks finds no entry).
+        group_hashes = cached_block_hashes(fine, config, block_size)
+        targets.extend((group_hashes[i], g) for i in spec.blocks if i < len(group_hashes))
     pool = components.kv_manager.block_pool
 
     def apply() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Sequence, cast
 
 from sim.core.kv.hashing import BlockHash
+from sim.core.kv.specs import KVCacheConfig
 
 
 class BlockHashesAtBlockSize:
@@ -49,3 +50,15 @@ def block_hashes_at(hashes: Sequence[BlockHash], hash_block_size: int, block_siz
     if block_size == hash_block_size:
         return hashes
     return cast(Sequence[BlockHash], BlockHashesAtBlockSize(hashes, hash_block_size, block_size))
+
+
+def cached_block_hashes(hashes: Sequence[BlockHash], config: KVCacheConfig, block_size: int) -> Sequence[BlockHash]:
+    """The hashes under which a group of ``block_size`` can hold a request's blocks in the cache.
+
+    With prefix caching off nothing is ever cached, so there are none; vLLM
+    then also hashes at the scheduler block size (the LCM of the group block
+    sizes, not their GCD), which a smaller group's blocks cannot be viewed at.
+    """
+    if not config.enable_prefix_caching:
+        return ()
+    return block_hashes_at(hashes, config.hash_block_size, block_size)
