@@ -17,13 +17,14 @@ from typing import TypeVar
 import numpy as np
 
 from sim.config import ScenarioError
-from sim.config.scenario import Scenario
+from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec, cdiv, kv_cache_config_from_groups, kv_cache_config_from_model
 from sim.connector.protocol import Connector
 from sim.engine.timing import StepTimeModel
 from sim.core.kv.manager import KVCacheManager
 from sim.core.request import Request
-from sim.core.scheduler import Scheduler
+from sim.core.admission_truth import make_truth_checker
+from sim.core.scheduler import Scheduler, SchedulerConfig
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
@@ -253,28 +254,15 @@ def _build_eviction(scenario: Scenario, connector: Connector | None, step_time_m
     return policy, context
 
 
-def build_components(
-    scenario: Scenario,
-    *,
-    dry_run: bool = False,
-    fast_paths: bool = True,
-) -> Components | None:
-    """Build (or, with ``dry_run``, only check) everything a run needs.
-
-    ``fast_paths`` False builds the plain vLLM-mirroring path: no quiet horizons
-    (:mod:`sim.core.kv.fastpath`) and no reuse of prefix lookups; the tables are identical.
-    """
-    from sim.core.admission_truth import make_truth_checker  # divergence helper: admission truth checker
-    from sim.core.scheduler import SchedulerConfig
-
-    config = _check_block_limit(build_kv_cache_config(scenario))
-    root = np.random.default_rng(scenario.seed)
-    workload_rng, connector_rng = root.spawn(2)
+def _build_workload(
+    scenario: Scenario, config: KVCacheConfig, rng: np.random.Generator, max_model_len: int
+) -> tuple[list[Request], list[Request]]:
+    """The workload's requests, hashed at the layout's hash block size: ``(kept, rejected as too long)``."""
     try:
         requests = build_requests(
             scenario.workload,
             base_dir=Path.cwd(),
-            rng=workload_rng,
+            rng=rng,
             hash_block_size=config.hash_block_size,
             clock=scenario.clock,
         )
@@ -283,47 +271,70 @@ def build_components(
         raise ScenarioError(text if text.startswith("workload") else f"workload: {text}") from None
     if not requests:
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
-    max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
     if scenario.workload.requests is None:  # scripted workloads are checked by the scenario model
-        from sim.config.scenario import check_connector_request_ids
-
         try:
             check_connector_request_ids(scenario.connector.options(), [r.request_id for r in requests])
         except ValueError as exc:
             raise ScenarioError(str(exc).lstrip("@")) from None
-    requests, rejected = _split_too_long(requests, max_model_len, scenario.workload.too_long)
-    in_flight = SchedulerConfig.max_concurrent_batches * _resolved(
-        scenario.scheduler.max_num_batched_tokens, "scheduler.max_num_batched_tokens"
+    return _split_too_long(requests, max_model_len, scenario.workload.too_long)
+
+
+def _scheduler_config(scenario: Scenario, max_model_len: int) -> SchedulerConfig:
+    sched = scenario.scheduler
+    return SchedulerConfig(
+        max_num_seqs=_resolved(sched.max_num_seqs, "scheduler.max_num_seqs"),
+        max_num_batched_tokens=_resolved(sched.max_num_batched_tokens, "scheduler.max_num_batched_tokens"),
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold,
+        policy=sched.policy,
+        watermark=sched.watermark,
     )
-    _check_kv_cache_sizing(scenario, config, max_model_len, in_flight)
+
+
+def _build_step_time_model(scenario: Scenario) -> StepTimeModel | None:
+    """The step-time model of a ``clock: time`` run (none on the step clock: a step lasts one unit)."""
+    if scenario.clock != "time":
+        return None
+    hw = _resolved(scenario.hardware, "hardware")
+    model = _resolved(_resolved(scenario.model, "model").preset_obj, "model.preset")
+    return StepTimeModel.from_presets(model, hw.preset_obj(), hw.overrides.given() if hw.overrides else None)
+
+
+def build_components(
+    scenario: Scenario,
+    *,
+    dry_run: bool = False,
+    fast_paths: bool = True,
+) -> Components | None:
+    """Build (or, with ``dry_run``, only check) everything a run needs.
+
+    Everything that can be refused is checked before anything stateful is
+    built: the cache layout, the workload, the sizing, the policy, the
+    connector, the step-time model and the eviction policy. ``fast_paths``
+    False builds the plain vLLM-mirroring path: no quiet horizons
+    (:mod:`sim.core.kv.fastpath`) and no reuse of prefix lookups; the tables
+    are identical.
+    """
+    config = _check_block_limit(build_kv_cache_config(scenario))
+    root = np.random.default_rng(scenario.seed)
+    workload_rng, connector_rng = root.spawn(2)
+    max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
+    requests, rejected = _build_workload(scenario, config, workload_rng, max_model_len)
+    scheduler_config = _scheduler_config(scenario, max_model_len)
+    _check_kv_cache_sizing(scenario, config, max_model_len, scheduler_config.max_in_flight_tokens)
     _warn_if_never_fits(config, requests, max_model_len)
     policy = _check_policy(scenario)
     connector = _build_connector(scenario, config)
-    step_time_model = None
-    if scenario.clock == "time":
-        from sim.engine.timing import StepTimeModel
-
-        hw = _resolved(scenario.hardware, "hardware")
-        model = _resolved(_resolved(scenario.model, "model").preset_obj, "model.preset")
-        step_time_model = StepTimeModel.from_presets(model, hw.preset_obj(), hw.overrides.given() if hw.overrides else None)
+    step_time_model = _build_step_time_model(scenario)
     eviction_policy, eviction_context = _build_eviction(scenario, connector, step_time_model)
     if dry_run:
         return None
 
-    sched_cfg = scenario.scheduler
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=_resolved(sched_cfg.max_num_seqs, "scheduler.max_num_seqs"),
-        max_num_batched_tokens=_resolved(sched_cfg.max_num_batched_tokens, "scheduler.max_num_batched_tokens"),
-        max_model_len=max_model_len,
-        long_prefill_token_threshold=sched_cfg.long_prefill_token_threshold,
-        policy=sched_cfg.policy,
-        watermark=sched_cfg.watermark,
-    )
     # As vLLM's Scheduler does, hand the manager the in-flight token bound (sliding-window admission cap).
     kv_manager = KVCacheManager(
         config,
         max_in_flight_tokens=scheduler_config.max_in_flight_tokens,
-        watermark=sched_cfg.watermark,
+        watermark=scenario.scheduler.watermark,
         corrected_mamba_accounting=scenario.cache.corrected_mamba_accounting,
         fast_paths=fast_paths,
         eviction_policy=eviction_policy,
@@ -336,7 +347,7 @@ def build_components(
         connector=connector,
         prefix_policy=policy,
         recorder=recorder,
-        admission_checker=make_truth_checker(kv_manager, connector),  # divergence helper: admission truth checker
+        admission_checker=make_truth_checker(kv_manager, connector),
         on_crash=scenario.on_crash,
     )
     scheduler.reuse_prefix_lookups = fast_paths
