@@ -128,8 +128,7 @@ def run_summary(
 ) -> dict[str, Any]:
     """The run's metrics as a JSON-able dict with sorted keys (the body of ``summary.json``).
 
-    ``tables`` is a mapping of table name to DataFrame (or an object with
-    ``.tables``); ``group_kinds`` names the attention type of each KV-cache
+    ``tables`` is a result or a mapping of table name to DataFrame; ``group_kinds`` names the attention type of each KV-cache
     group in group order; ``crash`` is ``None`` or ``{step, time_s,
     request_id, reason}`` (DESIGN.md §6).
     """
@@ -149,79 +148,105 @@ def run_summary(
     done = per_req[per_req["finished"]]
     span = (req.loc[per_req["finished"], "finished_s"].max() - req["arrival_s"].min()) if len(done) else np.nan
     duration = float(span) if pd.notna(span) and span > 0 else None
-
-    good = done[done["outcome"] != "corrupt"]
-    if slo_ttft_s is not None:
-        good = good[good["ttft_s"] <= slo_ttft_s]
-    if slo_tpot_s is not None:
-        good = good[good["tpot_s"].isna() | (good["tpot_s"] <= slo_tpot_s)]
-
-    decode_time = (done["tpot_s"] * (done["output_tokens"] - 1)).sum()
-    decode_gaps = (done["output_tokens"] - 1).where(done["output_tokens"] > 1).sum()
-
     first = first_admissions(adm)
-    prompt = float(first["prompt_tokens"].sum())
-    admitted = adm[adm["outcome"] != NOT_ADMITTED]
-    removed = kv[kv["kind"] == "removed"]
-    evictions = {}
-    for g in range(num_groups):
-        of_group = removed[removed["group"] == g]
-        evictions[f"g{g}"] = {"total": int(len(of_group)), "by_cause": _counts(of_group["cause"])}
-
     return {
         "groups": list(group_kinds),
         "crash": dict(crash) if crash is not None else None,
         "num_steps": int(len(t["steps"])),
-        "requests": {
-            "total": int(len(req)),
-            "finished": int(len(done)),
-            "failed": int(len(req) - len(done)),
-            "by_outcome": _counts(req["outcome"]),
-            "preemptions": int(req["preemptions"].sum()),
-            "local_hit_tokens": int(req["local_hit_tokens"].sum()),
-            "external_hit_tokens": int(req["external_hit_tokens"].sum()),
-            "prompt_tokens": int(req["prompt_tokens"].sum()),
-            "output_tokens": int(req["output_tokens"].sum()),
-        },
-        "latency_s": {
-            "ttft": _distribution(done["ttft_s"]),
-            "tpot": _distribution(done["tpot_s"]),
-            "e2e": _distribution(done["e2e_s"]),
-            "queueing": _distribution(done["queueing_s"]),
-            "itl": {"mean": _ratio(decode_time, decode_gaps) if decode_gaps > 0 else None},
-        },
+        "requests": _request_section(req, done),
+        "latency_s": _latency_section(done),
         "throughput": {
             "duration_s": duration,
             "requests_per_s": _ratio(len(done), duration) if duration else None,
             "output_tokens_per_s": _ratio(done["output_tokens"].sum(), duration) if duration else None,
         },
-        "goodput": {
-            "slo_ttft_s": slo_ttft_s,
-            "slo_tpot_s": slo_tpot_s,
-            "requests": int(len(good)),
-            "requests_per_s": _ratio(len(good), duration) if duration else None,
-        },
-        "cache": {
-            "first_admissions": int(len(first)),
-            "prompt_tokens": int(prompt),
-            "hit_rate": {f"g{i}": _ratio(first[f"hit_g{i}"].sum(), prompt) for i in range(num_groups)},
-            "local_rate": _ratio(first["local_tokens"].sum(), prompt),
-            "full_attention_hit_rate": _full_attention_rate(first, group_kinds, prompt),
-            "external_rate": _ratio(first["external_tokens"].sum(), prompt),
-        },
-        "admissions": {
-            "attempts": int(len(adm)),
-            "admitted": int(len(admitted)),
-            "by_outcome": _counts(adm["outcome"]),
-            "by_policy": {str(p): _counts(rows["outcome"]) for p, rows in sorted(adm.groupby("policy"), key=lambda x: str(x[0]))},
-            "crash_reasons": _counts(adm.loc[adm["crash_reason"] != "", "crash_reason"]),
-            "fallbacks": int(adm["fallback"].sum()),
-            "hit_diverged": int(adm["hit_diverged"].sum()),
-            "divergences": divergence_counts(adm, group_kinds),
-            "tokens_recomputed": int(adm["tokens_lost"].sum()),
-        },
-        "evictions": {"total": int(len(removed)), "by_group": evictions},
+        "goodput": _goodput_section(done, duration, slo_ttft_s, slo_tpot_s),
+        "cache": _cache_section(first, group_kinds, num_groups),
+        "admissions": _admission_section(adm, group_kinds),
+        "evictions": _eviction_section(kv, num_groups),
     }
+
+
+def _request_section(req: pd.DataFrame, done: pd.DataFrame) -> dict[str, Any]:
+    return {
+        "total": int(len(req)),
+        "finished": int(len(done)),
+        "failed": int(len(req) - len(done)),
+        "by_outcome": _counts(req["outcome"]),
+        "preemptions": int(req["preemptions"].sum()),
+        "local_hit_tokens": int(req["local_hit_tokens"].sum()),
+        "external_hit_tokens": int(req["external_hit_tokens"].sum()),
+        "prompt_tokens": int(req["prompt_tokens"].sum()),
+        "output_tokens": int(req["output_tokens"].sum()),
+    }
+
+
+def _latency_section(done: pd.DataFrame) -> dict[str, Any]:
+    """Distributions over finished requests; ITL is decode time over decode gaps (requests with > 1 token)."""
+    decode_time = (done["tpot_s"] * (done["output_tokens"] - 1)).sum()
+    decode_gaps = (done["output_tokens"] - 1).where(done["output_tokens"] > 1).sum()
+    return {
+        "ttft": _distribution(done["ttft_s"]),
+        "tpot": _distribution(done["tpot_s"]),
+        "e2e": _distribution(done["e2e_s"]),
+        "queueing": _distribution(done["queueing_s"]),
+        "itl": {"mean": _ratio(decode_time, decode_gaps) if decode_gaps > 0 else None},
+    }
+
+
+def _goodput_section(
+    done: pd.DataFrame, duration: float | None, slo_ttft_s: float | None, slo_tpot_s: float | None
+) -> dict[str, Any]:
+    """Finished, not corrupt, and within every SLO bound given (a single-token request has no TPOT)."""
+    good = done[done["outcome"] != "corrupt"]
+    if slo_ttft_s is not None:
+        good = good[good["ttft_s"] <= slo_ttft_s]
+    if slo_tpot_s is not None:
+        good = good[good["tpot_s"].isna() | (good["tpot_s"] <= slo_tpot_s)]
+    return {
+        "slo_ttft_s": slo_ttft_s,
+        "slo_tpot_s": slo_tpot_s,
+        "requests": int(len(good)),
+        "requests_per_s": _ratio(len(good), duration) if duration else None,
+    }
+
+
+def _cache_section(first: pd.DataFrame, group_kinds: Sequence[str], num_groups: int) -> dict[str, Any]:
+    """Hit rates over each request's first admission, as fractions of their prompt tokens."""
+    prompt = float(first["prompt_tokens"].sum())
+    return {
+        "first_admissions": int(len(first)),
+        "prompt_tokens": int(prompt),
+        "hit_rate": {f"g{i}": _ratio(first[f"hit_g{i}"].sum(), prompt) for i in range(num_groups)},
+        "local_rate": _ratio(first["local_tokens"].sum(), prompt),
+        "full_attention_hit_rate": _full_attention_rate(first, group_kinds, prompt),
+        "external_rate": _ratio(first["external_tokens"].sum(), prompt),
+    }
+
+
+def _admission_section(adm: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, Any]:
+    admitted = adm[adm["outcome"] != NOT_ADMITTED]
+    by_policy = sorted(adm.groupby("policy"), key=lambda x: str(x[0]))
+    return {
+        "attempts": int(len(adm)),
+        "admitted": int(len(admitted)),
+        "by_outcome": _counts(adm["outcome"]),
+        "by_policy": {str(p): _counts(rows["outcome"]) for p, rows in by_policy},
+        "crash_reasons": _counts(adm.loc[adm["crash_reason"] != "", "crash_reason"]),
+        "fallbacks": int(adm["fallback"].sum()),
+        "hit_diverged": int(adm["hit_diverged"].sum()),
+        "divergences": divergence_counts(adm, group_kinds),
+        "tokens_recomputed": int(adm["tokens_lost"].sum()),
+    }
+
+
+def _eviction_section(kv: pd.DataFrame, num_groups: int) -> dict[str, Any]:
+    removed = kv[kv["kind"] == "removed"]
+    by_group = {}
+    for g in range(num_groups):
+        of_group = removed[removed["group"] == g]
+        by_group[f"g{g}"] = {"total": int(len(of_group)), "by_cause": _counts(of_group["cause"])}
+    return {"total": int(len(removed)), "by_group": by_group}
 
 
 def add_ideal_hit_rate(summary: dict[str, Any], tables: ResultSource, requests: Sequence[Any], block_size: int) -> None:
