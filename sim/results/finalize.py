@@ -37,8 +37,6 @@ class RunResult(LoadedResult):
     crash_detail: dict[str, Any] | None = None
     #: What writing the bundle noted (e.g. a foreign folder kept aside under ``--force``).
     notes: list[str] = field(default_factory=list)
-    #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (:mod:`sim.results.sessions`).
-    session_tables: dict[str, Any] = field(default_factory=dict)
 
     @property
     def crash(self) -> dict[str, Any] | None:

@@ -3,7 +3,8 @@
 The bundle is ``scenario.resolved.yaml``, ``summary.json`` (``partial: true``
 unless the run completed or crashed the way the scenario asked) and the
 tables, written by :func:`sim.trace.bundle.write_result` (which owns how a
-bundle is put on disk). A crash also writes ``crash.json`` and a replay
+bundle is put on disk), and with ``workload.sessions`` the ``sessions/turns``
+and ``sessions/sessions`` tables. A crash also writes ``crash.json`` and a replay
 bundle (``replay/replay.yaml`` + ``replay/crash.json``) that
 ``hybridsim replay`` reproduces; ``crash.json`` names the ``explain``, ``replay``, ``shrink`` and
 ``export vllm-test`` commands for it.
@@ -18,7 +19,7 @@ from typing import Callable
 from sim.config import resolved_yaml
 from sim.config.scenario import Scenario
 from sim.results.finalize import RunResult
-from sim.trace.bundle import write_result
+from sim.trace.bundle import write_result, write_session_tables
 
 
 def _replay_yaml(scenario: Scenario, crash_step: int) -> str:
@@ -78,6 +79,8 @@ def write_bundle(
     def extras(stage: Path) -> None:
         if crash is not None:
             _write_crash(stage, scenario, crash, out)
+        if result.session_tables:
+            write_session_tables(result.session_tables, stage, scenario.outputs.tables_format)
         if draw is not None:
             result.plots = [out / p.relative_to(stage) for p in draw(result, stage / "plots")]
 

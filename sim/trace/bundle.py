@@ -229,6 +229,9 @@ class LoadedResult:
     scenario_yaml: str = ""
     path: Path | None = None
     group_kinds: list[str] = field(default_factory=list)
+    #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (``sim.results.sessions``),
+    #: written under ``sessions/`` in the bundle.
+    session_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     @property
     def kv_events(self) -> pd.DataFrame:
@@ -315,8 +318,40 @@ def load_result(path: str | Path, *, verify: bool = True) -> LoadedResult:
         if file is not None:
             tables[name] = read_table(name, file)
     result = LoadedResult.from_tables(tables, summary=summary, scenario_yaml=scenario_yaml)
+    result.session_tables = _read_session_tables(directory / SESSIONS_DIR)
     result.path = directory
     return result
+
+
+#: The bundle folder holding the session tables (``turns``, ``sessions``) of a ``workload.sessions`` run.
+SESSIONS_DIR = "sessions"
+SESSION_TABLE_NAMES = ("turns", "sessions")
+
+
+def write_session_tables(tables: Mapping[str, pd.DataFrame], stage: Path, fmt: TablesFormat) -> None:
+    """The session tables into ``stage/sessions/`` (called while the bundle is staged, so they are in its
+    manifest); same frames, same bytes."""
+    unknown = sorted(set(tables) - set(SESSION_TABLE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown session tables {unknown}; valid: {', '.join(SESSION_TABLE_NAMES)}")
+    folder = stage / SESSIONS_DIR
+    folder.mkdir(exist_ok=True)
+    for name in SESSION_TABLE_NAMES:
+        if name in tables:
+            write_table(tables[name].reset_index(drop=True), folder / f"{name}.{fmt}", fmt)
+
+
+def _read_session_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    out: dict[str, pd.DataFrame] = {}
+    for name in SESSION_TABLE_NAMES if folder.is_dir() else ():
+        file = find_table_file(folder, name)
+        if file is None:
+            continue
+        if file.suffix == ".parquet":
+            out[name] = pq.read_table(file).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+        else:
+            out[name] = pd.read_csv(file)
+    return out
 
 
 #: What the metrics and plots read: a result (run or loaded back) or a plain mapping of tables.

@@ -149,6 +149,24 @@ def test_hit_rate_by_turn_plot_is_written(tmp_path):
     assert tmp_path / "out" / "plots" / "hit_rate_by_turn.png" in result.plots
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_session_tables_are_written_to_the_bundle_and_load_back(tmp_path, fmt):
+    text = THREE_TURNS.replace("MODE", "closed").replace("plots: false", f"plots: false, tables_format: {fmt}")
+    result = run_text(text, tmp_path)
+    out = tmp_path / "out"
+    sim.write_bundle(result, out)
+    assert sorted(p.name for p in (out / "sessions").iterdir()) == [f"sessions.{fmt}", f"turns.{fmt}"]
+    loaded = sim.load_result(out)  # verifies the manifest, which covers sessions/ too
+    for name in ("turns", "sessions"):
+        want, got = result.session_tables[name].reset_index(drop=True), loaded.session_tables[name]
+        assert list(got.columns) == list(want.columns) and len(got) == len(want)
+        assert list(got["session"].astype(str)) == list(want["session"].astype(str))
+    assert list(loaded.session_tables["turns"]["reusable_tokens"]) == [0, 32, 48]
+    (out / "sessions" / f"turns.{fmt}").write_bytes(b"tampered")
+    with pytest.raises(Exception, match="turns"):
+        sim.load_result(out)
+
+
 BAD = {
     "circular": (("    - {id: a, after: b, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
                   "    - {id: b, after: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"),
