@@ -98,7 +98,7 @@ def test_validate_and_scenarios_listing() -> None:
     assert listing.exit_code == 0
     names = {line.split()[0] for line in listing.stdout.splitlines()}
     assert {"demo-pressure.yaml", "golden-pressure.yaml", "repro/taint-propagation.yaml"} <= names
-    line = next(l for l in listing.stdout.splitlines() if l.startswith("demo-pressure.yaml"))
+    line = next(row for row in listing.stdout.splitlines() if row.startswith("demo-pressure.yaml"))
     assert "Nemotron-H 8B" in line
 
 

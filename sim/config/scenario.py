@@ -534,13 +534,13 @@ class Scenario(_Strict):
         if not n or self.cache.groups is not None or self.model is None:
             return
         shapes = self.model.layer_shapes()
-        sparse = any(isinstance(l, MambaLayerShape) or l.window is not None for l in shapes)
+        sparse = any(isinstance(layer, MambaLayerShape) or layer.window is not None for layer in shapes)
         if not sparse:
             raise ValueError(
                 "@cache.retention_interval: a positive retention interval needs Mamba or sliding-window layers "
                 f"(model {self.model.preset or 'layers'} has none)"
             )
-        if not any(isinstance(l, MambaLayerShape) for l in shapes) and n % self.cache.block_size:
+        if not any(isinstance(layer, MambaLayerShape) for layer in shapes) and n % self.cache.block_size:
             raise ValueError(
                 f"@cache.retention_interval: {n} is not a multiple of the block size {self.cache.block_size}"
             )

@@ -226,10 +226,10 @@ def plot_sweep(
     if hue is not None:
         handles, labels = axes[0].get_legend_handles_labels()
         for ax in axes[1 : len(metrics)]:
-            for h, l in zip(*ax.get_legend_handles_labels()):
-                if l not in labels:
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                if label not in labels:
                     handles.append(h)
-                    labels.append(l)
+                    labels.append(label)
         fig.legend(handles, labels, title=hue, loc="outside right upper")
     seeds = frame["seed"].nunique() if "seed" in frame.columns else 1
     names = [metric_title(m, kinds) for m in metrics]

@@ -34,40 +34,40 @@ EXPECTED = {
 def test_layer_mix_and_state_bytes(name):
     n_attn, n_mamba, mixer, state_bytes, kv_bytes = EXPECTED[name]
     preset = MODEL_PRESETS[name]
-    attn = [l for l in preset.shape.layers if isinstance(l, AttentionLayerShape)]
-    mamba = [l for l in preset.shape.layers if isinstance(l, MambaLayerShape)]
+    attn = [layer for layer in preset.shape.layers if isinstance(layer, AttentionLayerShape)]
+    mamba = [layer for layer in preset.shape.layers if isinstance(layer, MambaLayerShape)]
     assert (len(attn), len(mamba)) == (n_attn, n_mamba)
     assert (preset.num_attention_layers, preset.num_mamba_layers) == (n_attn, n_mamba)
-    assert {l.bytes_per_token for l in attn} == {kv_bytes}
-    assert all(l.window is None for l in attn)
+    assert {layer.bytes_per_token for layer in attn} == {kv_bytes}
+    assert all(layer.window is None for layer in attn)
     if mixer is None:
         assert not preset.shape.has_mamba
     else:
-        assert {l.mixer for l in mamba} == {mixer}
-        assert {l.state_bytes for l in mamba} == {state_bytes}
+        assert {layer.mixer for layer in mamba} == {mixer}
+        assert {layer.state_bytes for layer in mamba} == {state_bytes}
 
 
 def test_layer_order():
     nemotron = MODEL_PRESETS["nemotron-h-8b"].shape.layers
-    attn_at = [i for i, l in enumerate(nemotron) if isinstance(l, AttentionLayerShape)]
+    attn_at = [i for i, layer in enumerate(nemotron) if isinstance(layer, AttentionLayerShape)]
     # cache layers of "M-M-M-M*-M-M-M-M-M*-..." : the 5th cache layer (index 4) is the first attention
     assert attn_at == [4, 10, 16, 22]
     jamba = MODEL_PRESETS["jamba-1.5-mini"].shape.layers
-    assert [i for i, l in enumerate(jamba) if isinstance(l, AttentionLayerShape)] == [4, 12, 20, 28]
+    assert [i for i, layer in enumerate(jamba) if isinstance(layer, AttentionLayerShape)] == [4, 12, 20, 28]
     qwen = MODEL_PRESETS["qwen3-next-80b-a3b"].shape.layers
-    assert [i for i, l in enumerate(qwen) if isinstance(l, AttentionLayerShape)] == list(range(3, 48, 4))
+    assert [i for i, layer in enumerate(qwen) if isinstance(layer, AttentionLayerShape)] == list(range(3, 48, 4))
     falcon = MODEL_PRESETS["falcon-h1-7b"].shape.layers
-    assert all(isinstance(l, AttentionLayerShape) for l in falcon[0::2])
-    assert all(isinstance(l, MambaLayerShape) for l in falcon[1::2])
+    assert all(isinstance(layer, AttentionLayerShape) for layer in falcon[0::2])
+    assert all(isinstance(layer, MambaLayerShape) for layer in falcon[1::2])
 
 
 def test_prefill_checkpoints_follow_vllm():
-    assert all(l.prefill_checkpoints for l in MODEL_PRESETS["nemotron-h-8b"].shape.layers if isinstance(l, MambaLayerShape))
-    assert not any(l.prefill_checkpoints for l in MODEL_PRESETS["jamba-1.5-mini"].shape.layers if isinstance(l, MambaLayerShape))
+    assert all(layer.prefill_checkpoints for layer in MODEL_PRESETS["nemotron-h-8b"].shape.layers if isinstance(layer, MambaLayerShape))
+    assert not any(layer.prefill_checkpoints for layer in MODEL_PRESETS["jamba-1.5-mini"].shape.layers if isinstance(layer, MambaLayerShape))
     qwen = MODEL_PRESETS["qwen3-next-80b-a3b"]
-    gdn = lambda shape: [l for l in shape.layers if isinstance(l, MambaLayerShape)]  # noqa: E731
-    assert not any(l.prefill_checkpoints for l in gdn(qwen.shape_for(hardware_preset("a100-80g"))))
-    assert all(l.prefill_checkpoints for l in gdn(qwen.shape_for(hardware_preset("h100-80g"))))
+    gdn = lambda shape: [layer for layer in shape.layers if isinstance(layer, MambaLayerShape)]  # noqa: E731
+    assert not any(layer.prefill_checkpoints for layer in gdn(qwen.shape_for(hardware_preset("a100-80g"))))
+    assert all(layer.prefill_checkpoints for layer in gdn(qwen.shape_for(hardware_preset("h100-80g"))))
     # attention layers are untouched
     assert qwen.shape_for(hardware_preset("h200")).layers[3] == qwen.shape.layers[3]
 

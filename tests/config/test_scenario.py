@@ -112,7 +112,7 @@ def test_model_shape_follows_hardware_and_max_model_len(tmp_path):
     s = load_scenario(path, ["model.preset=qwen3-next-80b-a3b", "cache.kv_memory_gb=20", "scheduler.max_model_len=4096"])
     shape = s.model_shape()
     assert shape.max_model_len == 4096
-    assert all(l.prefill_checkpoints for l in shape.layers if hasattr(l, "mixer"))  # GDN on Hopper
+    assert all(layer.prefill_checkpoints for layer in shape.layers if hasattr(layer, "mixer"))  # GDN on Hopper
     assert s.kv_memory_bytes() == 20 * GiB
 
 

@@ -30,8 +30,8 @@ def tiny(layers, *, experts=0, topk=0, expert_params=0) -> ModelPreset:
     return ModelPreset(
         name="tiny", hf_repo="-", shape=ModelShape("tiny", tuple(layers), 1024),
         hidden_size=8, vocab_size=50, num_decoder_layers=len(layers),
-        num_attention_layers=sum(isinstance(l, AttentionLayerShape) for l in layers),
-        num_mamba_layers=sum(isinstance(l, MambaLayerShape) for l in layers),
+        num_attention_layers=sum(isinstance(layer, AttentionLayerShape) for layer in layers),
+        num_mamba_layers=sum(isinstance(layer, MambaLayerShape) for layer in layers),
         num_mlp_layers=1, num_moe_layers=1 if experts else 0,
         num_attention_heads=2, num_kv_heads=1, head_dim=4,
         mlp_intermediate_size=16, moe_intermediate_size=0, shared_expert_intermediate_size=0,

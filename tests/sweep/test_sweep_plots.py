@@ -63,7 +63,7 @@ def test_categorical_x_orders_numbers_with_null_first():
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["null", "400"]
     # Categorical x: grouped bars (pr48425 left of max_per_group at each position), no lines.
-    assert [l for l in _lines(ax) if l != "_nolegend_"] == []  # error-bar caps only
+    assert [label for label in _lines(ax) if label != "_nolegend_"] == []  # error-bar caps only
     bars = {(round(p.get_x() + p.get_width() / 2, 2), p.get_height()) for p in ax.patches}
     assert bars == {(-0.2, 1.0), (0.8, 2.0), (0.2, 2.5), (1.2, 3.5)}
 
