@@ -312,12 +312,11 @@ class Scheduler:
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
         #: The event-driven running set (sim.kv.fastpath): with the quiet horizons, when no
-        #: per-request schedule row, priority victim or recorded crash needs every member in order.
+        #: priority victim or recorded crash needs every member in order. With the schedule
+        #: table on, the parked members' rows are written in ``running`` order
+        #: (:meth:`_record_schedule_with_parked`).
         self.cohort = DecodeCohort(
-            enabled=kv_manager.quiet.enabled
-            and not self.priority
-            and on_crash == "stop"
-            and not (recorder is not None and recorder.schedule_enabled)
+            enabled=kv_manager.quiet.enabled and not self.priority and on_crash == "stop"
         )
         self.step = 0
         # Counters.
@@ -903,9 +902,48 @@ class Scheduler:
         out.prefill_tokens += prefill
         rec = self.recorder
         if rec is not None and rec.schedule_enabled:
+            if out.num_parked_decodes:
+                self._record_schedule_with_parked(out, kinds)
+                return
             rids = list(num_scheduled)
             row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
             rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
+
+    def _record_schedule_with_parked(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        """The step's ``schedule`` rows when parked decodes (:class:`DecodeCohort`) were scheduled.
+
+        The plain path writes one row per scheduled request in scheduling order:
+        the running loop's requests in ``running`` order, then the admitted ones
+        (appended to ``running`` as they were admitted). Every remaining cohort
+        member was scheduled for one token (the others were unparked at the
+        cut), and each is in ``running``; so walking ``running`` and taking the
+        members and the requests of ``num_scheduled_tokens`` gives exactly the
+        plain order. A member computed one token in this step (``sched_clock``
+        counts it already), so its count before the step is one less.
+        """
+        rec = self.recorder
+        assert rec is not None
+        members = self.cohort.members
+        parked_computed = self.cohort.num_computed
+        num_scheduled = out.num_scheduled_tokens
+        before_of = dict(zip(num_scheduled, out.computed_before))
+        rids: list[str] = []
+        row_kinds: list[str] = []
+        tokens: list[int] = []
+        befores: list[int] = []
+        for request in self.running:
+            rid = request.request_id
+            if rid in members:
+                rids.append(rid)
+                row_kinds.append("running")
+                tokens.append(1)
+                befores.append(parked_computed(rid) - 1)
+            elif rid in num_scheduled:
+                rids.append(rid)
+                row_kinds.append(kinds.get(rid, "running"))
+                tokens.append(num_scheduled[rid])
+                befores.append(before_of[rid])
+        rec.record_schedule_rows(rids, row_kinds, tokens, befores)
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.
