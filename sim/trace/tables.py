@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sim.trace.recorder import (
     Columns,
@@ -269,15 +270,46 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
         return pd.Series(array.astype(np.float64, copy=False))
     types = set(map(type, values))
     if dtype == _STR:
-        return pd.Series(values, dtype=_STR) if types <= {str} else None
+        return _str_series(values) if types <= {str} else None
     if dtype == HASH_DTYPE:
         if not types <= {int, type(None)}:
             return None
+        if type(None) not in types and _ARROW_STR:
+            return _hex_series(values)
         hashes = [v for v in values if v is not None] if type(None) in types else values
         if hashes and (min(hashes) < 0 or max(hashes) >= 1 << 64):
             return None
         return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
     return None
+
+
+#: pandas' ``str`` dtype; with pyarrow storage the two builders below make its arrays directly
+#: (the same values, dtype and arrow type as ``pd.Series(values, dtype="str")``, without the
+#: per-value inference pass).
+_STR_DTYPE = pd.Series([], dtype=_STR).dtype
+_ARROW_STR = getattr(_STR_DTYPE, "storage", None) == "pyarrow"
+
+
+def _str_series(values: list[str]) -> pd.Series:
+    if not _ARROW_STR:
+        return pd.Series(values, dtype=_STR)
+    array = pa.chunked_array([pa.array(values, type=pa.large_string())])
+    return pd.Series(pd.arrays.ArrowStringArray(array, dtype=_STR_DTYPE))
+
+
+def _hex_series(values: list[int]) -> pd.Series | None:
+    """64-bit hash ints as 16-digit lower-case hex strings, in one vectorized pass
+    (big-endian bytes, hex-encoded, cut every 16 characters); None if one is out of range."""
+    try:
+        words = np.array(values, dtype=np.uint64)
+    except OverflowError:
+        return None
+    if words.ndim != 1:
+        return None
+    text = words.astype(">u8").tobytes().hex().encode("ascii")
+    offsets = np.arange(0, 16 * len(values) + 1, 16, dtype=np.int64)
+    array = pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(text))
+    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE))
 
 
 def _is_sorted(frame: pd.DataFrame, keys: list[str]) -> bool:
