@@ -329,6 +329,7 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     """
     _check_table(table)
     fast: dict[str, pd.Series] = {}
+    df: pd.DataFrame | None
     if isinstance(frame, pd.DataFrame):
         df = frame
     else:
@@ -337,25 +338,30 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
             column = _fast_column(values, dtype) if dtype is not None and isinstance(values, list) else None
             if column is not None:
                 fast[name] = column
-        df = pd.DataFrame(
+        # Every column on the fast path (the recorder's case): no intermediate frame is needed.
+        df = None if len(fast) == len(frame) else pd.DataFrame(
             {k: fast[k] if k in fast else pd.Series(list(v), dtype=object) for k, v in frame.items()}
         )
-    num_groups = infer_num_groups(df.columns)
+    columns = list(frame) if df is None else list(df.columns)
+    num_groups = infer_num_groups(columns)
     order = contract_columns(table, num_groups)
-    if table == "admissions" and len(df.columns) and "lookup_seq" not in df.columns:
-        df = _with_explain_columns(df)
-    missing = [c for c in order if c not in df.columns]
+    if table == "admissions" and len(columns) and "lookup_seq" not in columns:
+        df = _with_explain_columns(pd.DataFrame(fast) if df is None else df)
+        columns = list(df.columns)
+    missing = [c for c in order if c not in columns]
     if missing:
         raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
-    order += [c for c in df.columns if c not in order]
+    order += [c for c in columns if c not in order]
     out = {}
     for col in order:
         if col in fast:
             out[col] = fast[col]
             continue
+        assert df is not None  # a column off the fast path means the frame was built
         dtype = column_dtype(table, col) or _infer_dtype(df[col])
         out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col)
-    result = pd.DataFrame(out, columns=order)
+    # From the columns' arrays: every column has a default 0..n-1 index, so nothing needs aligning.
+    result = pd.DataFrame({col: out[col].array for col in order}, columns=order)
     keys = list(SORT_KEYS[table])
     if len(result) > 1 and not _is_sorted(result, keys):
         result = result.sort_values(keys, kind="mergesort", na_position="last")
