@@ -290,14 +290,14 @@ _STR_DTYPE = pd.Series([], dtype=_STR).dtype
 _ARROW_STR = getattr(_STR_DTYPE, "storage", None) == "pyarrow"
 
 
-def _str_series(values: list[str]) -> pd.Series:
+def _str_series(values: Sequence[str]) -> pd.Series:
     if not _ARROW_STR:
         return pd.Series(values, dtype=_STR)
     array = pa.chunked_array([pa.array(values, type=pa.large_string())])
     return pd.Series(pd.arrays.ArrowStringArray(array, dtype=_STR_DTYPE))
 
 
-def _hex_series(values: list[int]) -> pd.Series | None:
+def _hex_series(values: Sequence[int]) -> pd.Series | None:
     """64-bit hash ints as 16-digit lower-case hex strings, in one vectorized pass
     (big-endian bytes, hex-encoded, cut every 16 characters); None if one is out of range."""
     try:
