@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import operator
 from typing import Iterable, Sequence
 
 
@@ -81,7 +80,6 @@ def step_columns(num_groups: int) -> list[str]:
 
 #: The event attributes a ``kv_events`` row copies, in column order.
 _KV_EVENT_FIELDS = ("kind", "group", "block_id", "block_hash", "request_id", "cause")
-_kv_event_row = operator.attrgetter(*_KV_EVENT_FIELDS)
 
 
 class Columns:
@@ -147,8 +145,8 @@ class Recorder:
         cols["seq"].extend(range(seq, seq + n))
         cols["step"].extend([self.step] * n)
         cols["time_s"].extend([self.time_s] * n)
-        for name, values in zip(_KV_EVENT_FIELDS, zip(*map(_kv_event_row, events))):
-            cols[name].extend(values)
+        for name in _KV_EVENT_FIELDS:
+            cols[name].extend([getattr(ev, name) for ev in events])
 
     def record_admission(
         self,
