@@ -117,8 +117,9 @@ def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> No
 
 
 # --------------------------------------------------------------------------- the event-driven running set
-# The decode cohort (sim.core.kv.fastpath.DecodeCohort) is off with the schedule table and with
-# on_crash="record": these variants run without both, so parked decodes are in play.
+# The decode cohort (sim.core.kv.fastpath.DecodeCohort) is off with on_crash="record" (and with priority
+# scheduling): these variants run with on_crash=stop, so parked decodes are in play; with the schedule
+# table off (above it is on: the cohort writes its members' rows).
 COHORT_OVERRIDES = ["outputs.plots=false", "outputs.schedule_table=false", "on_crash=stop"]
 
 
@@ -191,8 +192,9 @@ COHORT_CASES = {
 }
 
 
+@pytest.mark.parametrize("schedule_table", ["false", "true"])
 @pytest.mark.parametrize("case", sorted(COHORT_CASES))
-def test_parked_decodes_change_nothing(case: str, parks: list[int], monkeypatch) -> None:
+def test_parked_decodes_change_nothing(case: str, schedule_table: str, parks: list[int], monkeypatch) -> None:
     from sim.core.scheduler import Scheduler
 
     parked_victims = [0]
@@ -204,10 +206,13 @@ def test_parked_decodes_change_nothing(case: str, parks: list[int], monkeypatch)
 
     monkeypatch.setattr(Scheduler, "_preempt_request", counting_preempt)
     text = _cohort_scenario(case, **COHORT_CASES[case])
-    tables = _assert_same(scenario_from_text(text, f"<{case}>", overrides=COHORT_OVERRIDES[:2]))
+    overrides = ["outputs.plots=false", f"outputs.schedule_table={schedule_table}"]
+    tables = _assert_same(scenario_from_text(text, f"<{case}>", overrides=overrides))
     assert parks[0] > 0, "no decode was parked: the case does not exercise the cohort"
     summary = json.loads(tables["summary"])
     assert summary["status"] == "complete"
+    if schedule_table == "true":
+        assert tables["schedule"].count("\n") > 1
     if case == "preemption":
         assert parked_victims[0] > 0, "no parked decode was preempted"
 

@@ -201,6 +201,15 @@ class TruthChecker:
     def _first_unbacked(lst: Any, hashes: Any, gid: int, bs: int, need: tuple[int, int],
                         refilled: bool) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
+        lo, hi = need
+        if type(hashes) is list and lo < hi <= len(lst) and hi <= len(hashes):
+            # The common answer in one pass: every position claimed, each block cached under the
+            # request's hash in this group (a null block holds no key) and untainted.
+            blocks = lst[lo:hi]
+            if [b.block_hash for b in blocks] == [(h, gid) for h in hashes[lo:hi]] and (
+                [b.taint for b in blocks].count(None) == hi - lo
+            ):
+                return None, None
         for i in range(*need):
             if i >= len(lst) and refilled:
                 return None, None  # unclaimed positions get fresh blocks, which the pull fills

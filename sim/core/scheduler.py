@@ -277,12 +277,11 @@ class Scheduler:
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
         #: The event-driven running set (sim.core.kv.fastpath): with the quiet horizons, when no
-        #: per-request schedule row, priority victim or recorded crash needs every member in order.
+        #: priority victim or recorded crash needs every member in order. With the schedule
+        #: table on, the parked members' rows are written in ``running`` order
+        #: (:meth:`_record_schedule_with_parked`).
         self.cohort = DecodeCohort(
-            enabled=kv_manager.quiet.enabled
-            and not self.priority
-            and on_crash == "stop"
-            and not (recorder is not None and recorder.schedule_enabled)
+            enabled=kv_manager.quiet.enabled and not self.priority and on_crash == "stop"
         )
         self.step = 0
         # Counters.
@@ -879,9 +878,44 @@ class Scheduler:
         out.prefill_tokens += prefill
         rec = self.recorder
         if rec is not None and rec.schedule_enabled:
+            if out.num_parked_decodes:
+                self._record_schedule_with_parked(out, kinds)
+                return
             rids = list(num_scheduled)
             row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
             rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
+
+    def _record_schedule_with_parked(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        """The step's ``schedule`` rows when parked decodes (:class:`DecodeCohort`) were scheduled.
+
+        The plain path writes one row per scheduled request in scheduling order:
+        the running loop's requests in ``running`` order, then the admitted ones
+        (appended to ``running`` as they were admitted). Every remaining cohort
+        member was scheduled for one token (the others were unparked at the
+        cut), and each is in ``running``; so walking ``running`` and taking the
+        members and the requests of ``num_scheduled_tokens`` gives exactly the
+        plain order. A member computed one token in this step (``sched_clock``
+        counts it already), so its count before the step is one less.
+        """
+        rec = self.recorder
+        assert rec is not None
+        members = self.cohort.members
+        parked_computed = self.cohort.num_computed
+        num_scheduled = out.num_scheduled_tokens
+        if not num_scheduled:
+            # Only parked decodes ran: every member, in running order, one token each.
+            rids = [r.request_id for r in self.running if r.request_id in members]
+            n = len(rids)
+            rec.record_schedule_rows(rids, ["running"] * n, [1] * n, [parked_computed(rid) - 1 for rid in rids])
+            return
+        before_of = dict(zip(num_scheduled, out.computed_before))
+        rids = [r.request_id for r in self.running if r.request_id in members or r.request_id in num_scheduled]
+        rec.record_schedule_rows(
+            rids,
+            ["running" if rid in members else kinds.get(rid, "running") for rid in rids],
+            [1 if rid in members else num_scheduled[rid] for rid in rids],
+            [parked_computed(rid) - 1 if rid in members else before_of[rid] for rid in rids],
+        )
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.

@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sim.trace.recorder import (
     Columns,
@@ -269,15 +270,46 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
         return pd.Series(array.astype(np.float64, copy=False))
     types = set(map(type, values))
     if dtype == _STR:
-        return pd.Series(values, dtype=_STR) if types <= {str} else None
+        return _str_series(values) if types <= {str} else None
     if dtype == HASH_DTYPE:
         if not types <= {int, type(None)}:
             return None
+        if type(None) not in types and _ARROW_STR:
+            return _hex_series(values)
         hashes = [v for v in values if v is not None] if type(None) in types else values
         if hashes and (min(hashes) < 0 or max(hashes) >= 1 << 64):
             return None
         return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
     return None
+
+
+#: pandas' ``str`` dtype; with pyarrow storage the two builders below make its arrays directly
+#: (the same values, dtype and arrow type as ``pd.Series(values, dtype="str")``, without the
+#: per-value inference pass).
+_STR_DTYPE = pd.Series([], dtype=_STR).dtype
+_ARROW_STR = getattr(_STR_DTYPE, "storage", None) == "pyarrow"
+
+
+def _str_series(values: Sequence[str]) -> pd.Series:
+    if not _ARROW_STR:
+        return pd.Series(values, dtype=_STR)
+    array = pa.chunked_array([pa.array(values, type=pa.large_string())])
+    return pd.Series(pd.arrays.ArrowStringArray(array, dtype=_STR_DTYPE))
+
+
+def _hex_series(values: Sequence[int]) -> pd.Series | None:
+    """64-bit hash ints as 16-digit lower-case hex strings, in one vectorized pass
+    (big-endian bytes, hex-encoded, cut every 16 characters); None if one is out of range."""
+    try:
+        words = np.array(values, dtype=np.uint64)
+    except OverflowError:
+        return None
+    if words.ndim != 1:
+        return None
+    text = words.astype(">u8").tobytes().hex().encode("ascii")
+    offsets = np.arange(0, 16 * len(values) + 1, 16, dtype=np.int64)
+    array = pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(text))
+    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE))
 
 
 def _is_sorted(frame: pd.DataFrame, keys: list[str]) -> bool:
@@ -297,6 +329,7 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     """
     _check_table(table)
     fast: dict[str, pd.Series] = {}
+    df: pd.DataFrame | None
     if isinstance(frame, pd.DataFrame):
         df = frame
     else:
@@ -305,25 +338,30 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
             column = _fast_column(values, dtype) if dtype is not None and isinstance(values, list) else None
             if column is not None:
                 fast[name] = column
-        df = pd.DataFrame(
+        # Every column on the fast path (the recorder's case): no intermediate frame is needed.
+        df = None if len(fast) == len(frame) else pd.DataFrame(
             {k: fast[k] if k in fast else pd.Series(list(v), dtype=object) for k, v in frame.items()}
         )
-    num_groups = infer_num_groups(df.columns)
+    columns = list(frame) if df is None else list(df.columns)
+    num_groups = infer_num_groups(columns)
     order = contract_columns(table, num_groups)
-    if table == "admissions" and len(df.columns) and "lookup_seq" not in df.columns:
-        df = _with_explain_columns(df)
-    missing = [c for c in order if c not in df.columns]
+    if table == "admissions" and len(columns) and "lookup_seq" not in columns:
+        df = _with_explain_columns(pd.DataFrame(fast) if df is None else df)
+        columns = list(df.columns)
+    missing = [c for c in order if c not in columns]
     if missing:
         raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
-    order += [c for c in df.columns if c not in order]
+    order += [c for c in columns if c not in order]
     out = {}
     for col in order:
         if col in fast:
             out[col] = fast[col]
             continue
+        assert df is not None  # a column off the fast path means the frame was built
         dtype = column_dtype(table, col) or _infer_dtype(df[col])
         out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col)
-    result = pd.DataFrame(out, columns=order)
+    # From the columns' arrays: every column has a default 0..n-1 index, so nothing needs aligning.
+    result = pd.DataFrame({col: out[col].array for col in order}, columns=order)
     keys = list(SORT_KEYS[table])
     if len(result) > 1 and not _is_sorted(result, keys):
         result = result.sort_values(keys, kind="mergesort", na_position="last")

@@ -763,8 +763,10 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
     actions: dict[int, list[ActionScript]] = {}
     for a in script["actions"]:
         actions.setdefault(int(a["at_step"]), []).append(a)
-    # Prompt-only requests for the evict actions' hashes (as hybridsim: from the prompt content).
-    prompts = {r["id"]: _make_request(r, script["hash_block_size"]) for r in script["requests"]}
+    # Prompt-only requests for the evict actions' hashes (as hybridsim: from the prompt content); only
+    # the requests an action names (hashing every prompt twice would be work hybridsim does not do).
+    named = {a["request"] for a in script["actions"] if a["kind"] == "evict"}
+    prompts = {r["id"]: _make_request(r, script["hash_block_size"]) for r in script["requests"] if r["id"] in named}
     bases = {r["id"]: int(r["output_token_base"]) for r in script["requests"]}
     last_event = max([*arrivals, *actions], default=0)
     steps: list[StepTrace] = []

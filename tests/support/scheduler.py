@@ -24,11 +24,11 @@ def req(rid, tokens, max_tokens=1, content=None, **kw) -> Request:
 
 class Harness:
     def __init__(self, groups=("full_attention",), num_blocks=100, block_size=16, retention=None,
-                 connector=None, policy="reconciled", on_crash="stop", sched_policy="fcfs", **sched):
+                 connector=None, policy="reconciled", on_crash="stop", sched_policy="fcfs", fast_paths=True, **sched):
         self.kv_cfg = kv_cache_config_from_groups(
             groups, block_size=block_size, num_blocks=num_blocks, retention_interval=retention
         )
-        self.kv = KVCacheManager(self.kv_cfg)
+        self.kv = KVCacheManager(self.kv_cfg, fast_paths=fast_paths)
         self.rec = Recorder(len(self.kv_cfg.groups))
         if connector is not None:
             connector.bind(ConnectorContext(
@@ -37,6 +37,7 @@ class Harness:
             ))
         self.connector = connector
         self.sched = Scheduler(SchedulerConfig(policy=sched_policy, **sched), self.kv, connector, policy, self.rec, on_crash=on_crash)
+        self.sched.reuse_prefix_lookups = fast_paths
         self.step = 0
         self.finished: dict[str, int] = {}
         self.status: dict[str, RequestStatus] = {}

@@ -291,6 +291,11 @@ class DecodeCohort:
             self.materialize(rid)
         self._heap.clear()
 
+    def num_computed(self, request_id: str) -> int:
+        """A member's ``num_computed_tokens`` at the current ``sched_clock`` (without unparking it)."""
+        member = self.members[request_id]
+        return member.computed + self.sched_clock - member.sched_entry
+
     def decode_totals(self) -> tuple[int, int]:
         """``(members, sum of their num_computed_tokens)`` at the current ``sched_clock``."""
         n = len(self.members)

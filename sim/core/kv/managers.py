@@ -323,14 +323,18 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         The hit is rounded down to ``alignment_tokens``."""
         bs = kv_cache_spec.block_size
         block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
-        computed: BlockLists = tuple([] for _ in kv_cache_group_ids)
-        get = block_pool.get_cached_block
-        for i in range(min(max_length // bs, len(block_hashes))):
-            cached = get(block_hashes[i], kv_cache_group_ids)
-            if cached is None:
-                break
-            for lst, blk in zip(computed, cached):
-                lst.append(blk)
+        computed: BlockLists
+        if len(kv_cache_group_ids) == 1:
+            computed = (block_pool.get_cached_prefix(block_hashes, max_length // bs, kv_cache_group_ids[0]),)
+        else:
+            computed = tuple([] for _ in kv_cache_group_ids)
+            get = block_pool.get_cached_block
+            for i in range(min(max_length // bs, len(block_hashes))):
+                cached = get(block_hashes[i], kv_cache_group_ids)
+                if cached is None:
+                    break
+                for lst, blk in zip(computed, cached):
+                    lst.append(blk)
         hit = len(computed[0]) * bs
         hit -= hit % alignment_tokens
         keep = cdiv(hit, bs)

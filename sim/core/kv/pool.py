@@ -255,6 +255,24 @@ class BlockPool:
             out.append(entry)  # type: ignore[arg-type]
         return out
 
+    def get_cached_prefix(self, block_hashes: Sequence[BlockHash], limit: int, group_id: int) -> list[KVCacheBlock]:
+        """``get_cached_block(h, [group_id])`` over ``block_hashes[:limit]`` from the left, up to the
+        first miss: the blocks found, in order (one group's lookup loop without a list per block)."""
+        group_map = self.cached_block_hash_to_block.get(group_id)
+        out: list[KVCacheBlock] = []
+        if group_map is None:
+            return out
+        get = group_map.get
+        append = out.append
+        for i in range(min(limit, len(block_hashes))):
+            entry = get(block_hashes[i])
+            if entry is None:
+                break
+            if type(entry) is dict:
+                entry = next(iter(entry.values()))
+            append(entry)  # type: ignore[arg-type]
+        return out
+
     def get_all_cached_blocks(self, block_hash: BlockHash, group_id: int) -> list[KVCacheBlock]:
         """Every block cached under ``block_hash`` in ``group_id``, by ascending block id
         (equal content computed twice is cached twice; vLLM does not de-duplicate). Read-only."""

@@ -67,3 +67,45 @@ def test_memo_keys_on_the_request_and_on_max_length():
     assert memo.find_longest_cache_hit(FullAttentionManager, long_probe.block_hashes, 63, (0,), spec, 16)[1] == 48
     assert memo.find_longest_cache_hit(FullAttentionManager, long_probe.block_hashes, 32, (0,), spec, 16)[1] == 32
     assert memo.find_longest_cache_hit(FullAttentionManager, other.block_hashes, 63, (0,), spec, 16)[1] == 0
+
+
+# --------------------------------------------------------------------------- the decode cohort
+
+
+def _cohort_run(fast: bool, schedule: bool) -> tuple[object, list[int]]:
+    """Six short requests decode side by side; once (fast path) all six are parked, the token budget
+    drops to 3, so the running loop stops after three parked decodes and must unpark the other three
+    unscheduled. Returns the harness and, per step, how many decodes were parked after it."""
+    import dataclasses
+
+    from support.scheduler import Harness, req
+
+    h = Harness(max_num_batched_tokens=64, max_num_seqs=8, fast_paths=fast)
+    h.rec.schedule_enabled = schedule
+    h.add(*(req(f"r{i}", 3, max_tokens=40, content=f"c{i}") for i in range(6)))
+    members: list[int] = []
+    shrunk = False
+    while h.sched.has_unfinished_requests():
+        if not shrunk and h.step == 4:
+            h.sched.config = dataclasses.replace(h.sched.config, max_num_batched_tokens=3)
+            shrunk = True
+        h.run_step()
+        members.append(len(h.sched.cohort.members))
+    h.sched.settle()
+    return h, members
+
+
+def test_cohort_budget_cut_unparks_the_rest_and_matches_the_plain_path():
+    for schedule in (True, False):
+        fast, members = _cohort_run(True, schedule)
+        plain, plain_members = _cohort_run(False, schedule)
+        assert members[3] == 6, members  # all six parked before the budget drops
+        assert members[4] == 3, members  # the cut unparked the three the budget did not reach
+        assert not any(plain_members)
+        assert fast.finished == plain.finished
+        assert fast.schedule_rows() == plain.schedule_rows()
+        if schedule:
+            steps_of = {}
+            for step, rid, *_ in fast.schedule_rows():
+                steps_of.setdefault(step, []).append(rid)
+            assert steps_of[4] == ["r0", "r1", "r2"]  # the budget's three, in running order
