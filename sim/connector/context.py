@@ -43,9 +43,9 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 import numpy as np
 
 from sim.core.interfaces import SchedulerConnector
+from sim.core.kv.specs import GroupKind, KVCacheConfig, SlidingWindowSpec
 
 ClockKind = Literal["steps", "time"]
-GroupKind = Literal["full_attention", "sliding_window", "mamba"]
 GROUP_KINDS: tuple[str, ...] = ("full_attention", "sliding_window", "mamba")
 
 
@@ -197,7 +197,7 @@ def block_table(blocks: Any) -> tuple[Sequence[Any], ...]:
     return tuple(getattr(blocks, "blocks", blocks))
 
 
-def group_layouts_from_kv_cache_config(kv_cache_config: Any) -> tuple[GroupLayout, ...]:
+def group_layouts_from_kv_cache_config(kv_cache_config: KVCacheConfig) -> tuple[GroupLayout, ...]:
     """The connector view of a :class:`sim.core.kv.specs.KVCacheConfig`.
 
     A group's ``bytes_per_block`` is its spec's ``page_size_bytes`` times the
@@ -215,7 +215,7 @@ def group_layouts_from_kv_cache_config(kv_cache_config: Any) -> tuple[GroupLayou
                 kind=spec.kind,
                 block_size=spec.block_size,
                 bytes_per_block=page * max(1, len(group.layer_ids)),
-                window=getattr(spec, "window", None),
+                window=spec.window if isinstance(spec, SlidingWindowSpec) else None,
             )
         )
     return tuple(layouts)

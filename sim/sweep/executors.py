@@ -27,7 +27,14 @@ SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"
 EXECUTORS = ("local", "serial", "ray")
 
-LoadFn = Callable[[Any, list[str]], Any]
+class LoadedScenario(Protocol):
+    """What a sweep reads of a loaded scenario: its ``seed`` (the base of a seed range)."""
+
+    @property
+    def seed(self) -> int | None: ...
+
+
+LoadFn = Callable[[Any, list[str]], LoadedScenario]
 """``(scenario_path, overrides) -> Scenario``, like :func:`sim.config.load_scenario`."""
 RunFn = Callable[[Any, Path], Any]
 """``(scenario, out_dir) -> RunResult``, like :func:`sim.api.run_scenario`; writes ``summary.json``."""

@@ -51,7 +51,7 @@ def _metric_columns(frame: pd.DataFrame) -> list[str]:
 def _label(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "null"
-    return value if isinstance(value, str) else yaml_text(value.item() if hasattr(value, "item") else value)
+    return value if isinstance(value, str) else yaml_text(value.item() if isinstance(value, np.generic) else value)
 
 
 def _is_number(value: Any) -> bool:

@@ -150,7 +150,7 @@ def _base_seed(spec: SweepSpec, load: LoadFn) -> int:
         scenario = load(str(spec.scenario.resolve()), [f"{k}={yaml_text(v)}" for k, v in spec.fixed])
     except Exception as exc:
         raise SweepError(f"cannot load base scenario {spec.scenario}: {exc}") from exc
-    seed = getattr(scenario, "seed", None)
+    seed = scenario.seed
     if spec.seeds.values is None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise SweepError(f"base scenario {spec.scenario} has no integer 'seed' to count seeds from; give explicit seeds")
     return seed if isinstance(seed, int) else 0

@@ -32,6 +32,8 @@ from typing import Literal, Mapping, Sequence, Union
 
 from sim.core.kv.shapes import AttentionLayerShape, MambaLayerShape, ModelShape
 
+#: The attention type of a KV-cache group.
+GroupKind = Literal["full_attention", "sliding_window", "mamba"]
 MambaCacheMode = Literal["align", "none"]
 
 #: Smallest kernel block of the assumed attention backend (FlashAttention: MultipleOf(16)).
@@ -72,7 +74,7 @@ class FullAttentionSpec:
     page_size_bytes: int | None = None
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> GroupKind:
         return "full_attention"
 
     def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
@@ -89,7 +91,7 @@ class SlidingWindowSpec:
     page_size_bytes: int | None = None
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> GroupKind:
         return "sliding_window"
 
     @property
@@ -124,7 +126,7 @@ class MambaSpec:
     page_size_bytes: int | None = None
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> GroupKind:
         return "mamba"
 
     def max_blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
