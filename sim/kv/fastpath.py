@@ -259,6 +259,10 @@ class MambaReplicas:
         self._member_by_id = {m.kv_cache_group_id: m for m in members}
         self._follower_ids = frozenset(m.kv_cache_group_id for m in self.followers)
         self._follower_by_id = {m.kv_cache_group_id: m for m in self.followers}
+        #: follower id -> how many consecutive groups from it on are followers.
+        self._run_after: dict[int, int] = {}
+        for gid in sorted(self._follower_by_id, reverse=True):
+            self._run_after[gid] = self._run_after.get(gid + 1, 0) + 1
         self._pool = self.leader.block_pool
         self.enabled = True
 
@@ -349,6 +353,7 @@ class MambaReplicas:
         got: list[KVCacheBlock] = []
         num_new = 0
         state_idx: int | None = None
+        fresh: list[KVCacheBlock] = []  # popped for the current run of followers, last first
         for gid, manager in enumerate(self.managers):
             if gid not in followers:
                 blocks = manager.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
@@ -368,7 +373,17 @@ class MambaReplicas:
                 continue
             returned = got[: len(got) - num_new]  # the null slots
             if num_new:
-                returned.extend(pool.get_new_blocks(num_new, request_id))
+                if not fresh:
+                    # One pop for this run of consecutive followers: the same blocks, evictions and
+                    # events as one pop per follower (short of blocks: per follower, for vLLM's error).
+                    run = self._run_after[gid]
+                    if num_new * run <= pool.get_num_free_blocks():
+                        fresh = pool.get_new_blocks(num_new * run, request_id)
+                        fresh.reverse()
+                if fresh:
+                    returned.extend(fresh.pop() for _ in range(num_new))
+                else:
+                    returned.extend(pool.get_new_blocks(num_new, request_id))
                 follower.num_held_blocks += num_new
             table.extend(returned)
             out.append(returned)
