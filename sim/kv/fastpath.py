@@ -194,6 +194,12 @@ class LookupMemo:
     ``cache_generation`` (bumped on every cache-map change: while it is
     unchanged every lookup reads the same map). Answers are copied both ways,
     as callers trim the returned lists in place.
+
+    For a group type whose answer holds for any shorter cap not below its hit
+    (``hit_kept_for_shorter_lookups``: Mamba, which takes the deepest cached
+    state under the cap), a cap between the remembered hit and the remembered
+    cap reuses the answer too: the hybrid fixed point asks Mamba again under the
+    full-attention hit after the per-group lookup asked it under the whole prompt.
     """
 
     def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
@@ -202,8 +208,8 @@ class LookupMemo:
         self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int]] = {}
 
     def find_longest_cache_hit(
-        self, cls: Any, block_hashes: Sequence[int], max_length: int, group_ids: Sequence[int],
-        spec: Any, alignment_tokens: int,
+        self, cls: type[SingleTypeKVCacheManager], block_hashes: Sequence[int], max_length: int,
+        group_ids: Sequence[int], spec: Any, alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
         pool = self._pool
@@ -219,8 +225,8 @@ class LookupMemo:
             last is not None
             and last[0] is block_hashes
             and last[1] == len(block_hashes)
-            and last[2] == max_length
             and last[3] == generation
+            and (last[2] == max_length or (cls.hit_kept_for_shorter_lookups and last[5] <= max_length <= last[2]))
         ):
             return tuple([*lst] for lst in last[4]), last[5]
         found, hit = cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
