@@ -160,6 +160,10 @@ class KVCacheCoordinator:
 
     # ------------------------------------------------------------------- misc
     def free(self, request_id: str) -> None:
+        replicas = self.replicas
+        if replicas is not None and replicas.enabled:
+            replicas.free(request_id)
+            return
         for manager in self.single_type_managers:
             manager.free(request_id)
 

@@ -442,6 +442,32 @@ class MambaReplicas:
                 member.num_held_blocks -= pool.free_blocks((blocks[state],))
                 blocks[state] = null
 
+    def free(self, request_id: str) -> None:
+        """Every group's :meth:`free`, in group order; the members' leading null slots
+        (a skipped prefix, the same in each) are counted once, on the leader's table."""
+        table = self.leader.req_to_blocks.get(request_id)
+        head = 0
+        if table:
+            n = len(table)
+            while head < n and table[head].is_null:
+                head += 1
+        pool = self._pool
+        members = self._member_by_id
+        for gid, manager in enumerate(self.managers):
+            member = members.get(gid)
+            if member is None:
+                manager.free(request_id)
+                continue
+            member.last_state_block_idx.pop(request_id, None)
+            member._num_retired_blocks.pop(request_id, None)
+            member._checkpoints.pop(request_id, None)
+            member.num_cached_block.pop(request_id, None)
+            blocks = member.req_to_blocks.pop(request_id, [])
+            if head:
+                blocks = blocks[head:]
+            if blocks:
+                member.num_held_blocks -= pool.free_blocks(reversed(blocks))
+
     # ---------------------------------------------------------------- caching
     def cache_blocks(
         self, request: Request, num_tokens: int, retention_interval: int | None, replay_boundaries: Sequence[int]
