@@ -148,6 +148,39 @@ def test_resolved_scenario_round_trip(bundles, tmp_path: Path) -> None:
     assert (tmp_path / "scenario.resolved.yaml").read_text() == (first / "scenario.resolved.yaml").read_text()
 
 
+def test_resolved_scenario_of_a_trace_replay_references_the_trace_and_reruns_identically(tmp_path: Path) -> None:
+    """A trace workload is not inlined into ``scenario.resolved.yaml`` (it names the trace file), and running that
+    file again gives the same tables (Mooncake format, Nemotron-H 8B on H100, time clock, as the shipped replay)."""
+    import random
+
+    rnd = random.Random(3)
+    rows, shared = [], [rnd.randrange(10**6) for _ in range(6)]
+    for i in range(40):
+        blocks = rnd.randint(1, 8)
+        ids = shared[: rnd.randint(0, 6)] + [10**6 + i * 10 + j for j in range(blocks)]
+        rows.append({"timestamp": i * 400, "input_length": len(ids) * 512 - rnd.randint(0, 300),
+                     "output_length": rnd.randint(1, 60), "hash_ids": ids})
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scenario = tmp_path / "replay.yaml"
+    scenario.write_text(
+        "name: trace-round-trip\nseed: 1\nclock: time\nmodel: {preset: nemotron-h-8b}\n"
+        "hardware: {preset: h100-80g, gpu_memory_utilization: 0.92}\n"
+        "scheduler: {prefix_policy: pr48425, max_model_len: 131072}\n"
+        "workload:\n  trace: {format: mooncake, path: mc.jsonl, allow_merged_blocks: true}\n"
+    )
+    first, second = tmp_path / "first", tmp_path / "second"
+    res = invoke("run", scenario, "-o", first, "--no-plots", "-q")
+    assert res.exit_code == 0, res.output
+    resolved = (first / "scenario.resolved.yaml").read_text()
+    assert str(tmp_path / "mc.jsonl") in resolved and "hash_ids" not in resolved and "requests: null" in resolved
+    res = invoke("run", first / "scenario.resolved.yaml", "-o", second, "--no-plots", "-q")
+    assert res.exit_code == 0, res.output
+    report = diff_traces(first, second, tables=TABLE_NAMES)
+    assert report.identical, report.format()
+    assert len(load_result(first).requests) == 40
+    assert (second / "scenario.resolved.yaml").read_text() == resolved
+
+
 def test_interrupted_run_writes_a_partial_bundle(tmp_path: Path, monkeypatch) -> None:
     from sim.trace.recorder import Recorder
 

@@ -63,11 +63,19 @@ LAYOUTS = [
 ]
 
 
-def random_scenario(seed: int) -> str:
+#: Several identical Mamba groups, as vLLM builds them for Nemotron-H (sim.core.kv.fastpath.MambaReplicas).
+REPLICA_LAYOUTS = [
+    "[{type: mamba, prefill_checkpoints: true}, {type: mamba, prefill_checkpoints: true}, full_attention,"
+    " {type: mamba, prefill_checkpoints: true}]",
+    "[mamba, mamba, mamba, mamba, full_attention]",
+]
+
+
+def random_scenario(seed: int, layouts: list[str] = LAYOUTS) -> str:
     """A small step-clock scenario under block pressure, drawn from ``seed``."""
     rnd = random.Random(seed)
     count = rnd.randint(8, 40)
-    layout = rnd.choice(LAYOUTS)
+    layout = rnd.choice(layouts)
     retention = rnd.choice(["null", "0", "64"]) if layout != "[full_attention]" else "null"
     lines = [
         f"name: fuzz-{seed}",
@@ -114,6 +122,22 @@ def random_scenario(seed: int) -> str:
 @pytest.mark.parametrize("seed", range(36))
 def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> None:
     _assert_same(scenario_from_text(random_scenario(seed), f"<fuzz {seed}>", overrides=OVERRIDES))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_replica_mamba_groups_identical_with_and_without_fast_paths(seed: int, monkeypatch) -> None:
+    from sim.core.kv.fastpath import MambaReplicas
+
+    calls = [0]
+    allocate = MambaReplicas.allocate_new_blocks
+
+    def counting(self, *args):
+        calls[0] += 1
+        return allocate(self, *args)
+
+    monkeypatch.setattr(MambaReplicas, "allocate_new_blocks", counting)
+    _assert_same(scenario_from_text(random_scenario(seed, REPLICA_LAYOUTS), f"<replicas {seed}>", overrides=OVERRIDES))
+    assert calls[0] > 0, "the replica groups were not decided once"
 
 
 # --------------------------------------------------------------------------- the event-driven running set

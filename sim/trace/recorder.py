@@ -145,6 +145,12 @@ class Recorder:
         cols["seq"].extend(range(seq, seq + n))
         cols["step"].extend([self.step] * n)
         cols["time_s"].extend([self.time_s] * n)
+        kind = type(events[0])
+        if getattr(kind, "_fields", None) == _KV_EVENT_FIELDS and len(set(map(type, events))) == 1:
+            # Named tuples in column order (the pool's KVEvent): transpose in one go.
+            for name, column in zip(_KV_EVENT_FIELDS, zip(*events)):
+                cols[name].extend(column)
+            return
         for name in _KV_EVENT_FIELDS:
             cols[name].extend([getattr(ev, name) for ev in events])
 

@@ -33,21 +33,22 @@ def _reference_bytes(segments, start: int, end: int) -> bytes:
     return b"".join(parts)
 
 
-def _random_segments(rng: random.Random):
+def _random_segments(rng: random.Random, ids_share: float = 0.3):
     segments = []
     for _ in range(rng.randint(1, 8)):
-        if rng.random() < 0.3:
+        if rng.random() < ids_share:
             segments.append(IdsSegment(np.array([rng.randint(0, 5) for _ in range(rng.randint(1, 7))], dtype=np.int64)))
         else:
             segments.append(StreamSegment(rng.choice("ab"), rng.randint(0, 3), rng.randint(1, 7)))
     return segments
 
 
-def test_block_contents_equal_reference_encoding():
+@pytest.mark.parametrize("ids_share", [0.3, 0.0])  # 0.0: stream segments only (block_contents' own path)
+def test_block_contents_equal_reference_encoding(ids_share):
     rng = random.Random(7)
     checked = 0
     for _ in range(1500):
-        segments = _random_segments(rng)
+        segments = _random_segments(rng, ids_share)
         total = sum(s.length for s in segments)
         bs = rng.randint(1, 6)
         if total < bs:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-from sim.core.kv.fastpath import LookupMemo
+from sim.core.kv.fastpath import LookupMemo, MambaReplicas
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
@@ -75,6 +75,8 @@ class KVCacheCoordinator:
         self.full_attention_group_id: int | None = None
         #: Every group type's prefix lookup goes through it (a fast path: sim.core.kv.fastpath).
         self.lookups = LookupMemo(self.block_pool, enabled=fast_paths)
+        #: Identical Mamba groups decided once (a fast path: sim.core.kv.fastpath), or None.
+        self.replicas = MambaReplicas.find(managers, enabled=fast_paths and enable_caching)
 
     # ------------------------------------------------------------- accounting
     def get_num_blocks_to_allocate(
@@ -92,6 +94,14 @@ class KVCacheCoordinator:
         only matters under retention 0; otherwise every chunk may checkpoint."""
         if self.retention_interval != 0:
             prefill_end = 0
+        replicas = self.replicas
+        if replicas is not None and replicas.enabled:
+            fast = replicas.get_num_blocks_to_allocate(
+                request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
+            )
+            if fast is not None:
+                return fast
         total = 0
         for i, manager in enumerate(self.single_type_managers):
             total += manager.get_num_blocks_to_allocate(
@@ -126,6 +136,9 @@ class KVCacheCoordinator:
                 )
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> BlockLists:
+        replicas = self.replicas
+        if replicas is not None and replicas.enabled:
+            return replicas.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         return tuple([m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers])
 
     # ---------------------------------------------------------------- caching
@@ -138,16 +151,27 @@ class KVCacheCoordinator:
         boundaries = (request.num_prompt_tokens - 1,)
         retention = self.retention_interval
         cacheable = self.get_num_cacheable_tokens(num_computed_tokens)
+        replicas = self.replicas
+        if replicas is not None and replicas.enabled and replicas.cache_blocks(request, cacheable, retention, boundaries):
+            return
         for manager in self.single_type_managers:
             if manager.enable_caching:
                 manager.cache_blocks(request, cacheable, retention, boundaries)
 
     # ------------------------------------------------------------------- misc
     def free(self, request_id: str) -> None:
+        replicas = self.replicas
+        if replicas is not None and replicas.enabled:
+            replicas.free(request_id)
+            return
         for manager in self.single_type_managers:
             manager.free(request_id)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        replicas = self.replicas
+        if replicas is not None and replicas.enabled:
+            replicas.remove_skipped_blocks(request_id, processed_computed_tokens)
+            return
         for manager in self.single_type_managers:
             manager.remove_skipped_blocks(request_id, processed_computed_tokens)
 

@@ -20,6 +20,17 @@ byte-identical tables (``tests/test_fastpath_differential.py``).
   admissions table, then the policy's lookup, which repeats the full-attention
   scan); while the pool's cache map is unchanged the answer is the same.
 
+* :class:`MambaReplicas` (around the coordinator's per-group loops). vLLM
+  splits a hybrid model's Mamba layers into several groups with one spec (for
+  Nemotron-H 8B, six identical Mamba groups next to one attention group). Their
+  block tables always have the same *shape* (length, null slots, cached-slot
+  count, retired slots, state index, pending checkpoint): every input that
+  shapes them is per request, and their hit lists come from one joint lookup.
+  So the shape decisions of skip, count, allocate and cache are made once, and
+  each group then takes, frees and keys its own blocks from the shared pool in
+  group order, as vLLM's loops do (the pool operations, their events and each
+  block's own state -- ref counts, keys -- stay per group).
+
 The scheduler's reuse of a head-of-line request's last lookup across steps
 (``Scheduler.reuse_prefix_lookups``) is switched with these.
 """
@@ -29,10 +40,13 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from sim.core.kv.hash_view import block_hashes_at
+from sim.core.kv.managers import MambaManager, SingleTypeKVCacheManager, _num_evictable
+from sim.core.kv.specs import prefill_checkpoint_position
 from sim.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from sim.core.kv.pool import KVCacheBlock
+    from sim.core.kv.pool import CacheKey, KVCacheBlock
 
 
 class QuietGroup(Protocol):
@@ -76,8 +90,14 @@ class QuietHorizons:
         watermark_blocks: int,
         max_tokens: int,
         enabled: bool = True,
+        replicas: MambaReplicas | None = None,
     ) -> None:
         self._groups = tuple(groups)
+        #: While ``replicas`` is on, a follower's horizon is its leader's (same shape), so it is not asked.
+        self._replicas = replicas
+        self._lead_groups = self._groups if replicas is None else tuple(
+            g for g in self._groups if not any(g is f for f in replicas.followers)
+        )
         self.enabled = (
             enabled
             and bool(groups)
@@ -104,7 +124,8 @@ class QuietHorizons:
         if first is None:
             return
         max_main = max_processed = 1 << 62
-        for group in self._groups:
+        replicas = self._replicas
+        for group in self._lead_groups if replicas is not None and replicas.enabled else self._groups:
             bounds = group.quiet_horizon(request_id)
             if bounds is None:
                 return
@@ -173,6 +194,12 @@ class LookupMemo:
     ``cache_generation`` (bumped on every cache-map change: while it is
     unchanged every lookup reads the same map). Answers are copied both ways,
     as callers trim the returned lists in place.
+
+    For a group type whose answer holds for any shorter cap not below its hit
+    (``hit_kept_for_shorter_lookups``: Mamba, which takes the deepest cached
+    state under the cap), a cap between the remembered hit and the remembered
+    cap reuses the answer too: the hybrid fixed point asks Mamba again under the
+    full-attention hit after the per-group lookup asked it under the whole prompt.
     """
 
     def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
@@ -181,8 +208,8 @@ class LookupMemo:
         self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int]] = {}
 
     def find_longest_cache_hit(
-        self, cls: Any, block_hashes: Sequence[int], max_length: int, group_ids: Sequence[int],
-        spec: Any, alignment_tokens: int,
+        self, cls: type[SingleTypeKVCacheManager], block_hashes: Sequence[int], max_length: int,
+        group_ids: Sequence[int], spec: Any, alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
         pool = self._pool
@@ -198,13 +225,343 @@ class LookupMemo:
             last is not None
             and last[0] is block_hashes
             and last[1] == len(block_hashes)
-            and last[2] == max_length
             and last[3] == generation
+            and (last[2] == max_length or (cls.hit_kept_for_shorter_lookups and last[5] <= max_length <= last[2]))
         ):
             return tuple([*lst] for lst in last[4]), last[5]
         found, hit = cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
         self._last[key] = (block_hashes, len(block_hashes), max_length, generation, tuple([*lst] for lst in found), hit)
         return found, hit
+
+
+class MambaReplicas:
+    """Identical align-mode Mamba groups whose shape decisions are made once (see the module docstring).
+
+    ``managers`` are all of a coordinator's groups, in group order; ``members``
+    the ids of two or more align-mode Mamba groups with caching on, one spec and
+    one accounting rule. The first member (the *leader*) runs the plain
+    per-group code; every other member (a *follower*) applies the leader's
+    shape decision to its own table and takes, frees and keys its own blocks;
+    the other groups run plain. Every group acts in its place in the group
+    order, so the shared pool sees vLLM's sequence of operations and events.
+
+    Invariant: each request's table shape (length and null slots,
+    ``num_cached_block``, ``last_state_block_idx``, retired slots, pending
+    checkpoint) is the same in every member. Only a prefix hit handed in with
+    per-group lists of different lengths could break it; such a call turns the
+    replicas off for good (``enabled``), and from then on every group runs plain.
+    What stays per group: each block's ref count and cache key, so the same-step
+    guard, the hit blocks still in the free queue, and the tail-state re-keying
+    are decided on each group's own blocks.
+    """
+
+    def __init__(self, managers: Sequence[SingleTypeKVCacheManager], members: Sequence[MambaManager]) -> None:
+        if len(members) < 2:
+            raise ValueError("MambaReplicas needs two or more groups")
+        self.managers = tuple(managers)
+        self.members = tuple(members)
+        self.leader = members[0]
+        self.followers = tuple(members[1:])
+        self._member_by_id = {m.kv_cache_group_id: m for m in members}
+        self._follower_ids = frozenset(m.kv_cache_group_id for m in self.followers)
+        self._follower_by_id = {m.kv_cache_group_id: m for m in self.followers}
+        #: follower id -> how many consecutive groups from it on are followers.
+        self._run_after: dict[int, int] = {}
+        for gid in sorted(self._follower_by_id, reverse=True):
+            self._run_after[gid] = self._run_after.get(gid + 1, 0) + 1
+        self._pool = self.leader.block_pool
+        self.enabled = True
+
+    @classmethod
+    def find(cls, managers: Sequence[SingleTypeKVCacheManager], *, enabled: bool) -> MambaReplicas | None:
+        """The largest set of replica groups (the earliest on a tie), or None (fewer than two, or off)."""
+        if not enabled:
+            return None
+        sets: dict[tuple[Any, ...], list[MambaManager]] = {}
+        for manager in managers:
+            if isinstance(manager, MambaManager) and manager.enable_caching and manager.mamba_cache_mode == "align":
+                key = (manager.kv_cache_spec, manager.corrected_mamba_accounting, manager.cache_hit_alignment_tokens)
+                sets.setdefault(key, []).append(manager)
+        best = max(sets.values(), key=len, default=[])
+        return cls(managers, best) if len(best) >= 2 else None
+
+    # ------------------------------------------------------------- accounting
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool,
+        prefill_end: int,
+    ) -> int | None:
+        """The coordinator's sum over groups, or None: sum plainly (the leader's
+        same-step guard fired, or the hit lists differ in length: then off for good).
+
+        A follower's count is the leader's shape count (its count minus its own
+        hit blocks still in the free queue) plus its own such hits, or its own
+        same-step guard; it takes the leader's pending checkpoint, as its plain
+        call would have set it.
+        """
+        leader = self.leader
+        lead_hits = new_computed_blocks[leader.kv_cache_group_id]
+        n = len(lead_hits)
+        for f in self.followers:
+            if len(new_computed_blocks[f.kv_cache_group_id]) != n:
+                self.enabled = False
+                return None
+        if n and lead_hits[-1].block_hash in leader.cached_blocks_this_step:
+            return None
+        total = 0
+        lead_count = 0
+        followers = self._follower_ids
+        for gid, manager in enumerate(self.managers):
+            if gid in followers:
+                continue
+            count = manager.get_num_blocks_to_allocate(
+                request_id, num_tokens, new_computed_blocks[gid], total_computed_tokens,
+                num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
+            )
+            if manager is leader:
+                lead_count = count
+            total += count
+        shape = lead_count - _num_evictable(lead_hits) if n else lead_count
+        checkpoint = leader._checkpoints.get(request_id)
+        guarded = self._pool.num_gpu_blocks + 1
+        for f in self.followers:
+            hits = new_computed_blocks[f.kv_cache_group_id]
+            if n:
+                if hits[-1].block_hash in f.cached_blocks_this_step:
+                    total += guarded
+                    continue
+                total += shape + _num_evictable(hits)
+            else:
+                total += shape
+            if not apply_admission_cap:
+                if checkpoint is not None:
+                    f._checkpoints[request_id] = checkpoint
+                elif f._checkpoints:
+                    f._checkpoints.pop(request_id, None)
+        return total
+
+    # ------------------------------------------------------------- allocation
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int
+    ) -> tuple[list[KVCacheBlock], ...]:
+        """Every group's new blocks; a follower gets the leader's null slots and
+        as many fresh blocks from the pool, at its place in the group order."""
+        leader = self.leader
+        followers = self._follower_by_id
+        pool = self._pool
+        out: list[list[KVCacheBlock]] = []
+        got: list[KVCacheBlock] = []
+        num_new = 0
+        state_idx: int | None = None
+        fresh: list[KVCacheBlock] = []  # popped for the current run of followers, last first
+        for gid, manager in enumerate(self.managers):
+            if gid not in followers:
+                blocks = manager.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+                if manager is leader:
+                    got = blocks
+                    while num_new < len(got) and not got[-1 - num_new].is_null:
+                        num_new += 1
+                    state_idx = leader.last_state_block_idx.get(request_id)
+                out.append(blocks)
+                continue
+            follower = followers[gid]
+            table = follower.req_to_blocks.setdefault(request_id, [])
+            if state_idx is not None:
+                follower.last_state_block_idx[request_id] = state_idx
+            if not got:
+                out.append([])
+                continue
+            returned = got[: len(got) - num_new]  # the null slots
+            if num_new:
+                if not fresh:
+                    # One pop for this run of consecutive followers: the same blocks, evictions and
+                    # events as one pop per follower (short of blocks: per follower, for vLLM's error).
+                    run = self._run_after[gid]
+                    if num_new * run <= pool.get_num_free_blocks():
+                        fresh = pool.get_new_blocks(num_new * run, request_id)
+                        fresh.reverse()
+                if fresh:
+                    returned.extend(fresh.pop() for _ in range(num_new))
+                else:
+                    returned.extend(pool.get_new_blocks(num_new, request_id))
+                follower.num_held_blocks += num_new
+            table.extend(returned)
+            out.append(returned)
+        return tuple(out)
+
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        """Align mode's skip (:meth:`MambaManager.remove_skipped_blocks`), its slots chosen
+        once on the leader's table and freed in every member, in group order."""
+        leader = self.leader
+        bs = leader.block_size
+        table = leader.req_to_blocks.get(request_id)
+        freed_idx: list[int] = []
+        retire_to = -1
+        state: int | None = None
+        if table is not None:
+            last = (processed_computed_tokens - 1) // bs
+            if last > len(table):
+                last = len(table)
+            retired = leader._num_retired_blocks.get(request_id, 0)
+            if retired < last:
+                freed_idx = [i for i in range(last - 1, retired - 1, -1) if not table[i].is_null]
+                retire_to = last
+            state = leader.last_state_block_idx.get(request_id)
+            if state is not None and not (
+                state < -(-processed_computed_tokens // bs) - 1 and not table[state].is_null and state not in freed_idx
+            ):
+                state = None
+        if not freed_idx and retire_to < 0 and state is None:
+            for gid, manager in enumerate(self.managers):
+                if gid not in self._member_by_id:
+                    manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+            return
+        pool = self._pool
+        null = pool.null_block
+        members = self._member_by_id
+        for gid, manager in enumerate(self.managers):
+            member = members.get(gid)
+            if member is None:
+                manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+                continue
+            blocks = member.req_to_blocks[request_id]
+            if freed_idx:
+                freed = [blocks[i] for i in freed_idx]
+                for i in freed_idx:
+                    blocks[i] = null
+                member.num_held_blocks -= pool.free_blocks(freed)
+            if retire_to >= 0:
+                member._num_retired_blocks[request_id] = retire_to
+            if state is not None:
+                member.num_held_blocks -= pool.free_blocks((blocks[state],))
+                blocks[state] = null
+
+    def free(self, request_id: str) -> None:
+        """Every group's :meth:`free`, in group order; the members' leading null slots
+        (a skipped prefix, the same in each) are counted once, on the leader's table."""
+        table = self.leader.req_to_blocks.get(request_id)
+        head = 0
+        if table:
+            n = len(table)
+            while head < n and table[head].is_null:
+                head += 1
+        pool = self._pool
+        members = self._member_by_id
+        for gid, manager in enumerate(self.managers):
+            member = members.get(gid)
+            if member is None:
+                manager.free(request_id)
+                continue
+            member.last_state_block_idx.pop(request_id, None)
+            member._num_retired_blocks.pop(request_id, None)
+            member._checkpoints.pop(request_id, None)
+            member.num_cached_block.pop(request_id, None)
+            blocks = member.req_to_blocks.pop(request_id, [])
+            if head:
+                blocks = blocks[head:]
+            if blocks:
+                member.num_held_blocks -= pool.free_blocks(reversed(blocks))
+
+    # ---------------------------------------------------------------- caching
+    def cache_blocks(
+        self, request: Request, num_tokens: int, retention_interval: int | None, replay_boundaries: Sequence[int]
+    ) -> bool:
+        """Every caching group's :meth:`cache_blocks`, a follower's decided once; False
+        (nothing done: cache plainly) when the request holds no table.
+
+        Per follower, as :meth:`MambaManager.cache_blocks`: key the newly full
+        blocks under the leader's retention mask; then the tail state: a pending
+        checkpoint is dropped (a transient state) or re-keyed unless its block
+        already holds that position; else the prompt-boundary state is re-keyed
+        if its block lost or lacks that key; remember every key stored now.
+        """
+        rid = request.request_id
+        first = self.followers[0]
+        table = first.req_to_blocks.get(rid)
+        if table is None:
+            return False
+        pool = self._pool
+        hbs = pool.hash_block_size
+        bs = first.block_size
+        before = first.num_cached_block.get(rid, 0)
+        fine = request.block_hashes
+        num_full = min(num_tokens, len(fine) * hbs) // bs
+        base = before < num_full
+        after = num_full if base else before
+        hashes: Sequence[int] = fine
+        mask: list[bool] | None = None
+        if base:
+            hashes = block_hashes_at(fine, hbs, bs)
+            boundaries = list(replay_boundaries)
+            if request.shared_prefix_boundary:
+                boundaries.append(request.shared_prefix_boundary)
+            mask = first.reachable_block_mask(
+                before, num_full, first.cache_hit_alignment_tokens, first.kv_cache_spec, retention_interval, boundaries
+            )
+        checkpoint = first._checkpoints.get(rid)
+        tail_idx = -1
+        tail_pos = 0
+        transient = False
+        if checkpoint is not None:
+            tail_pos, tail_idx = checkpoint
+            retained = False
+            if tail_pos % bs == 0:
+                bidx = tail_pos // bs - 1
+                kept = first.reachable_block_mask(
+                    bidx, bidx + 1, first.cache_hit_alignment_tokens, first.kv_cache_spec, retention_interval
+                )
+                retained = kept is None or kept[0]
+            transient = (
+                tail_pos != first._checkpoint_position(request.num_prompt_tokens)
+                and not retained
+                and tail_pos != request.shared_prefix_boundary
+            )
+        elif 0 < num_tokens and num_tokens % hbs == 0 and num_tokens == prefill_checkpoint_position(
+            request.num_prompt_tokens, hbs
+        ):
+            idx = -(-num_tokens // bs) - 1
+            if idx < len(table):
+                tail_idx, tail_pos = idx, num_tokens
+        followers = self._follower_by_id
+        for gid, manager in enumerate(self.managers):
+            if not manager.enable_caching:
+                continue
+            follower = followers.get(gid)
+            if follower is None:
+                manager.cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
+                continue
+            blocks = follower.req_to_blocks[rid]
+            if base:
+                pool.cache_full_blocks(rid, blocks, hashes, before, num_full, bs, gid, mask)
+                follower.num_cached_block[rid] = num_full
+            this_step = follower.cached_blocks_this_step
+            if tail_idx >= 0:
+                block = blocks[tail_idx]
+                key: CacheKey | None = None
+                if checkpoint is not None:
+                    if transient:
+                        pool.evict_cached_block(block, rid, "checkpoint")
+                    elif block.block_hash_num_tokens != tail_pos:
+                        key = pool.cache_block_at(rid, block, fine[tail_pos // hbs - 1], tail_pos, gid)
+                elif not (
+                    block.is_null
+                    or block.block_hash_num_tokens == tail_pos
+                    or (block.block_hash is not None and (block.block_hash_num_tokens or 0) > tail_pos)
+                ):
+                    key = pool.cache_block_at(rid, block, fine[tail_pos // hbs - 1], tail_pos, gid)
+                if key is not None:
+                    this_step.add(key)
+            for i in range(before, after):
+                key = blocks[i].block_hash
+                if key is not None:
+                    this_step.add(key)
+        return True
 
 
 class _Parked:

@@ -99,6 +99,7 @@ class KVCacheManager:
                 default=self.max_model_len,
             ),
             enabled=fast_paths,
+            replicas=self.coordinator.replicas,
         )
 
     # ----------------------------------------------------------------- lookup

@@ -92,6 +92,11 @@ class SingleTypeKVCacheManager:
         self._null_block = block_pool.null_block
 
     # ----------------------------------------------------------------- lookup
+    #: Whether a lookup's answer is also the answer for any ``max_length`` between its hit
+    #: and the ``max_length`` it was given (same hashes, same cache map); read by the
+    #: lookup memo (:class:`sim.core.kv.fastpath.LookupMemo`).
+    hit_kept_for_shorter_lookups: bool = False
+
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -468,6 +473,10 @@ class MambaManager(SingleTypeKVCacheManager):
         #: request -> (checkpoint position, reserved block index) of the current allocation.
         self._checkpoints: dict[str, tuple[int, int]] = {}
         self.has_quiet_horizon = self._align
+
+    #: The scan takes the deepest cached aligned state below the cap, so a shorter cap
+    #: that still covers that state finds the same one (nothing cached lies between).
+    hit_kept_for_shorter_lookups = True
 
     @classmethod
     def find_longest_cache_hit(

@@ -109,3 +109,37 @@ def test_cohort_budget_cut_unparks_the_rest_and_matches_the_plain_path():
             for step, rid, *_ in fast.schedule_rows():
                 steps_of.setdefault(step, []).append(rid)
             assert steps_of[4] == ["r0", "r1", "r2"]  # the budget's three, in running order
+
+
+def test_memo_reuses_a_mamba_answer_for_shorter_caps_and_equals_fresh_lookups(monkeypatch):
+    """Mamba's answer (the deepest cached state under the cap) is reused for a shorter cap
+    that still covers it; every answer equals a fresh lookup, for Mamba and full attention."""
+    from sim.core.kv.managers import MambaManager
+
+    m = make_manager(["full_attention", "mamba"], num_blocks=40)
+    req = make_request("a", ("doc", 64))
+    for chunk in (32, 32):  # Mamba states at 32 and 64
+        assert m.allocate_slots(req, chunk, 0, None) is not None
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens += chunk
+    probe = make_request("p", ("doc", 64), ("x", 32))
+    pool = m.block_pool
+    memo = LookupMemo(pool)
+    for cls, gid in ((MambaManager, 1), (FullAttentionManager, 0)):
+        spec = m.kv_cache_config.groups[gid].spec
+        fresh_scan = cls.find_longest_cache_hit
+        scans: list[int] = []
+        monkeypatch.setattr(cls, "find_longest_cache_hit", lambda *a, f=fresh_scan, s=scans: s.append(a[1]) or f(*a))
+        for cap in (95, 80, 64, 63, 40, 32, 20, 95, 10):
+            got = memo.find_longest_cache_hit(cls, probe.block_hashes, cap, (gid,), spec, 16)
+            want = fresh_scan(probe.block_hashes, cap, (gid,), pool, spec, 16)
+            assert (ids_of(got[0]), got[1]) == (ids_of(want[0]), want[1]), (cls.__name__, cap)
+        if cls is MambaManager:  # hit 64 under 95: 80 and 64 reuse it; 63 scans (hit 32), 40 and 32 reuse that
+            assert scans == [95, 63, 20, 95, 10]
+        else:
+            assert scans == [95, 80, 64, 63, 40, 32, 20, 95, 10]
+        monkeypatch.undo()
+
+
+def ids_of(lists):
+    return [[b.block_id for b in lst] for lst in lists]

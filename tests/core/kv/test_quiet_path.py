@@ -26,12 +26,20 @@ LAYOUTS = [
     [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "prefill_checkpoints": True}],
     ["full_attention", {"type": "sliding_window", "window": 64, "block_size": 32}],
 ]
+#: Identical Mamba groups (decided once: sim.core.kv.fastpath.MambaReplicas), one of them after the attention group.
+REPLICA_LAYOUTS = [
+    ["full_attention", "mamba", "mamba"],
+    [{"type": "mamba", "prefill_checkpoints": True}, {"type": "mamba", "prefill_checkpoints": True},
+     "full_attention", {"type": "mamba", "prefill_checkpoints": True}],
+]
 
 op = st.one_of(
     st.tuples(st.just("add"), st.sampled_from(["a", "b"]), st.integers(1, 70), st.integers(1, 40)),
     st.tuples(st.just("step"), st.integers(0, 7), st.sampled_from([1, 1, 1, 2, 5, 16, 17, 40])),
     st.tuples(st.just("free"), st.integers(0, 7)),
     st.tuples(st.just("new_step")),
+    # A forced eviction drops one block's entry: replica groups' blocks then differ in their keys.
+    st.tuples(st.just("evict"), st.integers(0, 29)),
 )
 
 
@@ -52,6 +60,17 @@ def _state(m):
 @settings(max_examples=80, deadline=None)
 @given(layout=st.sampled_from(LAYOUTS), retention=st.sampled_from([None, 0, 32]), ops=st.lists(op, max_size=60))
 def test_quiet_path_matches_full_path(layout, retention, ops):
+    _run_against_plain(layout, retention, ops)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(REPLICA_LAYOUTS), retention=st.sampled_from([None, 0, 32]), ops=st.lists(op, max_size=60))
+def test_replica_mamba_groups_match_the_plain_path(layout, retention, ops):
+    _run_against_plain(layout, retention, ops)
+    assert make_manager(layout, num_blocks=30).coordinator.replicas is not None
+
+
+def _run_against_plain(layout, retention, ops):
     fast = make_manager(layout, num_blocks=30, retention_interval=retention)
     ref = make_manager(layout, num_blocks=30, retention_interval=retention, fast_paths=False)
     assert not ref.quiet.enabled
@@ -104,6 +123,9 @@ def test_quiet_path_matches_full_path(layout, retention, ops):
         elif o[0] == "new_step":
             fast.new_step_starts()
             ref.new_step_starts()
+        elif o[0] == "evict":
+            fast.evict_blocks([o[1]])
+            ref.evict_blocks([o[1]])
         assert _state(fast) == _state(ref)
         check_invariants(fast)
     sizes = {g.spec.block_size for g in fast.kv_cache_config.groups}
@@ -133,3 +155,29 @@ def test_quiet_path_skips_decode_inside_held_blocks():
     req.append_output_tokens(1)
     assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks
     assert m.get_block_ids("r") == ([1, 2], [0, 3])
+
+
+def test_replica_groups_rekey_their_own_prompt_boundary_state():
+    """A forced eviction drops one replica group's prompt-boundary key while its request
+    holds the block: only that group keys it again (at the next chunk), as on the plain path."""
+    ckpt = {"type": "mamba", "prefill_checkpoints": True}
+    layout = [ckpt, ckpt, "full_attention", ckpt]
+    fast = make_manager(layout, num_blocks=40)
+    ref = make_manager(layout, num_blocks=40, fast_paths=False)
+    assert fast.coordinator.replicas is not None and ref.coordinator.replicas is None
+    events = []
+    for m in (fast, ref):
+        req = make_request("r", ("a", 40))
+        for chunk in (20, 12, 8):  # the second chunk ends on the prompt boundary (32)
+            assert m.allocate_slots(req, chunk, 0, None) is not None
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens += chunk
+            if req.num_computed_tokens == 32:
+                m.take_events()
+                m.evict_blocks([m.get_block_ids("r")[1][1]])  # group 1's state at 32
+        events.append([tuple(e) for e in m.take_events()])
+    assert events[0] == events[1]
+    assert [(e[0], e[1]) for e in events[0] if e[5] == "cache" and e[3] == make_request("x", ("a", 40)).block_hashes[1]] == [
+        ("stored", 1)
+    ]
+    assert _state(fast) == _state(ref)
