@@ -41,7 +41,7 @@ import heapq
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
-from sim.core.kv.managers import MambaManager, SingleTypeKVCacheManager, _num_evictable
+from sim.core.kv.managers import MambaManager, SingleTypeKVCacheManager, num_evictable
 from sim.core.kv.specs import prefill_checkpoint_position
 from sim.core.request import Request, RequestStatus
 
@@ -327,8 +327,8 @@ class MambaReplicas:
             if manager is leader:
                 lead_count = count
             total += count
-        shape = lead_count - _num_evictable(lead_hits) if n else lead_count
-        checkpoint = leader._checkpoints.get(request_id)
+        shape = lead_count - num_evictable(lead_hits) if n else lead_count
+        checkpoint = leader.checkpoints.get(request_id)
         guarded = self._pool.num_gpu_blocks + 1
         for f in self.followers:
             hits = new_computed_blocks[f.kv_cache_group_id]
@@ -336,14 +336,14 @@ class MambaReplicas:
                 if hits[-1].block_hash in f.cached_blocks_this_step:
                     total += guarded
                     continue
-                total += shape + _num_evictable(hits)
+                total += shape + num_evictable(hits)
             else:
                 total += shape
             if not apply_admission_cap:
                 if checkpoint is not None:
-                    f._checkpoints[request_id] = checkpoint
-                elif f._checkpoints:
-                    f._checkpoints.pop(request_id, None)
+                    f.checkpoints[request_id] = checkpoint
+                elif f.checkpoints:
+                    f.checkpoints.pop(request_id, None)
         return total
 
     # ------------------------------------------------------------- allocation
@@ -408,7 +408,7 @@ class MambaReplicas:
             last = (processed_computed_tokens - 1) // bs
             if last > len(table):
                 last = len(table)
-            retired = leader._num_retired_blocks.get(request_id, 0)
+            retired = leader.num_retired_blocks.get(request_id, 0)
             if retired < last:
                 freed_idx = [i for i in range(last - 1, retired - 1, -1) if not table[i].is_null]
                 retire_to = last
@@ -437,7 +437,7 @@ class MambaReplicas:
                     blocks[i] = null
                 member.num_held_blocks -= pool.free_blocks(freed)
             if retire_to >= 0:
-                member._num_retired_blocks[request_id] = retire_to
+                member.num_retired_blocks[request_id] = retire_to
             if state is not None:
                 member.num_held_blocks -= pool.free_blocks((blocks[state],))
                 blocks[state] = null
@@ -459,8 +459,8 @@ class MambaReplicas:
                 manager.free(request_id)
                 continue
             member.last_state_block_idx.pop(request_id, None)
-            member._num_retired_blocks.pop(request_id, None)
-            member._checkpoints.pop(request_id, None)
+            member.num_retired_blocks.pop(request_id, None)
+            member.checkpoints.pop(request_id, None)
             member.num_cached_block.pop(request_id, None)
             blocks = member.req_to_blocks.pop(request_id, [])
             if head:
@@ -504,7 +504,7 @@ class MambaReplicas:
             mask = first.reachable_block_mask(
                 before, num_full, first.cache_hit_alignment_tokens, first.kv_cache_spec, retention_interval, boundaries
             )
-        checkpoint = first._checkpoints.get(rid)
+        checkpoint = first.checkpoints.get(rid)
         tail_idx = -1
         tail_pos = 0
         transient = False
@@ -518,7 +518,7 @@ class MambaReplicas:
                 )
                 retained = kept is None or kept[0]
             transient = (
-                tail_pos != first._checkpoint_position(request.num_prompt_tokens)
+                tail_pos != first.checkpoint_position(request.num_prompt_tokens)
                 and not retained
                 and tail_pos != request.shared_prefix_boundary
             )

@@ -45,7 +45,7 @@ from sim.core.request import Request
 BlockLists = tuple[list[KVCacheBlock], ...]
 
 
-def _num_evictable(blocks: Sequence[KVCacheBlock]) -> int:
+def num_evictable(blocks: Sequence[KVCacheBlock]) -> int:
     """Hit blocks still in the free queue: touching them takes a free block."""
     return sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null)
 
@@ -138,7 +138,7 @@ class SingleTypeKVCacheManager:
         num_local_blocks = len(new_computed_blocks) + num_req_blocks
         num_new = max(num_required - max(num_skipped_blocks, num_local_blocks), 0)
         skip_new_computed = max(0, num_skipped_blocks - num_req_blocks)
-        return num_new + _num_evictable(new_computed_blocks[skip_new_computed:])
+        return num_new + num_evictable(new_computed_blocks[skip_new_computed:])
 
     # ------------------------------------------------------------- allocation
     def add_local_computed_blocks(
@@ -469,9 +469,11 @@ class MambaManager(SingleTypeKVCacheManager):
         self.corrected_mamba_accounting = corrected_mamba_accounting
         self.cached_blocks_this_step: set[CacheKey] = set()
         self.last_state_block_idx: dict[str, int] = {}
-        self._num_retired_blocks: dict[str, int] = {}
+        #: Public because the fast path's MambaReplicas (sim.core.kv.fastpath) mirrors a leader group's
+        #: per-request state into identical follower groups; nothing else writes them.
+        self.num_retired_blocks: dict[str, int] = {}
         #: request -> (checkpoint position, reserved block index) of the current allocation.
-        self._checkpoints: dict[str, tuple[int, int]] = {}
+        self.checkpoints: dict[str, tuple[int, int]] = {}
         self.has_quiet_horizon = self._align
 
     #: The scan takes the deepest cached aligned state below the cap, so a shorter cap
@@ -539,7 +541,7 @@ class MambaManager(SingleTypeKVCacheManager):
         return num_computed_tokens - 1
 
     # --------------------------------------------------------- align helpers
-    def _checkpoint_position(self, num_tokens: int) -> int:
+    def checkpoint_position(self, num_tokens: int) -> int:
         """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no lookahead)."""
         return prefill_checkpoint_position(num_tokens, self.cache_hit_alignment_tokens)
 
@@ -600,20 +602,20 @@ class MambaManager(SingleTypeKVCacheManager):
         checkpoint_position = 0
         # (_needs_internal_checkpoint's own first test, hoisted: most chunks end before the prefill end.)
         if self.has_prefill_checkpoint_blocks and num_tokens >= prefill_end:
-            checkpoint_position = self._checkpoint_position(num_tokens)
+            checkpoint_position = self.checkpoint_position(num_tokens)
             if not self._needs_internal_checkpoint(
                 request_id, total_computed_tokens, num_tokens, checkpoint_position, prefill_end
             ):
                 checkpoint_position = 0
         if not apply_admission_cap:
             if checkpoint_position > 0:
-                self._checkpoints[request_id] = (checkpoint_position, num_required - 2)
-            elif self._checkpoints:
-                self._checkpoints.pop(request_id, None)
+                self.checkpoints[request_id] = (checkpoint_position, num_required - 2)
+            elif self.checkpoints:
+                self.checkpoints.pop(request_id, None)
         if num_new > 0:
             num_new = min(num_new, 2 if checkpoint_position > 0 else 1)
         if new_computed_blocks:
-            return num_new + extra + _num_evictable(new_computed_blocks)
+            return num_new + extra + num_evictable(new_computed_blocks)
         return num_new + extra
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
@@ -621,7 +623,7 @@ class MambaManager(SingleTypeKVCacheManager):
             return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
         num_required = -(-num_tokens_main_model // self.block_size)
-        checkpoint_block = int(request_id in self._checkpoints)
+        checkpoint_block = int(request_id in self.checkpoints)
         if num_required <= len(req_blocks) and not checkpoint_block:
             return []
         prev_len = len(req_blocks)
@@ -649,7 +651,7 @@ class MambaManager(SingleTypeKVCacheManager):
             super()._remove_blocks_in_range(request_id, first_block, last_block)
             return
         blocks = self.req_to_blocks.get(request_id, [])
-        first_block = max(first_block, self._num_retired_blocks.get(request_id, 0))
+        first_block = max(first_block, self.num_retired_blocks.get(request_id, 0))
         last_block = min(last_block, len(blocks))
         if first_block >= last_block:
             return
@@ -662,7 +664,7 @@ class MambaManager(SingleTypeKVCacheManager):
             blocks[i] = null
         if freed:
             self.num_held_blocks -= self.block_pool.free_blocks(freed)
-        self._num_retired_blocks[request_id] = last_block
+        self.num_retired_blocks[request_id] = last_block
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
         """Align mode: retire the slots before ``(processed - 1) // B`` not yet retired (the
@@ -676,7 +678,7 @@ class MambaManager(SingleTypeKVCacheManager):
             last = (processed_computed_tokens - 1) // bs
             if last > len(blocks):
                 last = len(blocks)
-            if self._num_retired_blocks.get(request_id, 0) < last:
+            if self.num_retired_blocks.get(request_id, 0) < last:
                 self._remove_blocks_in_range(request_id, 0, last)
         idx = self.last_state_block_idx.get(request_id)
         if idx is not None and idx < -(-processed_computed_tokens // bs) - 1:
@@ -690,7 +692,7 @@ class MambaManager(SingleTypeKVCacheManager):
         while ``processed <= (R + 1) * B`` (``R`` retired slots, if ``R < L``), and the
         previous state block is kept while ``processed <= (idx + 1) * B``. A pending
         prefill checkpoint gives no horizon (the next call re-keys or drops it)."""
-        if request_id in self._checkpoints:
+        if request_id in self.checkpoints:
             return None
         bounds = super().quiet_horizon(request_id)
         if bounds is None:
@@ -698,7 +700,7 @@ class MambaManager(SingleTypeKVCacheManager):
         max_main, max_processed = bounds
         table = self.req_to_blocks[request_id]
         bs = self.block_size
-        retired = self._num_retired_blocks.get(request_id, 0)
+        retired = self.num_retired_blocks.get(request_id, 0)
         if retired < len(table) and (retired + 1) * bs < max_processed:
             max_processed = (retired + 1) * bs
         idx = self.last_state_block_idx.get(request_id)
@@ -708,8 +710,8 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self.last_state_block_idx.pop(request_id, None)
-        self._num_retired_blocks.pop(request_id, None)
-        self._checkpoints.pop(request_id, None)
+        self.num_retired_blocks.pop(request_id, None)
+        self.checkpoints.pop(request_id, None)
         return super().pop_blocks_for_free(request_id)
 
     def cache_blocks(
@@ -725,7 +727,7 @@ class MambaManager(SingleTypeKVCacheManager):
         before = self.num_cached_block.get(rid, 0)
         after = super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
         if self._align:
-            if rid in self._checkpoints:
+            if rid in self.checkpoints:
                 key = self._cache_checkpoint_block(request, retention_interval)
             else:
                 key = self._cache_prompt_boundary_block(request, num_tokens)
@@ -745,13 +747,13 @@ class MambaManager(SingleTypeKVCacheManager):
 
         The non-checkpoint branch is :meth:`_cache_prompt_boundary_block`.
         """
-        checkpoint = self._checkpoints.get(request.request_id)
+        checkpoint = self.checkpoints.get(request.request_id)
         if checkpoint is None:
             return None
         position, idx = checkpoint
         blocks = self.req_to_blocks[request.request_id]
         block = blocks[idx]
-        is_prompt_checkpoint = position == self._checkpoint_position(request.num_prompt_tokens)
+        is_prompt_checkpoint = position == self.checkpoint_position(request.num_prompt_tokens)
         retained = False
         if position % self.block_size == 0:
             bidx = position // self.block_size - 1

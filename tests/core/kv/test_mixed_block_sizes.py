@@ -198,7 +198,7 @@ def test_three_groups_fixed_point_and_mamba_keyed_at_its_own_block():
     got = m.allocate_slots(r0, 200, 0, None, full_sequence_must_fit=True)
     # Mamba: 2 nulls, the checkpoint block (state at 192, slot 2) and the running state.
     assert ids(got) == (list(range(1, 14)), list(range(14, 21)), [0, 0, 21, 22])
-    assert m.coordinator.single_type_managers[2]._checkpoints == {"0": (192, 2)}
+    assert m.coordinator.single_type_managers[2].checkpoints == {"0": (192, 2)}
     assert _stored(m, h) == [(0, i, i - 1) for i in range(1, 13)] + [(1, 18, 9), (1, 19, 11), (2, 21, 11)]
 
     # FA 144 -> 128; SWA has nothing ending at 128 -> 0; the loop re-runs at 0.

@@ -52,8 +52,8 @@ def _state(m):
         out.append(mgr.num_held_blocks)
         if isinstance(mgr, MambaManager):
             out.append(sorted(mgr.last_state_block_idx.items()))
-            out.append(sorted(mgr._num_retired_blocks.items()))
-            out.append(sorted(mgr._checkpoints.items()))
+            out.append(sorted(mgr.num_retired_blocks.items()))
+            out.append(sorted(mgr.checkpoints.items()))
     return out
 
 
