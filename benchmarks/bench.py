@@ -59,8 +59,8 @@ def _peak_rss_mb() -> float:
 
 def work_hybridsim(path: str, overrides: list[str], repeat: int, plain: bool) -> dict:
     sys.path.insert(0, str(ROOT))
-    from sim.config import load_scenario
     from sim.api import RunOptions, run_scenario
+    from sim.config import load_scenario
 
     best: tuple[float, float] | None = None
     for _ in range(repeat):
@@ -158,30 +158,44 @@ def main(argv: list[str] | None = None) -> int:
     label = "hybridsim" + (" (plain)" if args.plain else "")
 
     if args.only in (None, "step"):
-        print(f"{'step-clock workload':<28} {'requests':>8} {'steps':>6}  {label + ' CPU (wall)':>24}  {'vLLM 0.33 loop CPU (wall)':>25}  "
-              f"{'speed-up':>8}  {'decisions':<10} {'peak MiB (ours / vLLM)':>22}", flush=True)
+        print(
+            f"{'step-clock workload':<28} {'requests':>8} {'steps':>6}  {label + ' CPU (wall)':>24}  {'vLLM 0.33 loop CPU (wall)':>25}  "
+            f"{'speed-up':>8}  {'decisions':<10} {'peak MiB (ours / vLLM)':>22}",
+            flush=True,
+        )
         for name in STEP_WORKLOADS:
             path = str(SCENARIOS / f"{name}.yaml")
             ours = _spawn(["hybridsim", path, str(args.repeat), plain])
-            theirs = ({"missing": "skipped (--no-vllm)"} if args.no_vllm else
-                      _spawn(["vllm", path, str(args.repeat), "no-check" if args.no_check else "check"]))
+            theirs = (
+                {"missing": "skipped (--no-vllm)"}
+                if args.no_vllm
+                else _spawn(["vllm", path, str(args.repeat), "no-check" if args.no_check else "check"])
+            )
             if "error" in ours:
                 print(f"{name:<28} hybridsim {ours['error']}")
                 continue
             head = f"{name:<28} {ours['requests']:>8} {ours['steps']:>6}  {_fmt_s(ours):>24}"
             if "cpu_s" not in theirs:
-                print(f"{head}  vLLM: {theirs.get('missing') or theirs.get('error')}  peak {ours['peak_rss_mb']:.0f} MiB")
+                print(
+                    f"{head}  vLLM: {theirs.get('missing') or theirs.get('error')}  peak {ours['peak_rss_mb']:.0f} MiB"
+                )
                 continue
             ratio = theirs["cpu_s"] / ours["cpu_s"]
             decisions = theirs.get("decisions", "unchecked")
-            print(f"{head}  {_fmt_s(theirs):>25}  {ratio:>7.1f}x  {decisions:<10} "
-                  f"{ours['peak_rss_mb']:>10.0f} / {theirs['peak_rss_mb']:<9.0f}", flush=True)
+            print(
+                f"{head}  {_fmt_s(theirs):>25}  {ratio:>7.1f}x  {decisions:<10} "
+                f"{ours['peak_rss_mb']:>10.0f} / {theirs['peak_rss_mb']:<9.0f}",
+                flush=True,
+            )
             if theirs.get("first_difference"):
                 print(f"  first difference: {theirs['first_difference']}")
 
     if args.only in (None, "demo", "mooncake"):
-        print(f"\n{'replay':<34} {'status':<9} {'requests':>8} {'steps':>7} {'CPU (wall)':>20} {'simulated':>11} "
-              f"{'x real time':>11} {'peak MiB':>9}", flush=True)
+        print(
+            f"\n{'replay':<34} {'status':<9} {'requests':>8} {'steps':>7} {'CPU (wall)':>20} {'simulated':>11} "
+            f"{'x real time':>11} {'peak MiB':>9}",
+            flush=True,
+        )
     runs: list[tuple[str, Path, list[str]]] = []
     if args.only in (None, "demo"):
         runs.append(("demo-pressure", DEMO, []))
@@ -193,8 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [f"workload.trace.path={traces / TRACE_FILE}"]
             if args.limit is not None:
                 overrides.append(f"workload.limit={args.limit}")
-            runs.append(("mooncake-conversation-nemotron" + (f" (limit {args.limit})" if args.limit else ""),
-                         MOONCAKE, overrides))
+            runs.append(
+                (
+                    "mooncake-conversation-nemotron" + (f" (limit {args.limit})" if args.limit else ""),
+                    MOONCAKE,
+                    overrides,
+                )
+            )
     for name, path, overrides in runs:
         r = _spawn(["hybridsim", str(path), "1", plain, *overrides])
         if "error" in r:
@@ -202,8 +221,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         unit = "s" if r["clock"] == "time" else "steps"
         x_real = f"{r['simulated_s'] / r['cpu_s']:>10.0f}x" if unit == "s" else f"{'-':>11}"
-        print(f"{name:<34} {r['status']:<9} {r['requests']:>8} {r['steps']:>7} {_fmt_s(r):>20} "
-              f"{r['simulated_s']:>9.0f} {unit:<1} {x_real} {r['peak_rss_mb']:>9.0f}", flush=True)
+        print(
+            f"{name:<34} {r['status']:<9} {r['requests']:>8} {r['steps']:>7} {_fmt_s(r):>20} "
+            f"{r['simulated_s']:>9.0f} {unit:<1} {x_real} {r['peak_rss_mb']:>9.0f}",
+            flush=True,
+        )
     return 0
 
 

@@ -53,7 +53,9 @@ app.add_typer(workload_app, name="workload")
 from sim.timing.cli import timing_app  # noqa: E402  (the `timing check|fit` sub-app)
 
 app.add_typer(timing_app, name="timing")
-golden_app = typer.Typer(no_args_is_help=True, help="Golden traces: re-run the golden scenarios and check or rewrite them.")
+golden_app = typer.Typer(
+    no_args_is_help=True, help="Golden traces: re-run the golden scenarios and check or rewrite them."
+)
 app.add_typer(golden_app, name="golden")
 
 _state = {"debug": False}
@@ -79,8 +81,17 @@ def _bad_input_types() -> tuple[type[BaseException], ...]:
     from sim.trace.diff import TraceDiffError
     from sim.workload.errors import WorkloadError
 
-    return (ScenarioError, WorkloadError, TraceDiffError, SweepError, FileNotFoundError, PermissionError,
-            NotADirectoryError, IsADirectoryError, FileExistsError)
+    return (
+        ScenarioError,
+        WorkloadError,
+        TraceDiffError,
+        SweepError,
+        FileNotFoundError,
+        PermissionError,
+        NotADirectoryError,
+        IsADirectoryError,
+        FileExistsError,
+    )
 
 
 @contextlib.contextmanager
@@ -111,8 +122,9 @@ def _prepare_out_dir(target: Path, force: bool = False) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ScenarioError(f"-o/--out {target}: cannot create the output directory ({exc.strerror}); "
-                            "give a writable directory path") from exc
+        raise ScenarioError(
+            f"-o/--out {target}: cannot create the output directory ({exc.strerror}); give a writable directory path"
+        ) from exc
     if not os.access(parent, os.W_OK):
         raise ScenarioError(f"-o/--out {target}: the output directory is not writable; give a writable directory path")
 
@@ -125,8 +137,10 @@ def _run_targets(scenarios: List[Path], names: List[str], out: Optional[Path]) -
     seen: dict[str, Path] = {}
     for path, name in zip(scenarios, names):
         if name in seen and (out is None or len(scenarios) > 1):
-            raise ScenarioError(f"{path}: name: {name!r} is also the name of {seen[name]}; two runs in one "
-                                "invocation would write the same folder (rename one)")
+            raise ScenarioError(
+                f"{path}: name: {name!r} is also the name of {seen[name]}; two runs in one "
+                "invocation would write the same folder (rename one)"
+            )
         seen[name] = path
     if out is None:
         return [Path("results") / name for name in names]
@@ -192,15 +206,21 @@ def run(
     tables_format: Optional[str] = typer.Option(None, "--format", help="Table format: parquet or csv."),
     no_plots: bool = typer.Option(False, "--no-plots", help="Do not draw plots."),
     svg: bool = typer.Option(False, "--svg", help="Draw plots as SVG instead of PNG."),
-    check_invariants: bool = typer.Option(False, "--check-invariants", help="Verify cache invariants after every step."),
+    check_invariants: bool = typer.Option(
+        False, "--check-invariants", help="Verify cache invariants after every step."
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary table."),
     plain: bool = typer.Option(False, "--plain", hidden=True, help="No simulator fast paths (same tables, slower)."),
-    force: bool = typer.Option(False, "--force", help="Use an output folder holding files hybridsim did not "
-                               "write (its old contents are kept aside as <folder>.old)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Use an output folder holding files hybridsim did not "
+        "write (its old contents are kept aside as <folder>.old).",
+    ),
 ) -> None:
     """Run scenario(s) and write a result bundle for each (whole: a previous bundle is replaced in one step)."""
-    from sim.config import load_scenario
     from sim.api import RunOptions, run_scenario
+    from sim.config import load_scenario
 
     overrides = list(set_)
     if seed is not None:
@@ -235,8 +255,9 @@ def run(
 
 def print_summary(summary: dict, title: str = "") -> None:
     """The end-of-run table: latency, hits, divergence, outcomes, evictions."""
-    from sim.analysis.report import summary_rows
     from rich.table import Table
+
+    from sim.analysis.report import summary_rows
 
     table = Table(title=title or None, show_header=False, box=None, pad_edge=False)
     table.add_column("metric", style="bold")
@@ -344,9 +365,8 @@ def plot(
 def _redraw_plots(directory: Path, svg: bool) -> list[Path]:
     """Redraw one bundle's plots (the bundle is replaced whole; links in plots/ are never followed); their paths."""
     from sim.analysis.plots import plot_all
-    from sim.trace.bundle import load_result
-
     from sim.trace.atomic import rewrite_bundle
+    from sim.trace.bundle import load_result
 
     result = load_result(directory, verify=False)
     drawn: list[Path] = []
@@ -365,7 +385,9 @@ def _redraw_plots(directory: Path, svg: bool) -> list[Path]:
 def compare(
     result_dirs: List[Path] = typer.Argument(..., help="Result bundle directories (two or more)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Directory for the overlay plots."),
-    labels: List[str] = typer.Option([], "--label", help="A run's label (repeatable, in order; default the folder name)."),
+    labels: List[str] = typer.Option(
+        [], "--label", help="A run's label (repeatable, in order; default the folder name)."
+    ),
 ) -> None:
     """One table and overlay plots across runs (e.g. one run per prefix policy)."""
     from rich.table import Table
@@ -408,14 +430,22 @@ def trace_diff(
     b: Path = typer.Argument(..., help="Result bundle or golden directory B."),
     tables: str = typer.Option(",".join(DEFAULT_TABLES), "--tables", help="Comma-separated tables to compare."),
     context: int = typer.Option(3, "--context", help="Rows of context around the first difference."),
-    allow_partial: bool = typer.Option(False, "--allow-partial", help="Compare partial or unverified bundles "
-                                       "(an inconsistent bundle is always refused)."),
+    allow_partial: bool = typer.Option(
+        False,
+        "--allow-partial",
+        help="Compare partial or unverified bundles (an inconsistent bundle is always refused).",
+    ),
 ) -> None:
     """First differing KV event / admission with context; exit 1 when they differ."""
     from sim.trace.diff import diff_traces
 
-    report = diff_traces(a, b, tables=tuple(t.strip() for t in tables.split(",") if t.strip()), context=context,
-                         allow_partial=allow_partial)
+    report = diff_traces(
+        a,
+        b,
+        tables=tuple(t.strip() for t in tables.split(",") if t.strip()),
+        context=context,
+        allow_partial=allow_partial,
+    )
     typer.echo(report.format())
     if not report.identical:
         raise typer.Exit(EXIT_DIFF)
@@ -442,7 +472,9 @@ def fuzz(
     seed: int = typer.Option(0, "--seed", help="Generator seed (scenario i of seed s is always the same)."),
     count: int = typer.Option(100, "--count", min=1, help="Number of scenarios."),
     use_vllm: bool = typer.Option(False, "--vllm", help="Verify each scenario against vLLM 0.33."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Where to write scenarios (with --vllm: the differing ones)."),
+    out: Optional[Path] = typer.Option(
+        None, "-o", "--out", help="Where to write scenarios (with --vllm: the differing ones)."
+    ),
 ) -> None:
     """Seeded random step-clock scenarios; with --vllm verify each (exit 1 if any differ)."""
     from sim.verify.run import fuzz_command
@@ -456,11 +488,13 @@ def fuzz(
 def replay(
     bundle: Path = typer.Argument(..., help="A replay bundle (directory with replay.yaml) written on a crash."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Output directory."),
-    shrink: bool = typer.Option(False, "--shrink", help="Then shrink it (keeping the crash) into <bundle>/shrunk.yaml."),
+    shrink: bool = typer.Option(
+        False, "--shrink", help="Then shrink it (keeping the crash) into <bundle>/shrunk.yaml."
+    ),
 ) -> None:
     """Re-run a crash replay bundle and check that the same crash happens (exit 1 when it does not)."""
-    from sim.config import load_scenario
     from sim.api import RunOptions, run_scenario
+    from sim.config import load_scenario
 
     scenario_file = bundle / "replay.yaml" if bundle.is_dir() else bundle
     if not scenario_file.is_file():
@@ -479,8 +513,9 @@ def replay(
     if not same:
         raise typer.Exit(EXIT_DIFF)
     if shrink:
-        shrink_cmd(source=scenario_file, out=scenario_file.parent / "shrunk.yaml", keep="crash-reason", set_=[],
-                   quiet=False)
+        shrink_cmd(
+            source=scenario_file, out=scenario_file.parent / "shrunk.yaml", keep="crash-reason", set_=[], quiet=False
+        )
 
 
 def _read_crash_json(path: Path) -> dict:
@@ -518,7 +553,9 @@ def _check_enclosing_bundle(replay_dir: Path) -> None:
 def shrink_cmd(
     source: Path = typer.Argument(..., help="A scenario YAML, or a result/replay bundle (its replay.yaml is used)."),
     out: Path = typer.Option(..., "-o", "--out", help="The shrunk scenario YAML to write."),
-    keep: str = typer.Option("auto", "--keep", help="Property to keep: auto, crash-reason, outcome or first-difference (needs vLLM)."),
+    keep: str = typer.Option(
+        "auto", "--keep", help="Property to keep: auto, crash-reason, outcome or first-difference (needs vLLM)."
+    ),
     set_: List[str] = typer.Option([], "--set", help="Override a key of the input first: key.path=value."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
 ) -> None:
@@ -624,9 +661,13 @@ _BATCH_JOBS = typer.Option(None, "-j", "--jobs", help="Parallel runs (local exec
 
 @golden_app.command("check")
 @handles_errors
-def golden_check(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCENARIOS_DIR,
-                 golden_dir: Path = _GOLDEN_DIR, executor: str = _BATCH_EXECUTOR,
-                 jobs: Optional[int] = _BATCH_JOBS) -> None:
+def golden_check(
+    scenario: List[str] = _GOLDEN_ONLY,
+    scenarios_dir: Path = _SCENARIOS_DIR,
+    golden_dir: Path = _GOLDEN_DIR,
+    executor: str = _BATCH_EXECUTOR,
+    jobs: Optional[int] = _BATCH_JOBS,
+) -> None:
     """Re-run the golden scenarios and compare; exit 1 if a trace differs, 2 if one is missing."""
     from sim.sweep import golden
 
@@ -636,9 +677,13 @@ def golden_check(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCEN
 
 @golden_app.command("regenerate")
 @handles_errors
-def golden_regenerate(scenario: List[str] = _GOLDEN_ONLY, scenarios_dir: Path = _SCENARIOS_DIR,
-                      golden_dir: Path = _GOLDEN_DIR, executor: str = _BATCH_EXECUTOR,
-                      jobs: Optional[int] = _BATCH_JOBS) -> None:
+def golden_regenerate(
+    scenario: List[str] = _GOLDEN_ONLY,
+    scenarios_dir: Path = _SCENARIOS_DIR,
+    golden_dir: Path = _GOLDEN_DIR,
+    executor: str = _BATCH_EXECUTOR,
+    jobs: Optional[int] = _BATCH_JOBS,
+) -> None:
     """Re-run the golden scenarios, print what changed, and overwrite the stored traces."""
     from sim.sweep import golden
 

@@ -49,8 +49,10 @@ def limit(name: str) -> int:
 
 def over(name: str, value: int | float, what: str) -> str:
     """The message for ``what`` (e.g. 'the workload has 3000000 requests') exceeding limit ``name``."""
-    return (f"{what}, more than the limit of {limit(name)} (set HYBRIDSIM_MAX_{name.upper()} to raise it; "
-            "see docs/limits.md)")
+    return (
+        f"{what}, more than the limit of {limit(name)} (set HYBRIDSIM_MAX_{name.upper()} to raise it; "
+        "see docs/limits.md)"
+    )
 
 
 def check(name: str, value: int | float, what: str) -> None:

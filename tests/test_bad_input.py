@@ -23,7 +23,11 @@ CASES: dict[str, tuple[str, ...]] = {
     "zero-block-size.yaml": ("zero-block-size.yaml:3:", "cache.block_size", ">= 1"),
     "too-little-kv-memory.yaml": ("cache.kv_memory_gb", "max seq len (8192)", "443023360 bytes", "startup check"),
     "unknown-preset.yaml": ("unknown-preset.yaml:2:", "model.preset", "did you mean 'nemotron-h-8b'?"),
-    "unknown-policy.yaml": ("scheduler.prefix_policy", "'reconcilled'", "valid: max_per_group, pr48425, pr48425_requery, reconciled"),
+    "unknown-policy.yaml": (
+        "scheduler.prefix_policy",
+        "'reconcilled'",
+        "valid: max_per_group, pr48425, pr48425_requery, reconciled",
+    ),
     "unknown-connector.yaml": ("connector.type", "'lmcachee'", "valid: faulty, none, offload, remote, scripted"),
     "missing-trace.yaml": ("no-such-trace.jsonl", "trace file not found"),
     "malformed-trace.yaml": ("malformed-trace.jsonl:2:", "invalid JSON"),

@@ -115,8 +115,10 @@ SET_CASES: list[tuple[str, str]] = [
 ]
 
 GEN = "{{process: poisson, rate: {rate}}}"
-GENERATOR = ("workload={{generator: {{arrivals: {arrivals}, {bound}, structure: {{kind: unique, prompt: "
-             "{{dist: fixed, value: 64}}}}, output: {{dist: fixed, value: 4}}}}}}")
+GENERATOR = (
+    "workload={{generator: {{arrivals: {arrivals}, {bound}, structure: {{kind: unique, prompt: "
+    "{{dist: fixed, value: 64}}}}, output: {{dist: fixed, value: 4}}}}}}"
+)
 SET_CASES += [
     (GENERATOR.format(arrivals=GEN.format(rate=1.0), bound="count: 10000000"), "HYBRIDSIM_MAX_REQUESTS"),
     (GENERATOR.format(arrivals=GEN.format(rate=1.0e6), bound="duration: 100000"), "HYBRIDSIM_MAX_REQUESTS"),
@@ -125,8 +127,10 @@ SET_CASES += [
     (GENERATOR.format(arrivals=GEN.format(rate=1.0), bound="duration: 1.0e300"), "duration"),
     (GENERATOR.format(arrivals=GEN.format(rate=1.0), bound="count: 0"), "count"),
     (GENERATOR.format(arrivals="{process: gamma, rate: 1.0, cv: 0}", bound="count: 10"), "cv"),
-    (GENERATOR.format(arrivals="{process: schedule, pieces: [{start: 1, rate: 1.0}]}", bound="count: 10"),
-     "first piece"),
+    (
+        GENERATOR.format(arrivals="{process: schedule, pieces: [{start: 1, rate: 1.0}]}", bound="count: 10"),
+        "first piece",
+    ),
 ]
 
 
@@ -154,7 +158,11 @@ FILE_CASES: list[tuple[str, str | bytes, str]] = [
     ("omap.yaml", "name: !!omap [{a: 1}]\n", "not allowed"),
     ("bomb.yaml", BOMB, "HYBRIDSIM_MAX_YAML_NODES"),
     ("deep-block.yaml", _deep_yaml(80), "HYBRIDSIM_MAX_YAML_DEPTH"),
-    ("deep-flow.yaml", "name: x\nk: " + "[" * 3000 + "]" * 3000 + "\n", "nesting"),  # libyaml: "exceeded maximum nesting depth"; ours: "nesting is too deep"
+    (
+        "deep-flow.yaml",
+        "name: x\nk: " + "[" * 3000 + "]" * 3000 + "\n",
+        "nesting",
+    ),  # libyaml: "exceeded maximum nesting depth"; ours: "nesting is too deep"
     ("latin1.yaml", b"name: caf\xe9\nseed: 0\n", "not UTF-8"),
     ("nul-name.yaml", BASE.replace("name: base", 'name: "a\\0b"'), "name:"),
     ("multi-doc.yaml", BASE + "---\nname: two\n", "multi-doc.yaml"),
@@ -174,29 +182,70 @@ workload:
 TRACE_CASES: list[tuple[str, str, str | bytes, str]] = [
     ("mooncake", "t1.jsonl", "{not json\n", "t1.jsonl:1: invalid JSON"),
     ("mooncake", "t2.jsonl", "[1, 2]\n", "expected a JSON object"),
-    ("mooncake", "t3.jsonl", '{"timestamp": 1e300, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
-     "timestamp"),
-    ("mooncake", "t4.jsonl", '{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
-     "timestamp"),
-    ("mooncake", "t5.jsonl", '{"timestamp": 0, "input_length": "ten", "output_length": 1, "hash_ids": [1]}\n',
-     "input_length"),
+    (
+        "mooncake",
+        "t3.jsonl",
+        '{"timestamp": 1e300, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
+        "timestamp",
+    ),
+    (
+        "mooncake",
+        "t4.jsonl",
+        '{"timestamp": -5, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
+        "timestamp",
+    ),
+    (
+        "mooncake",
+        "t5.jsonl",
+        '{"timestamp": 0, "input_length": "ten", "output_length": 1, "hash_ids": [1]}\n',
+        "input_length",
+    ),
     ("mooncake", "t6.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1}\n', "hash_ids"),
-    ("mooncake", "t7.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}\n',
-     "hash_ids"),
-    ("mooncake", "t8.jsonl", b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1], "x": "\xff"}\n',
-     "UTF-8"),
+    (
+        "mooncake",
+        "t7.jsonl",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}\n',
+        "hash_ids",
+    ),
+    (
+        "mooncake",
+        "t8.jsonl",
+        b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1], "x": "\xff"}\n',
+        "UTF-8",
+    ),
     ("mooncake", "t9.jsonl", '{"a": ' * 5000 + "1" + "}" * 5000 + "\n", "t9.jsonl:1"),
-    ("mooncake", "t10.jsonl", '{"timestamp": NaN, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
-     "timestamp"),
-    ("mooncake", "t11.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}\n',
-     "output_length"),
-    ("mooncake", "t12.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [true]}\n',
-     "hash_ids"),
+    (
+        "mooncake",
+        "t10.jsonl",
+        '{"timestamp": NaN, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
+        "timestamp",
+    ),
+    (
+        "mooncake",
+        "t11.jsonl",
+        '{"timestamp": 0, "input_length": 10, "output_length": -1, "hash_ids": [1]}\n',
+        "output_length",
+    ),
+    (
+        "mooncake",
+        "t12.jsonl",
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [true]}\n',
+        "hash_ids",
+    ),
     ("mooncake", "missing.jsonl", None, "trace file not found"),  # type: ignore[list-item]
-    ("qwen", "q1.jsonl", '{"chat_id": 1, "timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
-     '{"chat_id": 1, "timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n', "already used"),
-    ("qwen", "q2.jsonl", '{"chat_id": -4, "timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
-     "chat_id"),
+    (
+        "qwen",
+        "q1.jsonl",
+        '{"chat_id": 1, "timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+        '{"chat_id": 1, "timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
+        "already used",
+    ),
+    (
+        "qwen",
+        "q2.jsonl",
+        '{"chat_id": -4, "timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n',
+        "chat_id",
+    ),
     ("azure", "a1.csv", "root:$6$secrethash:19000:0:99999:7:::\n", "missing column"),
     ("azure", "a2.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,2\n", "TIMESTAMP"),
     ("azure", "a3.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,ten,2\n", "ContextTokens"),
@@ -205,12 +254,18 @@ TRACE_CASES: list[tuple[str, str, str | bytes, str]] = [
     ("azure", "a6.csv", "", "empty file"),
     ("azure", "a7.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n1e400,10,2\n", "TIMESTAMP"),
     ("requests", "r1.jsonl", '{"id": "a", "prompt": [], "max_tokens": 2}\n', "r1.jsonl:1"),
-    ("requests", "r2.jsonl", '{"id": "a", "prompt": [{"content": "d", "tokens": 4}], "max_tokens": 2}\n' * 2,
-     "duplicate request id"),
+    (
+        "requests",
+        "r2.jsonl",
+        '{"id": "a", "prompt": [{"content": "d", "tokens": 4}], "max_tokens": 2}\n' * 2,
+        "duplicate request id",
+    ),
 ]
 
-EMPIRICAL = ("workload={{generator: {{arrivals: {{process: poisson, rate: 1.0}}, count: 5, structure: {{kind: unique, "
-             "prompt: {{dist: empirical, path: {path}}}}}, output: {{dist: fixed, value: 4}}}}}}")
+EMPIRICAL = (
+    "workload={{generator: {{arrivals: {{process: poisson, rate: 1.0}}, count: 5, structure: {{kind: unique, "
+    "prompt: {{dist: empirical, path: {path}}}}}, output: {{dist: fixed, value: 4}}}}}}"
+)
 
 # (file name, content, fragment) — an empirical length table.
 EMPIRICAL_CASES: list[tuple[str, str | bytes, str]] = [
@@ -233,8 +288,19 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["sweep", "{base}", "--seeds", "99999999999999999999999", "-o", "{tmp}/sw"], "HYBRIDSIM_MAX_SEEDS"),
     (["sweep", "{base}", "--seeds", "-3", "-o", "{tmp}/sw"], "seeds"),
     (["sweep", "{base}", "--seeds", "1,1", "-o", "{tmp}/sw"], "distinct"),
-    (["sweep", "{base}", "--grid", "cache.num_blocks=" + ",".join(map(str, range(100, 600))), "--grid",
-      "scheduler.max_num_seqs=" + ",".join(map(str, range(1, 301))), "-o", "{tmp}/sw"], "HYBRIDSIM_MAX_SWEEP_RUNS"),
+    (
+        [
+            "sweep",
+            "{base}",
+            "--grid",
+            "cache.num_blocks=" + ",".join(map(str, range(100, 600))),
+            "--grid",
+            "scheduler.max_num_seqs=" + ",".join(map(str, range(1, 301))),
+            "-o",
+            "{tmp}/sw",
+        ],
+        "HYBRIDSIM_MAX_SWEEP_RUNS",
+    ),
     (["sweep", "{base}", "--grid", "seed=1,2", "-o", "{tmp}/sw"], "seed"),
     (["sweep", "{base}", "--grid", "nokey", "-o", "{tmp}/sw"], "key.path"),
     (["show", "{tmp}/nothing"], "does not exist"),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from support.cli import CRASHING, invoke
+
 from sim.trace.bundle import load_result
 from sim.trace.diff import diff_traces
 from sim.trace.tables import TABLE_NAMES
@@ -19,8 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 REPRO = ROOT / "scenarios" / "repro"
 FA_DEEPER = REPRO / "pr48425-fa-deeper-ext0.yaml"
 TAINT = REPRO / "taint-propagation.yaml"
-
-
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +156,14 @@ def test_resolved_scenario_of_a_trace_replay_references_the_trace_and_reruns_ide
     for i in range(40):
         blocks = rnd.randint(1, 8)
         ids = shared[: rnd.randint(0, 6)] + [10**6 + i * 10 + j for j in range(blocks)]
-        rows.append({"timestamp": i * 400, "input_length": len(ids) * 512 - rnd.randint(0, 300),
-                     "output_length": rnd.randint(1, 60), "hash_ids": ids})
+        rows.append(
+            {
+                "timestamp": i * 400,
+                "input_length": len(ids) * 512 - rnd.randint(0, 300),
+                "output_length": rnd.randint(1, 60),
+                "hash_ids": ids,
+            }
+        )
     (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     scenario = tmp_path / "replay.yaml"
     scenario.write_text(
@@ -203,8 +207,18 @@ def test_interrupted_run_writes_a_partial_bundle(tmp_path: Path, monkeypatch) ->
 
 def test_sweep_runs_one_bundle_per_grid_point(tmp_path: Path) -> None:
     scenario = REPRO / "pr48425-mamba-deeper-ext16.yaml"
-    res = invoke("sweep", scenario, "--grid", "scheduler.prefix_policy=reconciled,trim_to_min", "-j", "1",
-                 "-o", tmp_path, "--set", "outputs.plots=false")
+    res = invoke(
+        "sweep",
+        scenario,
+        "--grid",
+        "scheduler.prefix_policy=reconciled,trim_to_min",
+        "-j",
+        "1",
+        "-o",
+        tmp_path,
+        "--set",
+        "outputs.plots=false",
+    )
     assert res.exit_code == 0, res.output
     assert "2 runs: 2 ran" in res.stdout
     assert (tmp_path / "sweep.parquet").is_file()

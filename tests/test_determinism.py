@@ -7,9 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sim.api import run_scenario
 from sim.trace.tables import TABLE_NAMES
-import pytest
 
 pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
@@ -38,8 +39,19 @@ def test_two_processes_write_identical_bytes(tmp_path: Path) -> None:
     procs = []
     for name, hashseed in (("a", "1"), ("b", "2")):  # different str hashing: no set/dict-order dependence
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
-        cmd = [sys.executable, "-m", "sim", "run", str(SCENARIO), "-o", str(tmp_path / name),
-               "--format", "csv", "--no-plots", "-q"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sim",
+            "run",
+            str(SCENARIO),
+            "-o",
+            str(tmp_path / name),
+            "--format",
+            "csv",
+            "--no-plots",
+            "-q",
+        ]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     for p in procs:
         out, err = p.communicate(timeout=120)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import load_scenario, scenario_from_text
 from sim.api import RunOptions, run_scenario
+from sim.config import load_scenario, scenario_from_text
 from sim.trace.golden import GOLDEN_SCENARIOS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,9 +174,21 @@ def test_random_scenarios_identical_with_parked_decodes(seed: int) -> None:
     _assert_same(scenario_from_text(text, f"<fuzz {seed}>", overrides=COHORT_OVERRIDES[:2]))
 
 
-def _cohort_scenario(name: str, *, layout: str, num_blocks: int, seqs: int, budget: int, rate: float,
-                     output: str, extra: str = "", clock: str = "steps", system: str = "low: 40, high: 400",
-                     user: str = "low: 4, high: 200", threshold: int = 0) -> str:
+def _cohort_scenario(
+    name: str,
+    *,
+    layout: str,
+    num_blocks: int,
+    seqs: int,
+    budget: int,
+    rate: float,
+    output: str,
+    extra: str = "",
+    clock: str = "steps",
+    system: str = "low: 40, high: 400",
+    user: str = "low: 4, high: 200",
+    threshold: int = 0,
+) -> str:
     return f"""\
 name: {name}
 seed: 7
@@ -198,21 +210,53 @@ workload:
 
 COHORT_CASES = {
     # 64 concurrent long decodes (parked ones far outnumber the rest), FA + Mamba.
-    "many-decodes": dict(layout="[full_attention, mamba]", num_blocks=3000, seqs=64, budget=4096, rate=8.0,
-                         output="{dist: uniform, low: 100, high: 400}"),
+    "many-decodes": dict(
+        layout="[full_attention, mamba]",
+        num_blocks=3000,
+        seqs=64,
+        budget=4096,
+        rate=8.0,
+        output="{dist: uniform, low: 100, high: 400}",
+    ),
     # Tight pool: preemptions pop parked decodes from the end of `running`.
-    "preemption": dict(layout="[full_attention, {type: mamba, prefill_checkpoints: true}]", num_blocks=120,
-                       seqs=32, budget=512, rate=4.0, output="{dist: uniform, low: 40, high: 300}"),
+    "preemption": dict(
+        layout="[full_attention, {type: mamba, prefill_checkpoints: true}]",
+        num_blocks=120,
+        seqs=32,
+        budget=512,
+        rate=4.0,
+        output="{dist: uniform, low: 40, high: 300}",
+    ),
     # Short prompts, a small budget: parked decodes take most of it every step.
-    "budget-cuts": dict(layout="[full_attention]", num_blocks=2000, seqs=64, budget=40, rate=20.0,
-                        output="{dist: uniform, low: 30, high: 200}", system="low: 4, high: 12", user="low: 2, high: 8"),
+    "budget-cuts": dict(
+        layout="[full_attention]",
+        num_blocks=2000,
+        seqs=64,
+        budget=40,
+        rate=20.0,
+        output="{dist: uniform, low: 30, high: 200}",
+        system="low: 4, high: 12",
+        user="low: 2, high: 8",
+    ),
     # max_tokens below most EOS points: length-capped finishes right after a parked stretch.
-    "max-tokens": dict(layout="[full_attention, mamba]", num_blocks=1500, seqs=48, budget=2048, rate=4.0,
-                       output="{dist: uniform, low: 50, high: 500}\n    max_tokens: 90"),
+    "max-tokens": dict(
+        layout="[full_attention, mamba]",
+        num_blocks=1500,
+        seqs=48,
+        budget=2048,
+        rate=4.0,
+        output="{dist: uniform, low: 50, high: 500}\n    max_tokens: 90",
+    ),
     # A scripted connector (sync and async loads) next to parked decodes.
-    "connector": dict(layout="[full_attention, mamba]", num_blocks=400, seqs=32, budget=1024, rate=4.0,
-                      output="{dist: uniform, low: 20, high: 200}",
-                      extra="connector: {type: scripted, holds: {r3: 64, r10: 200, r20: 16, r41: 64}, load_async: true}\n"),
+    "connector": dict(
+        layout="[full_attention, mamba]",
+        num_blocks=400,
+        seqs=32,
+        budget=1024,
+        rate=4.0,
+        output="{dist: uniform, low: 20, high: 200}",
+        extra="connector: {type: scripted, holds: {r3: 64, r10: 200, r20: 16, r41: 64}, load_async: true}\n",
+    ),
 }
 
 

@@ -59,7 +59,7 @@ def test_limit_keeps_the_earliest_by_arrival_from_a_stream(tmp_path: Path) -> No
     text = f"""
 name: s
 cache: {{block_size: 16, num_blocks: 500, groups: [full_attention]}}
-workload: {{trace: {{format: mooncake, path: {tmp_path / 't.jsonl'}}}, limit: 3}}
+workload: {{trace: {{format: mooncake, path: {tmp_path / "t.jsonl"}}}, limit: 3}}
 """
     from sim.engine.build import build_components
 

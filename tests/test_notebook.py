@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 import pytest
+from nbclient import NotebookClient
 
 pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 

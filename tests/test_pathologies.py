@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import load_scenario
 from sim.api import run_scenario
+from sim.config import load_scenario
 
 pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
@@ -40,14 +40,15 @@ def _all_ok(result) -> None:
 NEMOTRON_GROUPS = 7  # 6 Mamba groups + 1 full-attention group, all at block 1040
 
 
-@pytest.mark.parametrize("overrides, block_sizes, expected", [
-    # Nemotron-H 8B as written: the attention block is padded to 1040 tokens; 800 shared tokens never hit.
-    ((), [1040] * NEMOTRON_GROUPS,
-     {"u0": 0, "u1": 0, "u2": 0, "u3": 0, "v0": 0, "v1": 1040}),
-    # A plain transformer, block 16: every sibling reuses the whole shared prefix.
-    (("model.preset=llama-3.1-8b",), [16],
-     {"u0": 0, "u1": 800, "u2": 800, "u3": 800, "v0": 0, "v1": 1200}),
-])
+@pytest.mark.parametrize(
+    "overrides, block_sizes, expected",
+    [
+        # Nemotron-H 8B as written: the attention block is padded to 1040 tokens; 800 shared tokens never hit.
+        ((), [1040] * NEMOTRON_GROUPS, {"u0": 0, "u1": 0, "u2": 0, "u3": 0, "v0": 0, "v1": 1040}),
+        # A plain transformer, block 16: every sibling reuses the whole shared prefix.
+        (("model.preset=llama-3.1-8b",), [16], {"u0": 0, "u1": 800, "u2": 800, "u3": 800, "v0": 0, "v1": 1200}),
+    ],
+)
 def test_40696_short_prompts_never_hit_a_padded_block(overrides, block_sizes, expected):
     result = _run("short-prompts-padded-block.yaml", *overrides)
     _all_ok(result)
@@ -64,8 +65,12 @@ def test_40696_hybrid_at_block_16_hits_once_the_junction_is_written():
     assert result.summary["block_sizes"] == [16, 16]
     # (FA hit, Mamba hit, local): u1 and v1 see the full-attention prefix, but no Mamba state at it yet.
     assert _hits(result) == {
-        "u0": (0, 0, 0), "u1": (800, 0, 0), "u2": (800, 800, 800), "u3": (800, 800, 800),
-        "v0": (0, 0, 0), "v1": (1200, 0, 0),
+        "u0": (0, 0, 0),
+        "u1": (800, 0, 0),
+        "u2": (800, 800, 800),
+        "u3": (800, 800, 800),
+        "v0": (0, 0, 0),
+        "v1": (1200, 0, 0),
     }
 
 
@@ -99,13 +104,20 @@ def test_42317_first_sibling_hit_is_reported_as_fa_deeper_divergence():
 
 
 # ------------------------------------------------------------------ vllm-ascend #16270
-@pytest.mark.parametrize("overrides, sizes, expected, stored", [
-    # LCM 4096: nothing under 4096 tokens is even cached, so the 2112-token d0 leaves no entry.
-    ((), [128, 4096], {"d0": 0, "d1": 0, "d2": 0, "e0": 0, "e1": 4096}, {("e0", 0): 32, ("e0", 1): 1}),
-    # LCM 512: d0 caches its 2048-token document (16 FA blocks + the one SWA block its window needs).
-    (("cache.groups.1.block_size=512",), [128, 512], {"d0": 0, "d1": 2048, "d2": 2048, "e0": 0, "e1": 4608},
-     {("d0", 0): 16, ("d0", 1): 1, ("e0", 0): 36, ("e0", 1): 1}),
-])
+@pytest.mark.parametrize(
+    "overrides, sizes, expected, stored",
+    [
+        # LCM 4096: nothing under 4096 tokens is even cached, so the 2112-token d0 leaves no entry.
+        ((), [128, 4096], {"d0": 0, "d1": 0, "d2": 0, "e0": 0, "e1": 4096}, {("e0", 0): 32, ("e0", 1): 1}),
+        # LCM 512: d0 caches its 2048-token document (16 FA blocks + the one SWA block its window needs).
+        (
+            ("cache.groups.1.block_size=512",),
+            [128, 512],
+            {"d0": 0, "d1": 2048, "d2": 2048, "e0": 0, "e1": 4608},
+            {("d0", 0): 16, ("d0", 1): 1, ("e0", 0): 36, ("e0", 1): 1},
+        ),
+    ],
+)
 def test_16270_hits_are_aligned_down_to_the_scheduler_block(overrides, sizes, expected, stored):
     result = _run("lcm-block-alignment.yaml", *overrides)
     _all_ok(result)

@@ -14,15 +14,28 @@ from pathlib import Path
 
 import pytest
 
-from sim.config import load_scenario
 from sim.api import run_scenario
+from sim.config import load_scenario
 
 pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"
-COLS = ["step", "request_id", "kind", "hit_g0", "hit_g1", "local_tokens", "external_tokens", "hit_diverged",
-        "fallback", "num_computed_tokens", "outcome", "crash_reason", "tokens_lost"]
+COLS = [
+    "step",
+    "request_id",
+    "kind",
+    "hit_g0",
+    "hit_g1",
+    "local_tokens",
+    "external_tokens",
+    "hit_diverged",
+    "fallback",
+    "num_computed_tokens",
+    "outcome",
+    "crash_reason",
+    "tokens_lost",
+]
 SEEDS = [
     (0, "seed0", "first", 0, 0, 0, 0, False, False, 0, "ok", "", 0),
     (4, "seed1", "first", 16, 16, 16, 0, False, False, 16, "ok", "", 0),
@@ -42,8 +55,10 @@ def _rows(result) -> list[tuple]:
 
 def _async(local: int, ext: int, outcome: str) -> list[tuple]:
     """r's admission at step 17 (async pull planned) and its resume at step 18 (pull done)."""
-    return [(17, "r", "first", 32, 64, local, ext, False, False, local + ext, outcome, "", 0),
-            (18, "r", "after_async_load", 0, 0, 0, 0, False, False, local + ext, outcome, "", 0)]
+    return [
+        (17, "r", "first", 32, 64, local, ext, False, False, local + ext, outcome, "", 0),
+        (18, "r", "after_async_load", 0, 0, 0, 0, False, False, local + ext, outcome, "", 0),
+    ]
 
 
 #: (scenario, policy) -> (r's admissions, refilled_local_tokens, blocks_pulled per group)
@@ -58,8 +73,11 @@ CASES = {
     # the dense min 32: the very same blocks as max_per_group pulls.
     ("nixl-mamba-deeper.yaml", "trim_to_min"): (_async(32, 63, "ok"), 0, [4, 1]),
     # 65 tokens: NIXL's count R = 64 = the claimed hit, it answers 0; FA 32..63 stay dirty, no crash.
-    ("nixl-mamba-deeper-ext0.yaml", "max_per_group"):
-        ([(17, "r", "first", 32, 64, 64, 0, False, False, 64, "corrupt", "", 0)], 0, [0, 0]),
+    ("nixl-mamba-deeper-ext0.yaml", "max_per_group"): (
+        [(17, "r", "first", 32, 64, 64, 0, False, False, 64, "corrupt", "", 0)],
+        0,
+        [0, 0],
+    ),
     ("nixl-mamba-deeper-ext0.yaml", "pr48425"): (_async(16, 48, "ok"), 0, [3, 1]),
     ("nixl-mamba-deeper-ext0.yaml", "reconciled"): (_async(16, 48, "ok"), 0, [3, 1]),
 }

@@ -7,16 +7,28 @@ from pathlib import Path
 import pytest
 
 from sim.analysis.divergence_table import CONNECTORS, DIRECTIONS, POLICIES, render
-from sim.config import load_scenario
 from sim.api import run_scenario
+from sim.config import load_scenario
 from sim.sweep.divergence import divergence_matrix
 
 pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)
 
 ROOT = Path(__file__).resolve().parents[1]
 REPRO = ROOT / "scenarios" / "repro"
-COLS = ["request_id", "hit_g0", "hit_g1", "local_tokens", "external_tokens", "hit_diverged", "fallback",
-        "num_computed_tokens", "outcome", "crash_reason", "tokens_lost", "taint_origin"]
+COLS = [
+    "request_id",
+    "hit_g0",
+    "hit_g1",
+    "local_tokens",
+    "external_tokens",
+    "hit_diverged",
+    "fallback",
+    "num_computed_tokens",
+    "outcome",
+    "crash_reason",
+    "tokens_lost",
+    "taint_origin",
+]
 SEEDS = [  # the four seeding prefixes: each resumes from the previous one's hit
     ("seed0", 0, 0, 0, 0, False, False, 0, "ok", "", 0, ""),
     ("seed1", 16, 16, 16, 0, False, False, 16, "ok", "", 0, ""),
@@ -33,32 +45,45 @@ def _rows(result) -> list[tuple]:
     return [tuple(r) for r in result.admissions[COLS].itertuples(index=False, name=None)]
 
 
-@pytest.mark.parametrize("name, expected", [
-    # vLLM #48425 test_hybrid_per_group_hit_divergence_with_connector: (ext, resume) = (0, 16), (16, 32).
-    ("pr48425-mamba-deeper-ext0.yaml", ("r", 32, 64, 16, 0, False, False, 16, "ok", "", 0, "")),
-    # Valid, but shown the FA hit (32) the connector would have answered 16 too: resume at 48 was valid.
-    ("pr48425-mamba-deeper-ext16.yaml", ("r", 32, 64, 16, 16, False, False, 32, "recompute", "", 16, "")),
-    # ..._fa_deeper_no_external: FA hit 64 flagged diverged, connector answers 0, fallback: resume at 16.
-    ("pr48425-fa-deeper-ext0.yaml", ("r", 64, 16, 16, 0, True, True, 16, "ok", "", 0, "")),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        # vLLM #48425 test_hybrid_per_group_hit_divergence_with_connector: (ext, resume) = (0, 16), (16, 32).
+        ("pr48425-mamba-deeper-ext0.yaml", ("r", 32, 64, 16, 0, False, False, 16, "ok", "", 0, "")),
+        # Valid, but shown the FA hit (32) the connector would have answered 16 too: resume at 48 was valid.
+        ("pr48425-mamba-deeper-ext16.yaml", ("r", 32, 64, 16, 16, False, False, 32, "recompute", "", 16, "")),
+        # ..._fa_deeper_no_external: FA hit 64 flagged diverged, connector answers 0, fallback: resume at 16.
+        ("pr48425-fa-deeper-ext0.yaml", ("r", 64, 16, 16, 0, True, True, 16, "ok", "", 0, "")),
+    ],
+)
 def test_pr48425_unit_test_cases(name, expected):
     result = _run(name)
     assert _rows(result) == [*SEEDS, expected]
     assert result.summary["crash"] is None
     adm = result.summary["admissions"]
     assert adm["fallbacks"] == int(expected[6])
-    assert adm["divergences"] == ({"mamba_deeper": 1, "fa_deeper": 0} if expected[1] < expected[2]
-                                  else {"mamba_deeper": 0, "fa_deeper": 1})
+    assert adm["divergences"] == (
+        {"mamba_deeper": 1, "fa_deeper": 0} if expected[1] < expected[2] else {"mamba_deeper": 0, "fa_deeper": 1}
+    )
 
 
-@pytest.mark.parametrize("name, policy, expected", [
-    # #46453 part 1: max(per-group hits) 64 + 16 external tokens = the whole 80-token prompt.
-    ("pr48425-mamba-deeper-ext16.yaml", "max_per_group",
-     ("r", 32, 64, 64, 16, False, False, 0, "crash", "AssertionError: num_new_tokens > 0", 0, "")),
-    # #48425 with an opted-in connector: FA hit 64 + 16 reaches the end too.
-    ("pr48425-fa-deeper-ext0.yaml", "pr48425",
-     ("r", 64, 16, 64, 16, True, False, 0, "crash", "AssertionError: num_new_tokens > 0", 0, "")),
-])
+@pytest.mark.parametrize(
+    "name, policy, expected",
+    [
+        # #46453 part 1: max(per-group hits) 64 + 16 external tokens = the whole 80-token prompt.
+        (
+            "pr48425-mamba-deeper-ext16.yaml",
+            "max_per_group",
+            ("r", 32, 64, 64, 16, False, False, 0, "crash", "AssertionError: num_new_tokens > 0", 0, ""),
+        ),
+        # #48425 with an opted-in connector: FA hit 64 + 16 reaches the end too.
+        (
+            "pr48425-fa-deeper-ext0.yaml",
+            "pr48425",
+            ("r", 64, 16, 64, 16, True, False, 0, "crash", "AssertionError: num_new_tokens > 0", 0, ""),
+        ),
+    ],
+)
 def test_claims_reaching_the_end_of_the_prompt_crash(name, policy, expected):
     result = _run(name, f"scheduler.prefix_policy={policy}", "connector.matched_tokens.r=16")
     assert _rows(result) == [*SEEDS, expected]
@@ -113,15 +138,24 @@ def test_divergence_matrix_outcomes(matrix):
     assert len(matrix) == len(DIRECTIONS) * len(POLICIES) * len(CONNECTORS) == len(MATRIX)
     for cell in matrix:
         assert cell.hits == ((32, 64) if cell.direction == "mamba_deeper" else (64, 16))
-        got = (cell.local_tokens, cell.external_tokens, cell.hit_diverged, cell.fallback, cell.resume,
-               cell.outcome, cell.tokens_lost)
+        got = (
+            cell.local_tokens,
+            cell.external_tokens,
+            cell.hit_diverged,
+            cell.fallback,
+            cell.resume,
+            cell.outcome,
+            cell.tokens_lost,
+        )
         assert got == MATRIX[cell.direction, cell.policy, cell.connector], cell
         assert cell.crash_reason == ""
 
 
 def test_divergence_doc_is_generated_from_the_matrix(matrix):
     doc = (ROOT / "docs" / "divergence.md").read_text(encoding="utf-8")
-    assert doc == render(matrix), "docs/divergence.md is stale: run hybridsim divergence-table --write docs/divergence.md"
+    assert doc == render(matrix), (
+        "docs/divergence.md is stale: run hybridsim divergence-table --write docs/divergence.md"
+    )
 
 
 def test_taint_propagates_to_a_later_reuse_and_ends_with_eviction():
@@ -159,7 +193,9 @@ def test_pr48425_fallback_does_not_ask_the_connector_again_and_its_cost_shows():
     assert _rows(result)[-1] == ("r", 64, 16, 16, 0, True, True, 16, "recompute", "", 48, "")
     sched = result.schedule[result.schedule["request_id"] == "r"]
     assert list(zip(sched["step"], sched["num_scheduled_tokens"], sched["num_computed_tokens"])) == [
-        (17, 48, 16), (18, 16, 64), (19, 16, 80)
+        (17, 48, 16),
+        (18, 16, 64),
+        (19, 16, 80),
     ]
 
 
@@ -169,5 +205,6 @@ def test_pr48425_requery_asks_again_at_the_reconciled_boundary():
     assert _rows(result)[-1] == ("r", 64, 16, 16, 48, True, True, 64, "ok", "", 0, "")
     sched = result.schedule[result.schedule["request_id"] == "r"]
     assert list(zip(sched["step"], sched["num_scheduled_tokens"], sched["num_computed_tokens"])) == [
-        (17, 16, 64), (18, 16, 80)
+        (17, 16, 64),
+        (18, 16, 80),
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pandas as pd
+
 #: direction -> base scenario file (in ``scenarios/repro``).
 DIRECTIONS: dict[str, str] = {
     "mamba_deeper": "divergence-mamba-deeper.yaml",

@@ -33,15 +33,21 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from sim.core.kv.hash_view import block_hashes_at
-from sim.core.kv.specs import cdiv
 from sim.core.admission_truth import resident_block_range
+from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.kv.specs import cdiv
 from sim.trace.tables import hash_to_hex
 
 #: Cell classes of the block map, in legend order.
 CELL_CLASSES: tuple[str, ...] = (
-    "absent", "resident", "claimed_backed", "claimed_unbacked", "claimed_tainted", "external", "recomputed",
+    "absent",
+    "resident",
+    "claimed_backed",
+    "claimed_unbacked",
+    "claimed_tainted",
+    "external",
+    "recomputed",
 )
 
 _GROUP_LABEL = {"full_attention": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
@@ -107,7 +113,7 @@ class Explanation:
         """The text fields, label -> value, in print order (what tests pin)."""
         out: dict[str, str] = {
             "admission": f"{self.request_id} attempt {self.attempt} of {self.attempts}, step {self.step}, "
-                         f"kind {self.kind}, prompt {self.prompt_tokens} tokens",
+            f"kind {self.kind}, prompt {self.prompt_tokens} tokens",
         }
         for g in self.groups:
             out[f"g{g.index} {g.kind}"] = _group_line(g, self.lookup_known)
@@ -115,9 +121,13 @@ class Explanation:
         out["connector"] = _connector_line(self)
         out["fallback"] = (
             f"fired: the lookup flagged hit_diverged and the connector answered 0, so the scheduler re-looked "
-            f"up the reconciled hit (local {self.local_tokens})" if self.fallback
-            else ("not fired (hit_diverged, but the connector answered external tokens)" if self.hit_diverged
-                  else "not fired (no hit_diverged)")
+            f"up the reconciled hit (local {self.local_tokens})"
+            if self.fallback
+            else (
+                "not fired (hit_diverged, but the connector answered external tokens)"
+                if self.hit_diverged
+                else "not fired (no hit_diverged)"
+            )
         )
         out["outcome"] = _outcome_line(self)
         out["unbacked"] = _unbacked_line(self)
@@ -188,7 +198,11 @@ def _outcome_line(e: Explanation) -> str:
     if e.outcome == "not_admitted":
         return f"not_admitted: {e.reason}"
     if e.outcome == "corrupt":
-        why = f"a resident block is tainted (origin {e.taint_origin})" if e.taint_origin else "a needed block is not backed"
+        why = (
+            f"a resident block is tainted (origin {e.taint_origin})"
+            if e.taint_origin
+            else "a needed block is not backed"
+        )
         return f"corrupt at resume boundary {b}: {why}"
     if e.outcome == "recompute":
         return f"recompute: valid at {b}, but {e.best_valid_boundary} was valid: {e.tokens_lost} tokens lost"
@@ -241,15 +255,18 @@ def _attempt_row(admissions: pd.DataFrame, request_id: str, attempt: int | None)
     return rows.iloc[attempt - 1], attempt, n
 
 
-def _cache_at(kv_events: pd.DataFrame, admissions: pd.DataFrame, seq: int) -> tuple[set[tuple[str, int]], dict[tuple[str, int], str]]:
+def _cache_at(
+    kv_events: pd.DataFrame, admissions: pd.DataFrame, seq: int
+) -> tuple[set[tuple[str, int]], dict[tuple[str, int], str]]:
     """Cache entries ``(hash hex, group)`` after the events with ``seq < seq``, and the tainted ones.
 
     An entry is tainted (value: the taint origin) when the request that stored
     it had been admitted ``corrupt`` at its last attempt before the store.
     """
     verdicts: dict[str, list[tuple[int, str, str]]] = {}
-    for rid, lseq, outcome, origin in zip(admissions["request_id"], admissions["lookup_seq"], admissions["outcome"],
-                                          admissions["taint_origin"]):
+    for rid, lseq, outcome, origin in zip(
+        admissions["request_id"], admissions["lookup_seq"], admissions["outcome"], admissions["taint_origin"]
+    ):
         verdicts.setdefault(rid, []).append((int(lseq), outcome, origin or rid))
 
     def taint_of(rid: str, at: int) -> str:
@@ -293,10 +310,18 @@ def explain(result: Any, components: Any, request_id: str, attempt: int | None =
     request.set_block_hasher(RequestBlockHasher(config.hash_block_size))
     connector = components.connector
     conn_name = connector.name if connector is not None else "none"
-    state_supplied = bool(connector is not None and conn_name != "none" and connector.supplies_mamba_state
-                          and int(row["external_tokens"]) > 0)
-    refilled = bool(connector is not None and conn_name != "none" and connector.pulls_unhashed_blocks
-                    and int(row["external_tokens"]) > 0)
+    state_supplied = bool(
+        connector is not None
+        and conn_name != "none"
+        and connector.supplies_mamba_state
+        and int(row["external_tokens"]) > 0
+    )
+    refilled = bool(
+        connector is not None
+        and conn_name != "none"
+        and connector.pulls_unhashed_blocks
+        and int(row["external_tokens"]) > 0
+    )
     lookup_seq = int(row["lookup_seq"])
     cached, taints = _cache_at(result.kv_events, result.admissions, lookup_seq if lookup_seq >= 0 else 0)
     local, ext = int(row["local_tokens"]), int(row["external_tokens"])
@@ -312,13 +337,26 @@ def explain(result: Any, components: Any, request_id: str, attempt: int | None =
         n_prompt = prompt // bs
         resident = tuple(i for i in range(min(n_prompt, len(hashes))) if (hash_to_hex(hashes[i]), gid) in cached)
         need = resident_block_range(spec.kind, bs, window, boundary, local, state_supplied)
-        tainted = {i: taints[(hash_to_hex(hashes[i]), gid)] for i in resident
-                   if (hash_to_hex(hashes[i]), gid) in taints}
+        tainted = {
+            i: taints[(hash_to_hex(hashes[i]), gid)] for i in resident if (hash_to_hex(hashes[i]), gid) in taints
+        }
         unbacked: list[int] = []
         if need is not None and not (refilled and spec.kind != "mamba"):
             unbacked = [i for i in range(*need) if i not in resident]
-        groups.append(GroupStory(gid, spec.kind, bs, window, int(row[f"hit_g{gid}"]), resident, need,
-                                 tuple(unbacked), tainted, cdiv(prompt, bs)))
+        groups.append(
+            GroupStory(
+                gid,
+                spec.kind,
+                bs,
+                window,
+                int(row[f"hit_g{gid}"]),
+                resident,
+                need,
+                tuple(unbacked),
+                tainted,
+                cdiv(prompt, bs),
+            )
+        )
 
     outcome = str(row["outcome"])
     lost = int(row["tokens_lost"])
@@ -331,19 +369,39 @@ def explain(result: Any, components: Any, request_id: str, attempt: int | None =
     if lookup_seq < 0:
         notes.append("this bundle predates lookup_seq: cached blocks are not known")
     if outcome == "corrupt" and not any(g.unbacked or g.tainted or g.need is None for g in groups):
-        notes.append("the checker saw what the lookup did not: a claimed block list shorter than its boundary, "
-                     "or a block evicted between the lookup and the allocation")
+        notes.append(
+            "the checker saw what the lookup did not: a claimed block list shorter than its boundary, "
+            "or a block evicted between the lookup and the allocation"
+        )
     if str(row["kind"]) == "after_async_load":
         notes.append("a resume after an async load: no lookup of its own (see the attempt before)")
     return Explanation(
-        request_id=request_id, attempt=attempt, attempts=attempts, step=int(row["step"]), kind=str(row["kind"]),
-        policy=str(row["policy"]), prompt_tokens=prompt, groups=groups, local_tokens=local, external_tokens=ext,
-        claimed_boundary=boundary, hit_diverged=bool(row["hit_diverged"]), fallback=bool(row["fallback"]),
-        connector=conn_name, connector_asked_at=int(row["connector_asked_at"]),
-        connector_answer=int(row["connector_answer"]), state_supplied=state_supplied, outcome=outcome,
-        reason=str(row["reason"]), crash_reason=str(row["crash_reason"]), tokens_lost=lost,
-        taint_origin=str(row["taint_origin"]), best_valid_boundary=best, best_valid_source=source,
-        lookup_known=lookup_seq >= 0, notes=notes,
+        request_id=request_id,
+        attempt=attempt,
+        attempts=attempts,
+        step=int(row["step"]),
+        kind=str(row["kind"]),
+        policy=str(row["policy"]),
+        prompt_tokens=prompt,
+        groups=groups,
+        local_tokens=local,
+        external_tokens=ext,
+        claimed_boundary=boundary,
+        hit_diverged=bool(row["hit_diverged"]),
+        fallback=bool(row["fallback"]),
+        connector=conn_name,
+        connector_asked_at=int(row["connector_asked_at"]),
+        connector_answer=int(row["connector_answer"]),
+        state_supplied=state_supplied,
+        outcome=outcome,
+        reason=str(row["reason"]),
+        crash_reason=str(row["crash_reason"]),
+        tokens_lost=lost,
+        taint_origin=str(row["taint_origin"]),
+        best_valid_boundary=best,
+        best_valid_source=source,
+        lookup_known=lookup_seq >= 0,
+        notes=notes,
     )
 
 
@@ -393,8 +451,9 @@ def _cells(e: Explanation, g: GroupStory) -> tuple[str, ...]:
     for i in range(g.num_blocks):
         needed = g.need is not None and g.need[0] <= i < g.need[1]
         if needed:
-            cells.append("claimed_tainted" if i in g.tainted else
-                         "claimed_unbacked" if i in g.unbacked else "claimed_backed")
+            cells.append(
+                "claimed_tainted" if i in g.tainted else "claimed_unbacked" if i in g.unbacked else "claimed_backed"
+            )
         elif g.kind != "mamba" and i in written:
             cells.append("external")
         elif g.kind == "mamba" and e.state_supplied and i == b // g.block_size - 1:
@@ -419,13 +478,20 @@ def block_map(e: Explanation) -> list[BlockMapRow]:
                 break
         else:
             rows.append(BlockMapRow(g.kind, (g.index,), g.block_size, cells))
-    return [BlockMapRow(r.label if len(r.groups) == 1 else f"{r.label} ×{len(r.groups)}", r.groups, r.block_size,
-                        r.cells) for r in rows]
+    return [
+        BlockMapRow(r.label if len(r.groups) == 1 else f"{r.label} ×{len(r.groups)}", r.groups, r.block_size, r.cells)
+        for r in rows
+    ]
 
 
 _COLOURS = {
-    "absent": "#f2f2f2", "resident": "#9ecae1", "claimed_backed": "#31a354", "claimed_unbacked": "#de2d26",
-    "claimed_tainted": "#fd8d3c", "external": "#756bb1", "recomputed": "#bdbdbd",
+    "absent": "#f2f2f2",
+    "resident": "#9ecae1",
+    "claimed_backed": "#31a354",
+    "claimed_unbacked": "#de2d26",
+    "claimed_tainted": "#fd8d3c",
+    "external": "#756bb1",
+    "recomputed": "#bdbdbd",
 }
 
 
@@ -453,8 +519,14 @@ def render_block_map(e: Explanation, path: str | Path) -> Path:
     ax.set_xlabel(f"block position ({smallest} tokens)")
     ax.set_title(f"{e.request_id} attempt {e.attempt}: {e.outcome}")
     used = [c for c in CELL_CLASSES if any(c in r.cells for r in rows)]
-    ax.legend(handles=[Patch(facecolor=_COLOURS[c], label=c.replace("_", " ")) for c in used],
-              loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=min(4, len(used)), fontsize=8, frameon=False)
+    ax.legend(
+        handles=[Patch(facecolor=_COLOURS[c], label=c.replace("_", " ")) for c in used],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.3),
+        ncol=min(4, len(used)),
+        fontsize=8,
+        frameon=False,
+    )
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100, bbox_inches="tight")

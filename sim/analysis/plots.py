@@ -56,7 +56,9 @@ _LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency"))
 
 def _kinds(result: ResultSource, group_kinds: Sequence[str] | None, num_groups: int) -> list[str]:
     if group_kinds is None:
-        group_kinds = (result.group_kinds if isinstance(result, LoadedResult) else None) or summary_of(result).get("groups")
+        group_kinds = (result.group_kinds if isinstance(result, LoadedResult) else None) or summary_of(result).get(
+            "groups"
+        )
     kinds = list(group_kinds or [])
     if kinds and len(kinds) != num_groups:
         raise ValueError(f"group_kinds {kinds} has {len(kinds)} entries, the tables have {num_groups} groups")
@@ -81,8 +83,9 @@ def _ordered_outcomes(values: Sequence[str]) -> list[str]:
 def _time_axis(result: ResultSource, steps: pd.DataFrame) -> tuple[str, str]:
     """``time_s`` under ``clock: time``, ``step`` under ``clock: steps`` (where time counts steps)."""
     clock = summary_of(result).get("clock")
-    if clock == "time" or (clock is None and not steps["time_s"].equals(steps["step"].astype(float))
-                           and steps["time_s"].nunique() > 1):
+    if clock == "time" or (
+        clock is None and not steps["time_s"].equals(steps["step"].astype(float)) and steps["time_s"].nunique() > 1
+    ):
         return "time_s", "simulated time (s)"
     return "step", "engine step"
 
@@ -93,8 +96,9 @@ def _empty(ax: Axes, message: str) -> None:
     ax.set_yticks([])
 
 
-def _figure(nrows: int = 1, ncols: int = 1, *, width: float = 9.0, height: float = 4.5, legend_right: float = 0.0,
-            **kw) -> tuple[Figure, np.ndarray]:
+def _figure(
+    nrows: int = 1, ncols: int = 1, *, width: float = 9.0, height: float = 4.5, legend_right: float = 0.0, **kw
+) -> tuple[Figure, np.ndarray]:
     """A figure with fixed margins in inches (``legend_right``: room for legends right of the axes).
 
     Fixed margins instead of a layout engine: constrained or tight layout (or a
@@ -104,8 +108,14 @@ def _figure(nrows: int = 1, ncols: int = 1, *, width: float = 9.0, height: float
     # A fixed title height: matplotlib's automatic one measures every tick label at draw time.
     with matplotlib.rc_context({"axes.titley": 1.0}):
         axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
-    fig.subplots_adjust(left=0.85 / width, right=1 - (0.25 + legend_right) / width, bottom=0.65 / height,
-                        top=1 - 0.65 / height, hspace=0.55 * nrows / max(height - 1.3, 1.0), wspace=0.28)
+    fig.subplots_adjust(
+        left=0.85 / width,
+        right=1 - (0.25 + legend_right) / width,
+        bottom=0.65 / height,
+        top=1 - 0.65 / height,
+        hspace=0.55 * nrows / max(height - 1.3, 1.0),
+        wspace=0.28,
+    )
     return fig, axes
 
 
@@ -199,14 +209,23 @@ def series_band(steps: pd.DataFrame, prefix: str, groups: Sequence[int]) -> tupl
     return values.min(axis=1), values.max(axis=1)
 
 
-def _series(ax: Axes, steps: pd.DataFrame, xcol: str, prefix: str, groups: Sequence[int], label: str,
-            colour: str, style: str) -> None:
+def _series(
+    ax: Axes, steps: pd.DataFrame, xcol: str, prefix: str, groups: Sequence[int], label: str, colour: str, style: str
+) -> None:
     lo, hi = series_band(steps, prefix, groups)
     if np.array_equal(lo, hi):
         ax.step(steps[xcol], lo, where="post", label=label, color=colour, linestyle=style)
         return
-    ax.fill_between(steps[xcol], lo, hi, step="post", color=colour, alpha=0.35,
-                    label=f"{label} (min-max of {len(groups)})", linewidth=0)
+    ax.fill_between(
+        steps[xcol],
+        lo,
+        hi,
+        step="post",
+        color=colour,
+        alpha=0.35,
+        label=f"{label} (min-max of {len(groups)})",
+        linewidth=0,
+    )
     ax.step(steps[xcol], hi, where="post", color=colour, linestyle=style, linewidth=0.8)
 
 
@@ -218,8 +237,9 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     n = infer_num_groups(steps.columns)
     kinds = _kinds(result, group_kinds, n)
     panels = group_panels(steps, kinds) if not steps.empty else []
-    fig, axes = _figure(len(panels) + 1, 1, width=11.0, height=2.0 * (len(panels) + 1) + 0.8, sharex=True,
-                        legend_right=3.6)
+    fig, axes = _figure(
+        len(panels) + 1, 1, width=11.0, height=2.0 * (len(panels) + 1) + 0.8, sharex=True, legend_right=3.6
+    )
     fig.suptitle("KV-cache blocks over time")
     if steps.empty:
         _empty(axes[0, 0], "no steps recorded")
@@ -239,16 +259,32 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
         ev = removed[removed["group"].isin(panel.groups)]
         kind, xs, counts = eviction_marks(ev[xcol], span)
         if kind == "ticks" and len(xs):
-            ax.plot(xs, np.zeros(len(xs)), linestyle="none", marker="|", markersize=12,
-                    color="#d62728", label=f"evictions ({len(xs)})")
+            ax.plot(
+                xs,
+                np.zeros(len(xs)),
+                linestyle="none",
+                marker="|",
+                markersize=12,
+                color="#d62728",
+                label=f"evictions ({len(xs)})",
+            )
         elif kind == "density":
             # Scaled into the panel (no second y axis, which cost a third of this figure's time).
-            top = max(float(series_band(steps, "blocks_g", panel.groups)[1].max()),
-                      float(series_band(steps, "cached_g", panel.groups)[1].max()), 1.0)
+            top = max(
+                float(series_band(steps, "blocks_g", panel.groups)[1].max()),
+                float(series_band(steps, "cached_g", panel.groups)[1].max()),
+                1.0,
+            )
             peak = int(counts.max())
-            ax.stairs(counts * (0.4 * top / max(peak, 1)), xs, fill=True, color="#d62728", alpha=0.3,
-                      label=f"evictions ({len(ev)}): density, peak {peak} per {(xs[1] - xs[0]):.3g} "
-                            f"{'steps' if xcol == 'step' else 's'} at 40% height")
+            ax.stairs(
+                counts * (0.4 * top / max(peak, 1)),
+                xs,
+                fill=True,
+                color="#d62728",
+                alpha=0.3,
+                label=f"evictions ({len(ev)}): density, peak {peak} per {(xs[1] - xs[0]):.3g} "
+                f"{'steps' if xcol == 'step' else 's'} at 40% height",
+            )
         _mark_crashes(ax, crashes, False)
         ax.set_title(panel.label, loc="left", fontsize=10)
         _finish_panel(ax)
@@ -299,16 +335,27 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
     others = [o for o in outcomes if o not in OUTCOME_COLOURS]
     for o in outcomes:
         rows = counts[counts["outcome"] == o]
-        ax.scatter(rows[xc], rows[yc], s=30 + 20 * np.sqrt(rows["n"]), color=_outcome_colour(o, others),
-                   alpha=0.75, edgecolors="white", linewidths=0.5, label=f"{o} ({int(rows['n'].sum())})")
+        ax.scatter(
+            rows[xc],
+            rows[yc],
+            s=30 + 20 * np.sqrt(rows["n"]),
+            color=_outcome_colour(o, others),
+            alpha=0.75,
+            edgecolors="white",
+            linewidths=0.5,
+            label=f"{o} ({int(rows['n'].sum())})",
+        )
     top = float(max(admitted[xc].max(), admitted[yc].max(), 1))
     ax.plot([0, top], [0, top], linestyle="--", color="#555555", linewidth=1, label="equal hits")
     ax.set_xlim(-0.03 * top, 1.05 * top)
     ax.set_ylim(-0.03 * top, 1.05 * top)
     ax.set_xlabel(f"{_group_label(gx, kinds)} hit (tokens)")
     ax.set_ylabel(f"{_group_label(gy, kinds)} hit (tokens)")
-    ax.set_title(f"above the diagonal: g{gy} deeper; below: g{gx} deeper ({len(admitted)} admissions)",
-                 fontsize=9, color="#555555")
+    ax.set_title(
+        f"above the diagonal: g{gy} deeper; below: g{gx} deeper ({len(admitted)} admissions)",
+        fontsize=9,
+        color="#555555",
+    )
     ax.legend(title="outcome (area ∝ count)", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     return _save(fig, path)
@@ -333,8 +380,15 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
     for panel, ax in zip(panels, axes[:, 0]):
         g = panel.groups[0]
         ev = removed[removed["group"] == g]
-        ax.scatter(ev[xcol], ev["block_id"].astype(float), s=6, marker="s", color=f"C{g % 10}", linewidths=0,
-                   rasterized=len(ev) > 2000)
+        ax.scatter(
+            ev[xcol],
+            ev["block_id"].astype(float),
+            s=6,
+            marker="s",
+            color=f"C{g % 10}",
+            linewidths=0,
+            rasterized=len(ev) > 2000,
+        )
         _mark_crashes(ax, crashes, False)
         ax.set_ylabel("block id")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -342,7 +396,9 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
         ax.set_title(f"{panel.label}: {len(ev)} evictions{shown}", loc="left", fontsize=10)
         ax.grid(alpha=0.3)
     if not steps.empty:
-        axes[-1, 0].set_xlim(steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1))
+        axes[-1, 0].set_xlim(
+            steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1)
+        )
     axes[-1, 0].set_xlabel(xlabel)
     return _save(fig, path)
 
@@ -355,8 +411,14 @@ def _ecdf(ax: Axes, values: pd.Series, label: str | None = None, index: int = 0)
     v = np.sort(values.dropna().to_numpy(dtype=float))
     if len(v) == 0:
         return False
-    ax.step(np.concatenate([[v[0]], v]), np.concatenate([[0.0], np.arange(1, len(v) + 1) / len(v)]),
-            where="post", label=label, color=f"C{index % 10}", linestyle=_LINESTYLES[index % len(_LINESTYLES)])
+    ax.step(
+        np.concatenate([[v[0]], v]),
+        np.concatenate([[0.0], np.arange(1, len(v) + 1) / len(v)]),
+        where="post",
+        label=label,
+        color=f"C{index % 10}",
+        linestyle=_LINESTYLES[index % len(_LINESTYLES)],
+    )
     return True
 
 
@@ -390,8 +452,9 @@ def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
     width = 0.8 / max(len(outcomes), 1)
     x = np.arange(len(table.index))
     for j, o in enumerate(outcomes):
-        bars = ax.bar(x + (j - (len(outcomes) - 1) / 2) * width, table[o], width, label=o,
-                      color=_outcome_colour(o, others))
+        bars = ax.bar(
+            x + (j - (len(outcomes) - 1) / 2) * width, table[o], width, label=o, color=_outcome_colour(o, others)
+        )
         ax.bar_label(bars, fontsize=7)
     ax.set_xticks(x, [str(i) for i in table.index])
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -411,8 +474,10 @@ def outcome_counts(result: ResultSource) -> tuple[pd.Series, pd.Series]:
     t = tables_of(result)
     final = t["requests"]["outcome"].value_counts()
     attempts = t["admissions"]["outcome"].value_counts()
-    return (final.reindex(_ordered_outcomes(list(final.index))).astype(int),
-            attempts.reindex(_ordered_outcomes(list(attempts.index))).astype(int))
+    return (
+        final.reindex(_ordered_outcomes(list(final.index))).astype(int),
+        attempts.reindex(_ordered_outcomes(list(attempts.index))).astype(int),
+    )
 
 
 def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
@@ -420,15 +485,18 @@ def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
     final, attempts = outcome_counts(result)
     fig, axes = _figure(1, 2, width=10.0, height=4.5)
     fig.suptitle("Outcomes")
-    for ax, counts, what in ((axes[0, 0], final, "requests (final outcome)"),
-                             (axes[0, 1], attempts, "admission attempts")):
+    for ax, counts, what in (
+        (axes[0, 0], final, "requests (final outcome)"),
+        (axes[0, 1], attempts, "admission attempts"),
+    ):
         ax.set_title(what, fontsize=10)
         if counts.empty:
             _empty(ax, f"no {what.split(' ')[0]}")
             continue
         others = [o for o in counts.index if o not in OUTCOME_COLOURS]
-        bars = ax.bar([str(o) for o in counts.index], counts.to_numpy(),
-                      color=[_outcome_colour(o, others) for o in counts.index])
+        bars = ax.bar(
+            [str(o) for o in counts.index], counts.to_numpy(), color=[_outcome_colour(o, others) for o in counts.index]
+        )
         ax.bar_label(bars, fontsize=8)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("count")
@@ -452,8 +520,13 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     xcol, xlabel = _time_axis(result, steps)
     ax = axes[0, 0]
     if "conn_tier_bytes" in steps:
-        ax.step(steps[xcol], steps["conn_tier_bytes"].astype(float) / 1e9, where="post", color="#8c564b",
-                label="tier occupancy")
+        ax.step(
+            steps[xcol],
+            steps["conn_tier_bytes"].astype(float) / 1e9,
+            where="post",
+            color="#8c564b",
+            label="tier occupancy",
+        )
     ax.set_ylabel("GB")
     ax.set_title("tier occupancy", loc="left", fontsize=10)
     ax.grid(alpha=0.3)
@@ -511,8 +584,9 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path, *, group_kinds: Sequence[str] | None = None,
-                          min_turns: int = 5) -> Path:
+def plot_hit_rate_by_turn(
+    turns: pd.DataFrame, path: str | Path, *, group_kinds: Sequence[str] | None = None, min_turns: int = 5
+) -> Path:
     """Usable hit rate by turn index (sessions): the share of the tokens a turn could reuse from its
     parent's prompt + answer that it did reuse, overall and per group (``sim.results.sessions``).
     Turn indices with fewer than ``min_turns`` turns are left out (their rate is noise)."""
@@ -529,8 +603,14 @@ def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path, *, group_kinds:
         return _save(fig, path)
     ax.plot(table["turn"], table["usable_hit_rate"], marker="o", color="C0", label="local hit (all groups)")
     for i, col in enumerate(c for c in table.columns if c.startswith("usable_hit_g")):
-        ax.plot(table["turn"], table[col], marker=".", linestyle=_LINESTYLES[(i + 1) % len(_LINESTYLES)],
-                color=f"C{i + 1}", label=_group_label(i, kinds))
+        ax.plot(
+            table["turn"],
+            table[col],
+            marker=".",
+            linestyle=_LINESTYLES[(i + 1) % len(_LINESTYLES)],
+            color=f"C{i + 1}",
+            label=_group_label(i, kinds),
+        )
     ax.set_xlabel("turn index")
     ax.set_ylabel("reused / reusable tokens")
     ax.set_ylim(0, 1.02)
@@ -540,8 +620,9 @@ def plot_hit_rate_by_turn(turns: pd.DataFrame, path: str | Path, *, group_kinds:
     return _save(fig, path)
 
 
-def plot_all(result: ResultSource, out_dir: str | Path, fmt: str = "png",
-             *, group_kinds: Sequence[str] | None = None) -> list[Path]:
+def plot_all(
+    result: ResultSource, out_dir: str | Path, fmt: str = "png", *, group_kinds: Sequence[str] | None = None
+) -> list[Path]:
     """Every single-run figure into ``out_dir``; returns the paths written, in a fixed order."""
     if fmt not in PLOT_FORMATS:
         raise ValueError(f"plot format {fmt!r} is not one of {PLOT_FORMATS}")

@@ -59,13 +59,24 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     p50, p99 = _get(summary, "latency_s.queueing.p50"), _get(summary, "latency_s.queueing.p99")
     rows.append((f"queueing p50 / p99{steps_note}", f"{_fmt(p50, unit)} / {_fmt(p99, unit)}"))
     per = "step" if unit == "" else "s"
-    rows.append((f"throughput (req/{per}, tok/{per})", f"{_fmt(_get(summary, 'throughput.requests_per_s'))}, "
-                 f"{_fmt(_get(summary, 'throughput.output_tokens_per_s'))}"))
+    rows.append(
+        (
+            f"throughput (req/{per}, tok/{per})",
+            f"{_fmt(_get(summary, 'throughput.requests_per_s'))}, "
+            f"{_fmt(_get(summary, 'throughput.output_tokens_per_s'))}",
+        )
+    )
     sizes = summary.get("block_sizes") or []
     if summary.get("num_blocks") is not None:
         size_text = f"{sizes[0]} tokens" if sizes and len(set(sizes)) == 1 else "/".join(map(str, sizes)) + " tokens"
-        rows.append(("KV-cache pool", f"{summary['num_blocks']} blocks of {size_text}, {len(kinds)} groups"
-                     if sizes else f"{summary['num_blocks']} blocks"))
+        rows.append(
+            (
+                "KV-cache pool",
+                f"{summary['num_blocks']} blocks of {size_text}, {len(kinds)} groups"
+                if sizes
+                else f"{summary['num_blocks']} blocks",
+            )
+        )
     policy, path = summary.get("policy"), summary.get("lookup_path")
     if policy is not None:
         rows.append(("prefix policy (lookup path)", f"{policy} ({path})" if path and path != policy else str(policy)))
@@ -78,8 +89,10 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         kind = kinds[i] if i is not None and i < len(kinds) else ""
         rows.append((f"hit rate {key} {kind}".rstrip(), _fmt(value, "%")))
     rows += [
-        ("local / external hit rate", f"{_fmt(_get(summary, 'cache.local_rate'), '%')} / "
-                                      f"{_fmt(_get(summary, 'cache.external_rate'), '%')}"),
+        (
+            "local / external hit rate",
+            f"{_fmt(_get(summary, 'cache.local_rate'), '%')} / {_fmt(_get(summary, 'cache.external_rate'), '%')}",
+        ),
         ("divergences", _fmt(_get(summary, "admissions.divergences"))),
         ("fallbacks", _fmt(_get(summary, "admissions.fallbacks"))),
         ("admission outcomes", _fmt(_get(summary, "admissions.by_outcome"))),
@@ -134,7 +147,9 @@ COMPARE_COLUMNS: Sequence[tuple[str, str, str]] = (
 
 #: Group types in compare's column order, with their column names.
 KIND_COLUMNS: Sequence[tuple[str, str]] = (
-    ("full_attention", "hit FA"), ("sliding_window", "hit SWA"), ("mamba", "hit Mamba"),
+    ("full_attention", "hit FA"),
+    ("sliding_window", "hit SWA"),
+    ("mamba", "hit Mamba"),
 )
 
 COMPARE_TAIL: Sequence[tuple[str, str, str]] = (
@@ -161,12 +176,16 @@ def kind_hit_rate(summary: Mapping[str, Any], kind: str) -> float | None:
 def compare_rows(summaries: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """A header and one row per run for ``hybridsim compare``: hit rates per group type (only the types
     some run has), local / external shares, tokens lost, connector bytes, goodput and the crash."""
-    kinds = [(k, name) for k, name in KIND_COLUMNS
-             if any(k in (s.get("groups") or []) for s in summaries.values())]
+    kinds = [(k, name) for k, name in KIND_COLUMNS if any(k in (s.get("groups") or []) for s in summaries.values())]
     # Summaries without group types (older bundles): the first two groups' columns.
     legacy = not any(s.get("groups") for s in summaries.values())
-    header = (["run"] + [label for label, _, _ in COMPARE_COLUMNS] + [name for _, name in kinds]
-              + (["hit g0", "hit g1"] if legacy else []) + [label for label, _, _ in COMPARE_TAIL])
+    header = (
+        ["run"]
+        + [label for label, _, _ in COMPARE_COLUMNS]
+        + [name for _, name in kinds]
+        + (["hit g0", "hit g1"] if legacy else [])
+        + [label for label, _, _ in COMPARE_TAIL]
+    )
     rows = []
     for label, summary in summaries.items():
         unit = _time_unit(summary)

@@ -22,7 +22,16 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from sim.config.scenario import Scenario
-from sim.config.yamlio import KeyPath, SafeDumper, ScenarioError, YamlDoc, did_you_mean, format_path, parse_scalar, parse_yaml
+from sim.config.yamlio import (
+    KeyPath,
+    SafeDumper,
+    ScenarioError,
+    YamlDoc,
+    did_you_mean,
+    format_path,
+    parse_scalar,
+    parse_yaml,
+)
 
 
 def load_scenario(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Scenario:
@@ -41,7 +50,9 @@ def read_yaml_file(file: Path, what: str) -> str:
     try:
         size = file.stat().st_size
         if size > limit("yaml_bytes"):
-            raise ScenarioError(f"{file}: cannot read {what}: " + over("yaml_bytes", size, f"the file has {size} bytes"))
+            raise ScenarioError(
+                f"{file}: cannot read {what}: " + over("yaml_bytes", size, f"the file has {size} bytes")
+            )
         data = file.read_bytes()
     except FileNotFoundError:
         raise ScenarioError(f"{file}: cannot read {what}: file not found") from None
@@ -50,12 +61,17 @@ def read_yaml_file(file: Path, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScenarioError(f"{file}: <file>: not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
-                            f"save the {what} as UTF-8") from None
+        raise ScenarioError(
+            f"{file}: <file>: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
+            f"save the {what} as UTF-8"
+        ) from None
 
 
 def scenario_from_text(
-    text: str, filename: str = "<scenario>", *, base_dir: str | os.PathLike[str] | None = None,
+    text: str,
+    filename: str = "<scenario>",
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
 ) -> Scenario:
     """As :func:`load_scenario`, from a string; relative paths resolve against ``base_dir`` (default: cwd)."""
@@ -215,7 +231,7 @@ def _format_error(doc: YamlDoc, set_labels: dict[KeyPath, str], err: Any) -> str
     path = _yaml_path(doc.data, loc, keep_last=kind in ("missing", "extra_forbidden"))
     msg = str(err["msg"])
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if msg.startswith("@"):
         sub, _, msg = msg[1:].partition(": ")
         path = path + tuple(int(p) if p.isdigit() else p for p in sub.split("."))

@@ -85,12 +85,7 @@ def _gdn_params(hidden: int, k_heads: int, v_heads: int, k_dim: int, v_dim: int,
     key, value = k_heads * k_dim, v_heads * v_dim
     conv_dim = 2 * key + value
     return (
-        hidden * (2 * key + 2 * value)
-        + hidden * 2 * v_heads
-        + conv_dim * d_conv
-        + 2 * v_heads
-        + v_dim
-        + value * hidden
+        hidden * (2 * key + 2 * value) + hidden * 2 * v_heads + conv_dim * d_conv + 2 * v_heads + v_dim + value * hidden
     )
 
 
@@ -109,8 +104,14 @@ def mamba1_layer(d_inner: int, d_state: int, d_conv: int, dtype_bytes: int = BF1
 
 
 def mamba2_layer(
-    d_inner: int, n_groups: int, n_heads: int, head_dim: int, d_state: int, d_conv: int,
-    conv_dtype_bytes: int = BF16, ssm_dtype_bytes: int = BF16,
+    d_inner: int,
+    n_groups: int,
+    n_heads: int,
+    head_dim: int,
+    d_state: int,
+    d_conv: int,
+    conv_dtype_bytes: int = BF16,
+    ssm_dtype_bytes: int = BF16,
 ) -> MambaLayerShape:
     return MambaLayerShape(
         state_shapes=((d_conv - 1, d_inner + 2 * n_groups * d_state), (n_heads, head_dim, d_state)),
@@ -238,14 +239,28 @@ def _nemotron_h_8b() -> ModelPreset:
         + (len(pattern) + 1) * h  # one RMSNorm per block, final norm
     )
     return ModelPreset(
-        name="nemotron-h-8b", hf_repo="nvidia/Nemotron-H-8B-Base-8K",
+        name="nemotron-h-8b",
+        hf_repo="nvidia/Nemotron-H-8B-Base-8K",
         shape=ModelShape("nemotron-h-8b", layers, max_model_len=8192),
-        hidden_size=h, vocab_size=vocab, num_decoder_layers=len(pattern),
-        num_attention_layers=n_attn, num_mamba_layers=n_mamba, num_mlp_layers=n_mlp, num_moe_layers=0,
-        num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-        mlp_intermediate_size=inter, moe_intermediate_size=0, shared_expert_intermediate_size=0,
-        num_experts=0, experts_per_token=0,
-        embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense, expert_params=0,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_decoder_layers=len(pattern),
+        num_attention_layers=n_attn,
+        num_mamba_layers=n_mamba,
+        num_mlp_layers=n_mlp,
+        num_moe_layers=0,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        mlp_intermediate_size=inter,
+        moe_intermediate_size=0,
+        shared_expert_intermediate_size=0,
+        num_experts=0,
+        experts_per_token=0,
+        embedding_params=vocab * h,
+        lm_head_params=vocab * h,
+        dense_params=dense,
+        expert_params=0,
         mlp_gated=False,
     )
 
@@ -282,14 +297,27 @@ def _jamba_15_mini() -> ModelPreset:
         + (2 * n + 1) * h  # two RMSNorms per layer, final norm
     )
     return ModelPreset(
-        name="jamba-1.5-mini", hf_repo="ai21labs/AI21-Jamba-1.5-Mini",
+        name="jamba-1.5-mini",
+        hf_repo="ai21labs/AI21-Jamba-1.5-Mini",
         shape=ModelShape("jamba-1.5-mini", layers, max_model_len=262144),
-        hidden_size=h, vocab_size=vocab, num_decoder_layers=n,
-        num_attention_layers=n_attn, num_mamba_layers=n_mamba, num_mlp_layers=n_mlp, num_moe_layers=n_moe,
-        num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-        mlp_intermediate_size=inter, moe_intermediate_size=inter, shared_expert_intermediate_size=0,
-        num_experts=experts, experts_per_token=topk,
-        embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_decoder_layers=n,
+        num_attention_layers=n_attn,
+        num_mamba_layers=n_mamba,
+        num_mlp_layers=n_mlp,
+        num_moe_layers=n_moe,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        mlp_intermediate_size=inter,
+        moe_intermediate_size=inter,
+        shared_expert_intermediate_size=0,
+        num_experts=experts,
+        experts_per_token=topk,
+        embedding_params=vocab * h,
+        lm_head_params=vocab * h,
+        dense_params=dense,
         expert_params=n_moe * experts * expert_one,
     )
 
@@ -323,14 +351,27 @@ def _granite_40_h_small() -> ModelPreset:
         + (2 * n + 1) * h  # two RMSNorms per layer, final norm
     )
     return ModelPreset(
-        name="granite-4.0-h-small", hf_repo="ibm-granite/granite-4.0-h-small",
+        name="granite-4.0-h-small",
+        hf_repo="ibm-granite/granite-4.0-h-small",
         shape=ModelShape("granite-4.0-h-small", layers, max_model_len=131072),
-        hidden_size=h, vocab_size=vocab, num_decoder_layers=n,
-        num_attention_layers=n_attn, num_mamba_layers=n_mamba, num_mlp_layers=0, num_moe_layers=n,
-        num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-        mlp_intermediate_size=0, moe_intermediate_size=e_inter, shared_expert_intermediate_size=shared,
-        num_experts=experts, experts_per_token=topk,
-        embedding_params=vocab * h, lm_head_params=0, dense_params=dense,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_decoder_layers=n,
+        num_attention_layers=n_attn,
+        num_mamba_layers=n_mamba,
+        num_mlp_layers=0,
+        num_moe_layers=n,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        mlp_intermediate_size=0,
+        moe_intermediate_size=e_inter,
+        shared_expert_intermediate_size=shared,
+        num_experts=experts,
+        experts_per_token=topk,
+        embedding_params=vocab * h,
+        lm_head_params=0,
+        dense_params=dense,
         expert_params=n * experts * _mlp_params(h, e_inter, gated=True),
     )
 
@@ -365,14 +406,27 @@ def _qwen3_next_80b_a3b() -> ModelPreset:
         + (2 * n + 1) * h  # two RMSNorms per layer, final norm
     )
     return ModelPreset(
-        name="qwen3-next-80b-a3b", hf_repo="Qwen/Qwen3-Next-80B-A3B-Instruct",
+        name="qwen3-next-80b-a3b",
+        hf_repo="Qwen/Qwen3-Next-80B-A3B-Instruct",
         shape=ModelShape("qwen3-next-80b-a3b", layers, max_model_len=262144),
-        hidden_size=h, vocab_size=vocab, num_decoder_layers=n,
-        num_attention_layers=n_attn, num_mamba_layers=n_gdn, num_mlp_layers=0, num_moe_layers=n,
-        num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-        mlp_intermediate_size=0, moe_intermediate_size=e_inter, shared_expert_intermediate_size=shared,
-        num_experts=experts, experts_per_token=topk,
-        embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_decoder_layers=n,
+        num_attention_layers=n_attn,
+        num_mamba_layers=n_gdn,
+        num_mlp_layers=0,
+        num_moe_layers=n,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        mlp_intermediate_size=0,
+        moe_intermediate_size=e_inter,
+        shared_expert_intermediate_size=shared,
+        num_experts=experts,
+        experts_per_token=topk,
+        embedding_params=vocab * h,
+        lm_head_params=vocab * h,
+        dense_params=dense,
         expert_params=n * experts * _mlp_params(h, e_inter, gated=True),
     )
 
@@ -395,21 +449,39 @@ def _falcon_h1_7b() -> ModelPreset:
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
     mamba = mamba2_layer(d_inner, groups, m_heads, m_hd, d_state, d_conv)
     layers: tuple[LayerShape, ...] = tuple(x for _ in range(n) for x in (attn, mamba))
-    dense = n * (
-        _attention_params(h, heads, kv, hd)
-        + _mamba2_params(h, d_inner, groups, d_state, m_heads, d_conv)
-        + _mlp_params(h, inter, gated=True)
-        + 2 * h  # two RMSNorms per layer
-    ) + h  # final norm
+    dense = (
+        n
+        * (
+            _attention_params(h, heads, kv, hd)
+            + _mamba2_params(h, d_inner, groups, d_state, m_heads, d_conv)
+            + _mlp_params(h, inter, gated=True)
+            + 2 * h  # two RMSNorms per layer
+        )
+        + h
+    )  # final norm
     return ModelPreset(
-        name="falcon-h1-7b", hf_repo="tiiuae/Falcon-H1-7B-Instruct",
+        name="falcon-h1-7b",
+        hf_repo="tiiuae/Falcon-H1-7B-Instruct",
         shape=ModelShape("falcon-h1-7b", layers, max_model_len=262144),
-        hidden_size=h, vocab_size=vocab, num_decoder_layers=n,
-        num_attention_layers=n, num_mamba_layers=n, num_mlp_layers=n, num_moe_layers=0,
-        num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-        mlp_intermediate_size=inter, moe_intermediate_size=0, shared_expert_intermediate_size=0,
-        num_experts=0, experts_per_token=0,
-        embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense, expert_params=0,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_decoder_layers=n,
+        num_attention_layers=n,
+        num_mamba_layers=n,
+        num_mlp_layers=n,
+        num_moe_layers=0,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        mlp_intermediate_size=inter,
+        moe_intermediate_size=0,
+        shared_expert_intermediate_size=0,
+        num_experts=0,
+        experts_per_token=0,
+        embedding_params=vocab * h,
+        lm_head_params=vocab * h,
+        dense_params=dense,
+        expert_params=0,
     )
 
 
@@ -426,14 +498,28 @@ def _llama_31_8b() -> ModelPreset:
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
     dense = n * (_attention_params(h, heads, kv, hd) + _mlp_params(h, inter, gated=True) + 2 * h) + h
     return ModelPreset(
-        name="llama-3.1-8b", hf_repo="meta-llama/Llama-3.1-8B",
+        name="llama-3.1-8b",
+        hf_repo="meta-llama/Llama-3.1-8B",
         shape=ModelShape("llama-3.1-8b", (attn,) * n, max_model_len=131072),
-        hidden_size=h, vocab_size=vocab, num_decoder_layers=n,
-        num_attention_layers=n, num_mamba_layers=0, num_mlp_layers=n, num_moe_layers=0,
-        num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-        mlp_intermediate_size=inter, moe_intermediate_size=0, shared_expert_intermediate_size=0,
-        num_experts=0, experts_per_token=0,
-        embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense, expert_params=0,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_decoder_layers=n,
+        num_attention_layers=n,
+        num_mamba_layers=0,
+        num_mlp_layers=n,
+        num_moe_layers=0,
+        num_attention_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        mlp_intermediate_size=inter,
+        moe_intermediate_size=0,
+        shared_expert_intermediate_size=0,
+        num_experts=0,
+        experts_per_token=0,
+        embedding_params=vocab * h,
+        lm_head_params=vocab * h,
+        dense_params=dense,
+        expert_params=0,
     )
 
 

@@ -15,18 +15,26 @@ error's key path.
 from __future__ import annotations
 
 import math
-
 from dataclasses import replace
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, Tag, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from sim.config.presets import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
-    GiB,
     HARDWARE_PRESETS,
     MODEL_PRESETS,
+    GiB,
     HardwarePreset,
     ModelPreset,
     hardware_preset,
@@ -101,8 +109,10 @@ class MambaLayerSpec(_Strict):
 
     def shape(self) -> MambaLayerShape:
         return MambaLayerShape(
-            tuple(tuple(s) for s in self.state_shapes), tuple(self.state_dtype_bytes),
-            self.mixer, self.prefill_checkpoints,
+            tuple(tuple(s) for s in self.state_shapes),
+            tuple(self.state_dtype_bytes),
+            self.mixer,
+            self.prefill_checkpoints,
         )
 
 
@@ -195,7 +205,9 @@ def read_overrides_file(path: str) -> HardwareOverrides:
     except yaml.YAMLError as exc:
         raise ValueError(f"@overrides_path: {path} is not valid YAML ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("overrides"), dict):
-        raise ValueError(f"@overrides_path: {path} must be a mapping with an 'overrides' mapping (as timing fit writes)")
+        raise ValueError(
+            f"@overrides_path: {path} must be a mapping with an 'overrides' mapping (as timing fit writes)"
+        )
     extra = sorted(set(doc) - {"overrides", "fitted_on", "source"})
     if extra:
         raise ValueError(f"@overrides_path: {path}: unknown key(s) {extra} (valid: overrides, fitted_on, source)")
@@ -264,7 +276,9 @@ def _group_shorthand(value: Any) -> Any:
     """A bare type name ``mamba`` means ``{type: mamba}``."""
     if isinstance(value, str):
         if value not in GROUP_TYPES:
-            raise ValueError(f"unknown group type {value!r}{did_you_mean(value, GROUP_TYPES)} (valid: {', '.join(GROUP_TYPES)})")
+            raise ValueError(
+                f"unknown group type {value!r}{did_you_mean(value, GROUP_TYPES)} (valid: {', '.join(GROUP_TYPES)})"
+            )
         return {"type": value}
     return value
 
@@ -462,8 +476,10 @@ def check_connector_request_ids(options: dict[str, Any], request_ids: list[str])
             continue
         for rid in table:
             if str(rid) not in known:
-                raise ValueError(f"@connector.{key}.{rid}: no request {str(rid)!r} in the workload"
-                                 f"{did_you_mean(str(rid), sorted(known))}")
+                raise ValueError(
+                    f"@connector.{key}.{rid}: no request {str(rid)!r} in the workload"
+                    f"{did_you_mean(str(rid), sorted(known))}"
+                )
 
 
 class Scenario(_Strict):
@@ -490,8 +506,10 @@ class Scenario(_Strict):
         if bad is not None:
             raise ValueError(f"{name!r} contains {bad!r}; a name is one folder name (letters, digits, '-', '_', '.')")
         if name in (".", "..") or name.startswith((".", "-")) or name != name.strip() or len(name) > 128:
-            raise ValueError(f"{name!r} cannot be a folder name (no leading '.' or '-', no surrounding spaces, "
-                             "at most 128 characters)")
+            raise ValueError(
+                f"{name!r} cannot be a folder name (no leading '.' or '-', no surrounding spaces, "
+                "at most 128 characters)"
+            )
         return name
 
     @model_validator(mode="after")
@@ -516,7 +534,9 @@ class Scenario(_Strict):
                     f"@model: clock: time needs a model preset for the step-time model (valid: {', '.join(MODEL_PRESETS)})"
                 )
             if self.hardware is None:
-                raise ValueError(f"@hardware: clock: time needs a hardware preset (valid: {', '.join(HARDWARE_PRESETS)})")
+                raise ValueError(
+                    f"@hardware: clock: time needs a hardware preset (valid: {', '.join(HARDWARE_PRESETS)})"
+                )
 
     def _fill_scheduler_defaults(self) -> None:
         s = self.scheduler
@@ -620,7 +640,21 @@ class Scenario(_Strict):
 
 
 __all__ = [
-    "ActionSpec", "AttentionLayerSpec", "CacheSection", "ConnectorFault", "ConnectorSection", "EvictSpec",
-    "FullAttentionGroup", "HardwareOverrides", "HardwareSection", "MambaGroup", "MambaLayerSpec", "ModelSection",
-    "OutputsSection", "SLOSection", "Scenario", "SchedulerSection", "SlidingWindowGroup",
+    "ActionSpec",
+    "AttentionLayerSpec",
+    "CacheSection",
+    "ConnectorFault",
+    "ConnectorSection",
+    "EvictSpec",
+    "FullAttentionGroup",
+    "HardwareOverrides",
+    "HardwareSection",
+    "MambaGroup",
+    "MambaLayerSpec",
+    "ModelSection",
+    "OutputsSection",
+    "SLOSection",
+    "Scenario",
+    "SchedulerSection",
+    "SlidingWindowGroup",
 ]

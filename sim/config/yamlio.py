@@ -67,7 +67,7 @@ class YamlDoc:
 
 
 def _tag_name(tag: str) -> str:
-    return "!!" + tag[len(_STD):] if tag.startswith(_STD) else tag
+    return "!!" + tag[len(_STD) :] if tag.startswith(_STD) else tag
 
 
 def parse_yaml(text: str, filename: str) -> YamlDoc:
@@ -93,12 +93,15 @@ def parse_yaml(text: str, filename: str) -> YamlDoc:
         def build(node: yaml.Node, path: KeyPath) -> Any:
             built[0] += 1
             if built[0] > max_nodes:
-                raise ScenarioError(f"{filename}:{node.start_mark.line + 1}: {format_path(path) or '<root>'}: "
-                                    + over("yaml_nodes", built[0], "the document expands (aliases included) to "
-                                           "more values"))
+                raise ScenarioError(
+                    f"{filename}:{node.start_mark.line + 1}: {format_path(path) or '<root>'}: "
+                    + over("yaml_nodes", built[0], "the document expands (aliases included) to more values")
+                )
             if len(path) > max_depth:
-                raise ScenarioError(f"{filename}:{node.start_mark.line + 1}: {format_path(path[:3])}...: "
-                                    + over("yaml_depth", len(path), f"nesting is {len(path)} levels deep or more"))
+                raise ScenarioError(
+                    f"{filename}:{node.start_mark.line + 1}: {format_path(path[:3])}...: "
+                    + over("yaml_depth", len(path), f"nesting is {len(path)} levels deep or more")
+                )
             if node.tag not in _ALLOWED_TAGS:
                 where = f"{filename}:{node.start_mark.line + 1}"
                 raise ScenarioError(

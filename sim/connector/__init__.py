@@ -8,7 +8,6 @@ of the same name.
 
 from __future__ import annotations
 
-
 from sim.connector.base import KVConnector, NoConnector
 from sim.connector.faulty import FaultyConnector
 from sim.connector.offload import OffloadConnector

@@ -33,8 +33,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
-from sim.core.kv.pool import KVEvent
 from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
 
 
@@ -46,8 +46,16 @@ def _prob(key: str, value: Any) -> float:
 
 #: The options of ``faulty`` that decide faults (everything but ``wraps`` / ``inner``).
 FAULT_OPTIONS = (
-    "load_failure_prob", "partial_load_prob", "partial_fraction", "mamba_drop_prob", "slow_prob", "slowdown",
-    "fail_loads", "partial_loads", "drop_mamba", "slow",
+    "load_failure_prob",
+    "partial_load_prob",
+    "partial_fraction",
+    "mamba_drop_prob",
+    "slow_prob",
+    "slowdown",
+    "fail_loads",
+    "partial_loads",
+    "drop_mamba",
+    "slow",
 )
 _PROBABILITIES = ("load_failure_prob", "partial_load_prob", "partial_fraction", "mamba_drop_prob", "slow_prob")
 
@@ -60,7 +68,11 @@ def _factor(key: str, value: Any) -> float:
 
 def _ids(where: str, key: str, faults: Mapping[str, Any]) -> set[str]:
     value = faults.get(key, ())
-    if isinstance(value, str) or not isinstance(value, (list, tuple, set)) or not all(isinstance(v, str) for v in value):
+    if (
+        isinstance(value, str)
+        or not isinstance(value, (list, tuple, set))
+        or not all(isinstance(v, str) for v in value)
+    ):
         raise ValueError(f"{where}.{key}: expected a list of request ids, got {value!r}")
     return set(value)
 
@@ -158,10 +170,18 @@ class FaultyConnector(KVConnector):
         self.drop_mamba: set[str] = set()
         self.slow: dict[str, float] = {}
         self._set_faults(
-            dict(load_failure_prob=load_failure_prob, partial_load_prob=partial_load_prob,
-                 partial_fraction=partial_fraction, mamba_drop_prob=mamba_drop_prob, slow_prob=slow_prob,
-                 slowdown=slowdown, fail_loads=fail_loads, partial_loads=partial_loads, drop_mamba=drop_mamba,
-                 slow=slow),
+            dict(
+                load_failure_prob=load_failure_prob,
+                partial_load_prob=partial_load_prob,
+                partial_fraction=partial_fraction,
+                mamba_drop_prob=mamba_drop_prob,
+                slow_prob=slow_prob,
+                slowdown=slowdown,
+                fail_loads=fail_loads,
+                partial_loads=partial_loads,
+                drop_mamba=drop_mamba,
+                slow=slow,
+            ),
             "connector",
         )
         self.supports_hma = self.inner.supports_hma
@@ -251,7 +271,9 @@ class FaultyConnector(KVConnector):
         rid = request.request_id
         rng = self.ctx.rng
         # One draw per kind per load, always, so a probability change never shifts later draws.
-        draws = rng.random(3) if (self.load_failure_prob or self.partial_load_prob or self.mamba_drop_prob) else (1, 1, 1)
+        draws = (
+            rng.random(3) if (self.load_failure_prob or self.partial_load_prob or self.mamba_drop_prob) else (1, 1, 1)
+        )
         local = self._last_local.get(rid, 0)
         ids = tuple([b.block_id for b in group] for group in block_table(blocks))
         targets = self.ctx.load_target_block_ids(ids, local, num_external_tokens)

@@ -61,8 +61,8 @@ from typing import Any, Literal, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, GroupLayout, LinkSpec, block_table
-from sim.core.kv.pool import KVEvent
 from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
 
 #: PCIe Gen5 x16: 64 GB/s raw per direction, ~50 GB/s effective for pinned-memory DMA.
@@ -208,7 +208,9 @@ class OffloadConnector(KVConnector):
                     f"connector.group_capacity: expected 'shared' or a list of fractions > 0 summing to <= 1, got {group_capacity!r}"
                 )
         elif group_capacity != "shared":
-            raise ValueError(f"connector.group_capacity: expected 'shared' or a list of fractions, got {group_capacity!r}")
+            raise ValueError(
+                f"connector.group_capacity: expected 'shared' or a list of fractions, got {group_capacity!r}"
+            )
         self.capacity_bytes = int(capacity_gb * GB)
         self.store = store
         self.chunk_tokens_option = chunk_tokens
@@ -392,7 +394,9 @@ class OffloadConnector(KVConnector):
             lo = max(lo, end // g.block_size - self._window_chunks(g) * (self.C // g.block_size))
         return (-(-end // g.block_size) - lo) * g.bytes_per_block
 
-    def _offer(self, state: _ReqState, computed: int, block_ids: tuple[Sequence[int], ...] | None) -> list[tuple[int, int, int]]:
+    def _offer(
+        self, state: _ReqState, computed: int, block_ids: tuple[Sequence[int], ...] | None
+    ) -> list[tuple[int, int, int]]:
         """Entries ``(group, key, nbytes)`` of ``state``'s request not yet offered, up to ``computed`` tokens."""
         request = state.request
         limit = min(computed, self._num_keyed_chunks(request) * self.C) // self.C

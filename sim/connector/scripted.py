@@ -50,7 +50,9 @@ class ScriptedConnector(KVConnector):
         if both:
             raise ValueError(f"connector: requests {both} are in both matched_tokens and holds; use one")
         if not isinstance(load_async, (bool, Mapping)):
-            raise ValueError(f"connector.load_async: expected a bool or a map of request id to bool, got {load_async!r}")
+            raise ValueError(
+                f"connector.load_async: expected a bool or a map of request id to bool, got {load_async!r}"
+            )
         self.load_async = load_async if isinstance(load_async, bool) else dict(load_async)
         if not isinstance(async_load_steps, int) or async_load_steps < 1:
             raise ValueError(f"connector.async_load_steps: expected an integer >= 1, got {async_load_steps!r}")

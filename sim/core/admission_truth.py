@@ -74,15 +74,16 @@ from sim.core.admission import AdmissionAttempt
 from sim.core.interfaces import SchedulerConnector
 from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.specs import SlidingWindowSpec, cdiv
 from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.specs import SlidingWindowSpec, cdiv
 from sim.core.request import Request
 
 OK, RECOMPUTE, CORRUPT = "ok", "recompute", "corrupt"
 
 
-def resident_block_range(kind: str, block_size: int, window: int, boundary: int, local: int,
-                         state_supplied: bool) -> tuple[int, int] | None:
+def resident_block_range(
+    kind: str, block_size: int, window: int, boundary: int, local: int, state_supplied: bool
+) -> tuple[int, int] | None:
     """The block indices ``[start, stop)`` of one group that must be resident to continue at ``boundary``.
 
     ``local`` is where the connector's writes start (``local == boundary``
@@ -198,8 +199,9 @@ class TruthChecker:
         return (RECOMPUTE, best - resume, "") if best > resume else (OK, 0, "")
 
     @staticmethod
-    def _first_unbacked(lst: Any, hashes: Any, gid: int, bs: int, need: tuple[int, int],
-                        refilled: bool) -> tuple[int | None, str | None]:
+    def _first_unbacked(
+        lst: Any, hashes: Any, gid: int, bs: int, need: tuple[int, int], refilled: bool
+    ) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
         lo, hi = need
         if type(hashes) is list and lo < hi <= len(lst) and hi <= len(hashes):
@@ -288,7 +290,9 @@ def _holds(block: Any, hashes: Any, index: int, group_id: int) -> bool:
     """``block`` is a real block cached under the request's hash ``index`` in ``group_id``
     (``hashes`` viewed at the group's block size)."""
     key = block.block_hash
-    return not block.is_null and key is not None and key[1] == group_id and index < len(hashes) and key[0] == hashes[index]
+    return (
+        not block.is_null and key is not None and key[1] == group_id and index < len(hashes) and key[0] == hashes[index]
+    )
 
 
 def make_truth_checker(kv_manager: Any, connector: Any | None = None) -> TruthChecker:

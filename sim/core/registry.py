@@ -23,8 +23,9 @@ class Registry(Generic[T]):
     holds ``key`` itself (``connector.type`` sits beside the connector's options, so ``type`` is valid there).
     """
 
-    def __init__(self, base: type[T], entry_point_group: str, key: str, what: str,
-                 options_key: str | None = None) -> None:
+    def __init__(
+        self, base: type[T], entry_point_group: str, key: str, what: str, options_key: str | None = None
+    ) -> None:
         self.base = base
         self.entry_point_group = entry_point_group
         self.key = key
@@ -59,8 +60,10 @@ class Registry(Generic[T]):
             return cls
         plugin = self._plugins().get(name)
         if plugin is None:
-            raise ValueError(f"{self.key}: unknown {self.what} {name!r}{_did_you_mean(name, self.names())}; "
-                             f"valid: {', '.join(self.names())}")
+            raise ValueError(
+                f"{self.key}: unknown {self.what} {name!r}{_did_you_mean(name, self.names())}; "
+                f"valid: {', '.join(self.names())}"
+            )
         loaded = plugin.load()
         if not (isinstance(loaded, type) and issubclass(loaded, self.base)):
             raise ValueError(f"{self.key}: entry point {name!r} does not load a {self.base.__name__} subclass")
@@ -94,7 +97,8 @@ def _check_options(cls: type[Any], options: dict[str, Any], section: str, siblin
     valid = sorted(n for n, p in params.items() if n != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL)
     for key, value in options.items():
         if key not in valid:
-            raise ValueError(f"{section}.{key}: unknown option{_did_you_mean(key, valid)} "
-                             f"(valid: {', '.join(sibling_keys + valid)})")
+            raise ValueError(
+                f"{section}.{key}: unknown option{_did_you_mean(key, valid)} (valid: {', '.join(sibling_keys + valid)})"
+            )
         if params[key].annotation in (bool, "bool") and not isinstance(value, bool):
             raise ValueError(f"{section}.{key}: must be true or false, got {value!r}"[:200])

@@ -280,9 +280,7 @@ class Scheduler:
         #: priority victim or recorded crash needs every member in order. With the schedule
         #: table on, the parked members' rows are written in ``running`` order
         #: (:meth:`_record_schedule_with_parked`).
-        self.cohort = DecodeCohort(
-            enabled=kv_manager.quiet.enabled and not self.priority and on_crash == "stop"
-        )
+        self.cohort = DecodeCohort(enabled=kv_manager.quiet.enabled and not self.priority and on_crash == "stop")
         self.step = 0
         # Counters.
         self.num_preemptions = 0
@@ -349,9 +347,7 @@ class Scheduler:
         self._update_after_schedule(out, kinds)
         return out
 
-    def _schedule_running(
-        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]
-    ) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]) -> int:
         req_index = 0
         running = self.running
         allocate_slots = self.kv.allocate_running_slots
@@ -489,8 +485,14 @@ class Scheduler:
         return None
 
     def _preempt_for(
-        self, request: Request, n: int, req_index: int, budget: int, out: SchedulerOutput,
-        preempted: list[Request], allocate_slots: Callable[[Request, int], Any],
+        self,
+        request: Request,
+        n: int,
+        req_index: int,
+        budget: int,
+        out: SchedulerOutput,
+        preempted: list[Request],
+        allocate_slots: Callable[[Request, int], Any],
     ) -> tuple[Any, int, int]:
         """``allocate_slots`` gave ``request`` no blocks: preempt until it fits or it preempted itself.
 
@@ -592,8 +594,12 @@ class Scheduler:
             kind = "after_async_load"  # blocks already held: no new lookup (vLLM)
         lookup_seq = len(self.recorder.kv_events) + self.kv.num_pending_events if self.recorder is not None else 0
         return AdmissionAttempt(
-            request=request, kind=kind, hits=(0,) * self.num_groups, blocks=self.kv.empty_kv_cache_blocks,
-            lookup_seq=lookup_seq, computed=request.num_computed_tokens,
+            request=request,
+            kind=kind,
+            hits=(0,) * self.num_groups,
+            blocks=self.kv.empty_kv_cache_blocks,
+            lookup_seq=lookup_seq,
+            computed=request.num_computed_tokens,
         )
 
     def _run_attempt(self, attempt: AdmissionAttempt, budget: int, threshold: int) -> None:
@@ -603,8 +609,11 @@ class Scheduler:
             if self.connector is not None and not self._connector_phase(attempt):
                 return
             attempt.computed = attempt.local + attempt.ext
-            self._check(attempt.computed <= attempt.request.num_tokens, "num_computed_tokens <= request.num_tokens",
-                        attempt.request)
+            self._check(
+                attempt.computed <= attempt.request.num_tokens,
+                "num_computed_tokens <= request.num_tokens",
+                attempt.request,
+            )
         if not self._size_phase(attempt, budget, threshold):
             return
         self._allocate_phase(attempt)
@@ -650,9 +659,7 @@ class Scheduler:
         conn = self.connector
         assert conn is not None  # only called when the scheduler has a connector
         attempt.asked_at, attempt.answer = aligned_local, -1
-        ext_answer, load_async = self._guarded(
-            lambda: conn.get_num_new_matched_tokens(request, aligned_local), request
-        )
+        ext_answer, load_async = self._guarded(lambda: conn.get_num_new_matched_tokens(request, aligned_local), request)
         if ext_answer is not None:
             attempt.answer = ext_answer
         if request.skip_reading_prefix_cache:
@@ -717,8 +724,9 @@ class Scheduler:
         conn = self.connector
         if conn is not None:
             ext = attempt.ext
-            self._guarded(lambda: conn.update_state_after_alloc(request, self.kv.get_blocks(request.request_id), ext),
-                          request)
+            self._guarded(
+                lambda: conn.update_state_after_alloc(request, self.kv.get_blocks(request.request_id), ext), request
+            )
         self.num_admissions += 1
         if attempt.fallback:
             self.num_fallbacks += 1
@@ -769,7 +777,10 @@ class Scheduler:
         key = None
         if self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
             key = (
-                request.request_id, pool.cache_generation, request.num_tokens, len(request.block_hashes),
+                request.request_id,
+                pool.cache_generation,
+                request.num_tokens,
+                len(request.block_hashes),
                 request.skip_reading_prefix_cache,
             )
             last = self._last_lookup
@@ -842,7 +853,7 @@ class Scheduler:
         reqs = out.scheduled_running_reqs
         if len(reqs) < len(num_scheduled):
             requests = self.requests
-            reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs):]]
+            reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs) :]]
         inflight_prefills = self._inflight_prefills
         prefill_chunks = out.prefill_chunks
         add_chunk = prefill_chunks.append
@@ -936,7 +947,10 @@ class Scheduler:
 
     # ----------------------------------------------------------- mamba split
     def _mamba_block_aligned_split(
-        self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
         num_external_computed_tokens: int = 0,
     ) -> int:
         """vLLM ``_mamba_block_aligned_split`` without EAGLE and fine-grained hits.
@@ -1000,7 +1014,9 @@ class Scheduler:
         )
 
     # ------------------------------------------------------ async KV loads
-    def update_from_kv_xfer_finished(self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()) -> None:
+    def update_from_kv_xfer_finished(
+        self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
+    ) -> None:
         """The connector's finished transfers (vLLM ``_update_from_kv_xfer_finished``)."""
         for rid in finished_recving:
             request = self.requests.get(rid)
@@ -1107,8 +1123,7 @@ class Scheduler:
                 continue
             self._remove_from_queues(request)
             delay_free = (
-                request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                and rid not in self.finished_recving_kv_req_ids
+                request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in self.finished_recving_kv_req_ids
             )
             self.finished_recving_kv_req_ids.discard(rid)
             request.status = status

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from sim.config import ScenarioError
 from sim.connector.protocol import FaultInjector
-from sim.engine.loop import Action
 from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import extend_block_hashes
+from sim.engine.loop import Action
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.config.scenario import ActionSpec, Scenario

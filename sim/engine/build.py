@@ -18,13 +18,20 @@ import numpy as np
 
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
-from sim.core.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec, cdiv, kv_cache_config_from_groups, kv_cache_config_from_model
 from sim.connector.protocol import Connector
-from sim.engine.timing import StepTimeModel
-from sim.core.kv.manager import KVCacheManager
-from sim.core.request import Request
 from sim.core.admission_truth import make_truth_checker
+from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.specs import (
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+    cdiv,
+    kv_cache_config_from_groups,
+    kv_cache_config_from_model,
+)
+from sim.core.request import Request
 from sim.core.scheduler import Scheduler, SchedulerConfig
+from sim.engine.timing import StepTimeModel
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
@@ -98,8 +105,10 @@ def _check_block_limit(config: KVCacheConfig) -> KVCacheConfig:
     from sim.limits import limit, over
 
     if config.num_blocks > limit("num_blocks"):
-        raise _err("cache.kv_memory_gb", over("num_blocks", config.num_blocks,
-                                              f"the memory budget makes {config.num_blocks} blocks"))
+        raise _err(
+            "cache.kv_memory_gb",
+            over("num_blocks", config.num_blocks, f"the memory budget makes {config.num_blocks} blocks"),
+        )
     return config
 
 
@@ -184,8 +193,12 @@ def _split_too_long(requests: list[Request], max_model_len: int, mode: str) -> t
             "scheduler.max_model_len",
             f"{max_model_len} is shorter than the {first.num_prompt_tokens}-token prompt of request "
             f"{first.request_id!r} ({why} too long); use a model with a longer context, or raise "
-            "scheduler.max_model_len" + ("" if mode == "error" else "; with workload.too_long: reject such "
-                                         "requests are rejected, but at least one must fit"),
+            "scheduler.max_model_len"
+            + (
+                ""
+                if mode == "error"
+                else "; with workload.too_long: reject such requests are rejected, but at least one must fit"
+            ),
         )
     if not too_long:
         return requests, []

@@ -41,10 +41,10 @@ from typing import Any, Callable, Sequence
 import simpy
 
 from sim.connector.protocol import Connector
-from sim.engine.transfer import EngineTransferService
 from sim.core.kv.manager import KVCacheManager
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import EngineCrash, Scheduler, SchedulerOutput
+from sim.engine.transfer import EngineTransferService
 from sim.trace.recorder import Recorder
 
 

@@ -28,14 +28,14 @@ import simpy
 
 from sim.config import load_scenario
 from sim.config.scenario import Scenario
+from sim.core.kv.specs import KVCacheConfig
+from sim.core.request import Request, RequestStatus
+from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.engine.sessions import SessionDriver
 from sim.interrupts import pause_hook
-from sim.core.kv.specs import KVCacheConfig
-from sim.core.request import Request, RequestStatus
-from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.trace.recorder import Recorder
 
 EXIT_OK = 0
@@ -120,8 +120,13 @@ def _step_duration_fn(components: Components) -> StepDuration:
             new_ctx += n * c
             new_new1 += n * (n + 1)
         return model.step_time_totals(
-            decode + len(output.prefill_chunks), total_new, total_ctx, new_ctx, new_new1,
-            decode_requests=decode, decode_context=output.decode_context_tokens,
+            decode + len(output.prefill_chunks),
+            total_new,
+            total_ctx,
+            new_ctx,
+            new_new1,
+            decode_requests=decode,
+            decode_context=output.decode_context_tokens,
         )
 
     return duration
@@ -187,17 +192,31 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
         )
     for request in components.rejected:
         rec.record_request(
-            request_id=request.request_id, arrival_s=float(request.arrival_time), first_scheduled_s=None,
-            first_token_s=None, finished_s=None, prompt_tokens=request.num_prompt_tokens, output_tokens=0,
-            local_hit_tokens=0, external_hit_tokens=0, preemptions=0, outcome="rejected",
+            request_id=request.request_id,
+            arrival_s=float(request.arrival_time),
+            first_scheduled_s=None,
+            first_token_s=None,
+            finished_s=None,
+            prompt_tokens=request.num_prompt_tokens,
+            output_tokens=0,
+            local_hit_tokens=0,
+            external_hit_tokens=0,
+            preemptions=0,
+            outcome="rejected",
         )
 
 
 class Run:
     """A wired run (what :func:`build_run` returns); :meth:`execute` it once."""
 
-    def __init__(self, components: Components, env: simpy.Environment, loop: EngineLoop,
-                 progress: _Progress | None, sessions: SessionDriver | None = None) -> None:
+    def __init__(
+        self,
+        components: Components,
+        env: simpy.Environment,
+        loop: EngineLoop,
+        progress: _Progress | None,
+        sessions: SessionDriver | None = None,
+    ) -> None:
         self.components = components
         self.env = env
         self.loop = loop
@@ -265,8 +284,9 @@ class Run:
         )
 
 
-def build_run(scenario: Scenario | str | Path, options: RunOptions | None = None, *,
-              step_duration: StepDuration | None = None) -> Run:
+def build_run(
+    scenario: Scenario | str | Path, options: RunOptions | None = None, *, step_duration: StepDuration | None = None
+) -> Run:
     """Wire one run of ``scenario`` (a Scenario or a YAML path): components, clock, connector, engine loop.
 
     ``step_duration`` replaces the step-time model (tests use a constant); by
@@ -285,7 +305,9 @@ def build_run(scenario: Scenario | str | Path, options: RunOptions | None = None
         from sim.connector.context import context_from_kv_cache_config
 
         connector.bind(
-            context_from_kv_cache_config(components.kv_cache_config, scenario.clock, components.connector_rng, transfers)
+            context_from_kv_cache_config(
+                components.kv_cache_config, scenario.clock, components.connector_rng, transfers
+            )
         )
     progress = _Progress(scenario, len(components.requests)) if options.progress else None
     check: Callable[[], None] | None = None

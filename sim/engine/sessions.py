@@ -67,7 +67,7 @@ class SessionDriver:
         order = list(self._roots)
         self._queued: list[str] = []
         if spec.concurrency is not None:
-            self._queued = order[spec.concurrency:][::-1]
+            self._queued = order[spec.concurrency :][::-1]
             for session in order[: spec.concurrency]:
                 self._start(session, 0.0)
         held = {r.request_id for roots in (self._roots[s] for s in self._queued) for r in roots}

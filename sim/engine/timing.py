@@ -71,8 +71,13 @@ ACT_BYTES = 2
 WindowTotals = tuple[float, float, float, float]
 
 _FRACTIONS = (
-    "compute_efficiency", "memory_efficiency", "attn_prefill_efficiency", "attn_context_efficiency",
-    "attn_decode_memory_efficiency", "elementwise_memory_efficiency", "state_memory_efficiency",
+    "compute_efficiency",
+    "memory_efficiency",
+    "attn_prefill_efficiency",
+    "attn_context_efficiency",
+    "attn_decode_memory_efficiency",
+    "elementwise_memory_efficiency",
+    "state_memory_efficiency",
 )
 _INTEGERS = ("gemm_row_tile", "attn_decode_ctas_per_sm")
 
@@ -139,12 +144,22 @@ class TimingParams:
 
 
 A100_80G = TimingParams(
-    compute_efficiency=0.7073, memory_efficiency=0.8136, kernel_floor_s=4.697e-6, transition_k=2.029,
-    gemm_row_tile=64, elementwise_memory_efficiency=0.5732, small_op_floor_s=3.777e-6,
-    attn_decode_memory_efficiency=0.8502, attn_floor_s=1.891e-5,
-    attn_decode_ctas_per_sm=3, attn_decode_cta_bandwidth=1.419e10,
-    attn_prefill_efficiency=0.5622, attn_context_efficiency=0.5518, attn_prefill_token_s=3.842e-8,
-    state_memory_efficiency=0.8056, state_floor_s=5e-6,
+    compute_efficiency=0.7073,
+    memory_efficiency=0.8136,
+    kernel_floor_s=4.697e-6,
+    transition_k=2.029,
+    gemm_row_tile=64,
+    elementwise_memory_efficiency=0.5732,
+    small_op_floor_s=3.777e-6,
+    attn_decode_memory_efficiency=0.8502,
+    attn_floor_s=1.891e-5,
+    attn_decode_ctas_per_sm=3,
+    attn_decode_cta_bandwidth=1.419e10,
+    attn_prefill_efficiency=0.5622,
+    attn_context_efficiency=0.5518,
+    attn_prefill_token_s=3.842e-8,
+    state_memory_efficiency=0.8056,
+    state_floor_s=5e-6,
 )
 """A100-SXM4-80GB, fitted with ``hybridsim timing fit`` on Vidur's public profiles (MIT):
 
@@ -178,9 +193,16 @@ Extracts and their licence: ``tests/data/profiles/README.md``.
 
 H100_80G = replace(
     A100_80G,
-    compute_efficiency=0.7861, memory_efficiency=0.8935, kernel_floor_s=4.556e-6, transition_k=1.422,
-    gemm_row_tile=64, elementwise_memory_efficiency=0.7336, small_op_floor_s=2.256e-6,
-    attn_decode_memory_efficiency=0.4669, attn_floor_s=1.798e-5, attn_decode_ctas_per_sm=2,
+    compute_efficiency=0.7861,
+    memory_efficiency=0.8935,
+    kernel_floor_s=4.556e-6,
+    transition_k=1.422,
+    gemm_row_tile=64,
+    elementwise_memory_efficiency=0.7336,
+    small_op_floor_s=2.256e-6,
+    attn_decode_memory_efficiency=0.4669,
+    attn_floor_s=1.798e-5,
+    attn_decode_ctas_per_sm=2,
     attn_decode_cta_bandwidth=1.447e10,
 )
 """H100-SXM-80GB, fitted with ``hybridsim timing fit`` on public profiles:
@@ -277,7 +299,10 @@ def model_gemms(model: ModelPreset) -> dict[str, tuple[Gemm, ...]]:
     mixer = max(0, model.dense_params - known)
     if lmix and mixer:
         per_layer = mixer // lmix
-        out["mixer_proj"] = (Gemm(h, max(1, (2 * per_layer) // (3 * h)), lmix), Gemm(max(1, per_layer // (3 * h)), h, lmix))
+        out["mixer_proj"] = (
+            Gemm(h, max(1, (2 * per_layer) // (3 * h)), lmix),
+            Gemm(max(1, per_layer // (3 * h)), h, lmix),
+        )
     else:
         out["mixer_proj"] = ()
     return out
@@ -386,23 +411,29 @@ class StepTimeModel:
         mixer_width = sum(g.dout for g in gemms["mixer_proj"][:1])
         mamba_block = (4, norm + 3 * mixer_width * ACT_BYTES + add)  # norm, conv1d, gated norm, add
         blocks = (
-            (self._attn_layers, attn_block), (model.num_mlp_layers, mlp_block),
-            (model.num_moe_layers, moe_block), (self._mamba_layers, mamba_block),
+            (self._attn_layers, attn_block),
+            (model.num_mlp_layers, mlp_block),
+            (model.num_moe_layers, moe_block),
+            (self._mamba_layers, mamba_block),
         )
         self._small_kernels = float(sum(n * b[0] for n, b in blocks)) + 2.0  # + embedding lookup, final norm
         self._small_bytes_per_token = float(sum(n * b[1] for n, b in blocks))
         self._small_step_bytes_per_token = float((2 + 2) * h * ACT_BYTES)  # embedding row out, final norm r/w
         self._tile = params.gemm_row_tile
-        self._gemm_consts = tuple((name, tuple((g.count,) + self._gemm_coefficients(g) for g in gs))
-                                  for name, gs in self._gemms)
+        self._gemm_consts = tuple(
+            (name, tuple((g.count,) + self._gemm_coefficients(g) for g in gs)) for name, gs in self._gemms
+        )
         self._lm_consts = self._gemm_coefficients(self._lm_head) if self._lm_head is not None else None
 
     def _gemm_coefficients(self, gemm: Gemm) -> tuple[float, float, float]:
         """``(compute s per computed row, memory s fixed, memory s per row)`` of one GEMM kernel."""
         p = self.params
         rate, bw = self._peak * p.compute_efficiency, self._bw * p.memory_efficiency
-        return (2.0 * gemm.weights / rate, gemm.weights * self.model.weight_dtype_bytes / bw,
-                (gemm.din + gemm.dout) * ACT_BYTES / bw)
+        return (
+            2.0 * gemm.weights / rate,
+            gemm.weights * self.model.weight_dtype_bytes / bw,
+            (gemm.din + gemm.dout) * ACT_BYTES / bw,
+        )
 
     @classmethod
     def from_presets(
@@ -448,10 +479,18 @@ class StepTimeModel:
         windowed = self.window_totals(new_tokens, context_tokens) if self._windows else None
         return self.step_time_totals(r, t, ctx, nc, nn1, decode_requests=dr, decode_context=dctx, windowed=windowed)
 
-    def step_time_totals(self, num_requests: int, new_tokens: float, context_tokens: float,
-                         new_times_context: float, new_times_new_plus_one: float,
-                         *, decode_requests: int = 0, decode_context: float = 0,
-                         windowed: Mapping[int, WindowTotals] | None = None) -> float:
+    def step_time_totals(
+        self,
+        num_requests: int,
+        new_tokens: float,
+        context_tokens: float,
+        new_times_context: float,
+        new_times_new_plus_one: float,
+        *,
+        decode_requests: int = 0,
+        decode_context: float = 0,
+        windowed: Mapping[int, WindowTotals] | None = None,
+    ) -> float:
         """As :meth:`step_time`, from the batch's integer totals (no arrays).
 
         ``new_tokens = sum n_i``, ``context_tokens = sum c_i``,
@@ -474,9 +513,20 @@ class StepTimeModel:
         if num_requests == 0:
             return 0.0
         p = self.params
-        return p.step_overhead_s + p.per_request_overhead_s * num_requests + self._gpu_seconds(
-            num_requests, new_tokens, context_tokens, new_times_context, new_times_new_plus_one,
-            decode_requests, decode_context, windowed)
+        return (
+            p.step_overhead_s
+            + p.per_request_overhead_s * num_requests
+            + self._gpu_seconds(
+                num_requests,
+                new_tokens,
+                context_tokens,
+                new_times_context,
+                new_times_new_plus_one,
+                decode_requests,
+                decode_context,
+                windowed,
+            )
+        )
 
     def window_totals(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> dict[int, WindowTotals]:
         """Per window of the model's sliding-window layers, the batch's totals inside it.
@@ -495,8 +545,12 @@ class StepTimeModel:
         for w in self._windows:
             causal = _window_pairs(pn, w)
             total = _window_pairs(pc + pn, w) - _window_pairs(pc, w)
-            out[w] = (float(np.minimum(c[decode], w).sum()), float(np.minimum(pc, w).sum()),
-                      float((total - causal).sum()), float(causal.sum()))
+            out[w] = (
+                float(np.minimum(c[decode], w).sum()),
+                float(np.minimum(pc, w).sum()),
+                float((total - causal).sum()),
+                float(causal.sum()),
+            )
         return out
 
     def prefill_flops(self, num_tokens: int) -> float:
@@ -512,7 +566,8 @@ class StepTimeModel:
         experts = 2.0 * n * self._expert_weights * self._expert_width * self._moe_layers
         attention = self._pair_flops * sum(
             count * (n * (n + 1.0) / 2.0 if w is None else float(_window_pairs(np.array([n]), w)[0]))
-            for count, w, _, _ in self._attn_classes)
+            for count, w, _, _ in self._attn_classes
+        )
         states = self._state_flops * self._mamba_layers * n
         head = 2.0 * self._lm_head.weights if self._lm_head is not None else 0.0
         return gemms + experts + attention + states + head
@@ -598,22 +653,34 @@ class StepTimeModel:
         """
         return self.prefill_kernel_time(self._first_attention_kind()[0], tokens, context, context_pairs, causal_pairs)
 
-    def prefill_kernel_time(self, kv_bytes: float, tokens: float, context: float, context_pairs: float,
-                            causal_pairs: float) -> float:
+    def prefill_kernel_time(
+        self, kv_bytes: float, tokens: float, context: float, context_pairs: float, causal_pairs: float
+    ) -> float:
         """One prefill-attention kernel with ``kv_bytes`` of KV per token (pairs as in the module docstring)."""
         c = causal_pairs * self._pre_c + context_pairs * self._ctx_c + self.params.attn_prefill_token_s * tokens
         m = (kv_bytes * (context + 2.0 * tokens) + self._q_bytes * tokens) * self._pre_inv_bw
         return kernel_time(c, m, self._attn_floor, self._k)
 
-    def _attention(self, r: int, t: float, ctx: float, nc: float, nn1: float, dr: int, dctx: float,
-                   windowed: Mapping[int, WindowTotals] | None) -> tuple[float, float]:
+    def _attention(
+        self,
+        r: int,
+        t: float,
+        ctx: float,
+        nc: float,
+        nn1: float,
+        dr: int,
+        dctx: float,
+        windowed: Mapping[int, WindowTotals] | None,
+    ) -> tuple[float, float]:
         """Seconds of every attention layer's decode and prefill kernels (per kind of layer)."""
         pr, pt = r - dr, t - dr
         pctx, pnc, pcausal = ctx - dctx, nc - dctx, (nn1 - 2.0 * dr) * 0.5
         if not self._windows and len(self._attn_classes) == 1:  # the engine's usual case: one kind of layer
             count, _, kv_bytes, heads = self._attn_classes[0]
-            return (count * self.decode_kernel_time(kv_bytes, heads, dr, dctx) if dr else 0.0,
-                    count * self.prefill_kernel_time(kv_bytes, pt, pctx, pnc, pcausal) if pr else 0.0)
+            return (
+                count * self.decode_kernel_time(kv_bytes, heads, dr, dctx) if dr else 0.0,
+                count * self.prefill_kernel_time(kv_bytes, pt, pctx, pnc, pcausal) if pr else 0.0,
+            )
         decode = prefill = 0.0
         for count, window, kv_bytes, heads in self._attn_classes:
             if window is None:
@@ -633,8 +700,13 @@ class StepTimeModel:
         p = self.params
         touched = self._num_experts * (1.0 - self._expert_pick**t)
         c = 2.0 * t * self._expert_weights * self._expert_width / (self._peak * p.compute_efficiency)
-        m = self._expert_weights / self._num_experts * touched * self.model.weight_dtype_bytes / (
-            self._bw * p.memory_efficiency)
+        m = (
+            self._expert_weights
+            / self._num_experts
+            * touched
+            * self.model.weight_dtype_bytes
+            / (self._bw * p.memory_efficiency)
+        )
         return self._moe_layers * kernel_time(c, m, 2.0 * p.kernel_floor_s, self._k)
 
     def _state_time(self, r: int, t: float) -> float:
@@ -650,8 +722,17 @@ class StepTimeModel:
         nbytes = (self._small_bytes_per_token + self._small_step_bytes_per_token) * tokens
         return p.small_op_floor_s * self._small_kernels + nbytes / (self._bw * p.elementwise_memory_efficiency)
 
-    def _gpu_seconds(self, r: int, t: float, ctx: float, nc: float, nn1: float, dr: int, dctx: float,
-                     windowed: Mapping[int, WindowTotals] | None = None) -> float:
+    def _gpu_seconds(
+        self,
+        r: int,
+        t: float,
+        ctx: float,
+        nc: float,
+        nn1: float,
+        dr: int,
+        dctx: float,
+        windowed: Mapping[int, WindowTotals] | None = None,
+    ) -> float:
         """The sum of :meth:`_terms` without building the dict (the engine's once-per-step path).
 
         Same expressions as :meth:`_terms`, GEMM loop inlined; equal to the sum of
@@ -677,8 +758,18 @@ class StepTimeModel:
             total += self._gemm(*self._lm_consts, r)
         return total
 
-    def _terms(self, r: int, t: float, ctx: float, nc: float, nn1: float,
-               dr: int = 0, dctx: float = 0, *, windowed: Mapping[int, WindowTotals] | None = None) -> dict[str, float]:
+    def _terms(
+        self,
+        r: int,
+        t: float,
+        ctx: float,
+        nc: float,
+        nn1: float,
+        dr: int = 0,
+        dctx: float = 0,
+        *,
+        windowed: Mapping[int, WindowTotals] | None = None,
+    ) -> dict[str, float]:
         """GPU seconds per term from the batch totals (see :meth:`step_time_totals`)."""
         terms: dict[str, float] = {}
         gemm = self._gemm
@@ -707,8 +798,9 @@ def _window_pairs(positions: np.ndarray, window: int) -> np.ndarray:
     return np.where(m <= w, m * (m + 1.0) * 0.5, w * (w + 1.0) * 0.5 + (m - w) * w)
 
 
-def _window_bound(window: int, dr: int, dctx: float, pr: int, pt: float, pctx: float, pnc: float,
-                  pcausal: float) -> WindowTotals:
+def _window_bound(
+    window: int, dr: int, dctx: float, pr: int, pt: float, pctx: float, pnc: float, pcausal: float
+) -> WindowTotals:
     """Window totals from the plain totals, each capped at ``count x window`` (see step_time_totals)."""
     causal = min(pcausal, pt * window)
     pairs = min(pnc + pcausal, pt * window)
@@ -720,5 +812,12 @@ def _totals(new_tokens: np.ndarray, context_tokens: np.ndarray) -> tuple[int, fl
     n = np.asarray(new_tokens, dtype=np.float64)
     c = np.asarray(context_tokens, dtype=np.float64)
     decode = n == 1.0
-    return (len(n), float(n.sum()), float(c.sum()), float(n @ c), float(n @ (n + 1.0)),
-            int(decode.sum()), float(c[decode].sum()))
+    return (
+        len(n),
+        float(n.sum()),
+        float(c.sum()),
+        float(n @ c),
+        float(n @ (n + 1.0)),
+        int(decode.sum()),
+        float(c[decode].sum()),
+    )

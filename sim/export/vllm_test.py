@@ -29,8 +29,8 @@ from typing import Any
 
 import sim
 from sim.config.scenario import Scenario
-from sim.engine.build import build_components
 from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
+from sim.engine.build import build_components
 from sim.verify import vllm_side
 from sim.verify.lower import TOKEN_STRIDE, lower, not_verifiable_reason
 from sim.verify.run import hybridsim_trace
@@ -73,12 +73,12 @@ def _prompt_expr(ids: list[int], segments: tuple, streams: _Streams) -> tuple[st
         n = seg.length
         if n == 0:
             continue
-        chunk = ids[pos:pos + n]
+        chunk = ids[pos : pos + n]
         pos += n
         if isinstance(seg, StreamSegment) and chunk == list(range(chunk[0], chunk[0] + n)):
             base = chunk[0] - chunk[0] % TOKEN_STRIDE
             if seg.stream.startswith(OUTPUT_STREAM_PREFIX):
-                label = f"output of {seg.stream[len(OUTPUT_STREAM_PREFIX):]}"
+                label = f"output of {seg.stream[len(OUTPUT_STREAM_PREFIX) :]}"
             else:
                 label = seg.stream
             const = streams.name(base, label if not label.startswith("output of ") else "OUTPUT_OF_" + label[10:])
@@ -122,27 +122,45 @@ def _script_source(script: LoweredScript, scenario: Scenario, segments: dict[str
     head = [f"    {k!r}: {v!r}," for k, v in script.items() if k not in skip]
     groups = [f"        {g!r}," for g in script["groups"]]
     connector = repr(script["connector"])
-    body = "\n".join([
-        "SCRIPT = {",
-        *head,
-        "    # KV-cache groups in group order (block 0 of the shared pool is the null block)",
-        "    'groups': [", *groups, "    ],",
-        f"    'connector': {connector},",
-        "    'requests': [", *request_lines, "    ],",
-        *(["    'actions': [", *action_lines, "    ],"] if action_lines else ["    'actions': [],"]),
-        "}",
-    ])
-    consts = [f"{name} = {base // TOKEN_STRIDE} * TOKEN_STRIDE  # {label}"
-              for base, (name, label) in sorted(streams.names.items())]
+    body = "\n".join(
+        [
+            "SCRIPT = {",
+            *head,
+            "    # KV-cache groups in group order (block 0 of the shared pool is the null block)",
+            "    'groups': [",
+            *groups,
+            "    ],",
+            f"    'connector': {connector},",
+            "    'requests': [",
+            *request_lines,
+            "    ],",
+            *(["    'actions': [", *action_lines, "    ],"] if action_lines else ["    'actions': [],"]),
+            "}",
+        ]
+    )
+    consts = [
+        f"{name} = {base // TOKEN_STRIDE} * TOKEN_STRIDE  # {label}"
+        for base, (name, label) in sorted(streams.names.items())
+    ]
     return "\n".join(consts), body
 
 
 def expectation(trace: DecisionTrace) -> dict[str, Any]:
     """What the test asserts: the crash (or ``None``) and every admission attempt, as plain tuples."""
     admissions = [
-        (s["step"], a["request"], a["kind"], list(a["hits"]), a["local"], a["external"], bool(a["hit_diverged"]),
-         bool(a["fallback"]), a["result"])
-        for s in trace["steps"] for a in s["admissions"]
+        (
+            s["step"],
+            a["request"],
+            a["kind"],
+            list(a["hits"]),
+            a["local"],
+            a["external"],
+            bool(a["hit_diverged"]),
+            bool(a["fallback"]),
+            a["result"],
+        )
+        for s in trace["steps"]
+        for a in s["admissions"]
     ]
     return {"crash": trace["crash"], "admissions": admissions}
 
@@ -222,14 +240,24 @@ def export_vllm_test(scenario: Scenario, source: str) -> str:
     else:
         what = f"vLLM makes the same {len(expected['admissions'])} admission decisions as hybridsim"
     func = re.sub(r"\W+", "_", scenario.name).strip("_").lower() or "scenario"
-    header = "".join(f"# {line}\n" for line in [
-        f"Exported by `hybridsim export vllm-test` (hybridsim {sim.__version__}) from {source}.",
-        f"Scenario {scenario.name!r}: {what}.",
-        "Self-contained: needs only vllm 0.33 and pytest. Run: VLLM_TARGET_DEVICE=cpu python -m pytest THIS_FILE",
-        "The test itself is at the end of the file (after the harness): SCRIPT, EXPECTED, test_" + func + ".",
-    ])
+    header = "".join(
+        f"# {line}\n"
+        for line in [
+            f"Exported by `hybridsim export vllm-test` (hybridsim {sim.__version__}) from {source}.",
+            f"Scenario {scenario.name!r}: {what}.",
+            "Self-contained: needs only vllm 0.33 and pytest. Run: VLLM_TARGET_DEVICE=cpu python -m pytest THIS_FILE",
+            "The test itself is at the end of the file (after the harness): SCRIPT, EXPECTED, test_" + func + ".",
+        ]
+    )
     harness = inspect.getsource(vllm_side)
-    return header + harness + _TEST_PART.format(
-        consts=consts, script=script_src, expected=_expected_source(expected), func=func,
-        doc=f"{what[0].upper()}{what[1:]}.",
+    return (
+        header
+        + harness
+        + _TEST_PART.format(
+            consts=consts,
+            script=script_src,
+            expected=_expected_source(expected),
+            func=func,
+            doc=f"{what[0].upper()}{what[1:]}.",
+        )
     )

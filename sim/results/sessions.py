@@ -24,8 +24,19 @@ from sim.core.request import Request
 from sim.workload.sessions import session_meta
 
 TURN_COLUMNS = (
-    "request_id", "session", "turn", "parents", "think_s", "arrival_s", "finished_s", "latency_s", "ttft_s",
-    "prompt_tokens", "reusable_tokens", "local_hit_tokens", "usable_hit_rate",
+    "request_id",
+    "session",
+    "turn",
+    "parents",
+    "think_s",
+    "arrival_s",
+    "finished_s",
+    "latency_s",
+    "ttft_s",
+    "prompt_tokens",
+    "reusable_tokens",
+    "local_hit_tokens",
+    "usable_hit_rate",
 )
 
 
@@ -54,9 +65,7 @@ def turn_table(
         meta = session_meta(r.metadata)
         row = req.loc[r.request_id]
         parents = meta["parents"]
-        reusable = (
-            max(shared_prefix_tokens(r, by_id[p]) for p in parents) if parents and r.block_hashes else 0
-        )
+        reusable = max(shared_prefix_tokens(r, by_id[p]) for p in parents) if parents and r.block_hashes else 0
         local = int(row["local_hit_tokens"])
         think = think_used.get(r.request_id, meta.get("think_s"))
         out = {
@@ -111,7 +120,8 @@ def by_turn(turns: pd.DataFrame) -> pd.DataFrame:
             "turn": int(turn),
             "n": len(part),
             "usable_hit_rate": float(np.minimum(part["local_hit_tokens"], part["reusable_tokens"]).sum() / reusable)
-            if reusable else None,
+            if reusable
+            else None,
         }
         for c in hit_cols:
             row[f"usable_{c}"] = float(part[c].sum() / reusable) if reusable else None
@@ -136,6 +146,7 @@ def sessions_summary(mode: str, turns: pd.DataFrame, sessions: pd.DataFrame) -> 
         "total_latency_s_p50": _quantile(sessions["total_latency_s"], 0.5),
         "think_s_mean": float(later["think_s"].mean()) if later["think_s"].notna().any() else None,
         "usable_hit_rate": float(np.minimum(later["local_hit_tokens"], later["reusable_tokens"]).sum() / reusable)
-        if reusable else None,
+        if reusable
+        else None,
         "by_turn": by_turn(turns).to_dict(orient="records"),
     }

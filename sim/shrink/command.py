@@ -18,8 +18,10 @@ def scenario_file(source: Path) -> Path:
         for candidate in (source / "replay" / "replay.yaml", source / "replay.yaml", source / "scenario.resolved.yaml"):
             if candidate.is_file():
                 return candidate
-        raise ScenarioError(f"{source}: not a result or replay bundle (no replay/replay.yaml, replay.yaml or "
-                            "scenario.resolved.yaml); give a bundle directory or a scenario YAML")
+        raise ScenarioError(
+            f"{source}: not a result or replay bundle (no replay/replay.yaml, replay.yaml or "
+            "scenario.resolved.yaml); give a bundle directory or a scenario YAML"
+        )
     if not source.is_file():
         raise ScenarioError(f"{source}: no such scenario file or bundle directory")
     return source
@@ -32,7 +34,10 @@ class _Bar:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(
-            TextColumn(f"[bold]shrink {name}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+            TextColumn(f"[bold]shrink {name}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
             transient=True,
         )
         self.task = self.bar.add_task("shrink", total=None, info="")
@@ -45,8 +50,10 @@ class _Bar:
         self.bar.stop()
 
     def update(self, pass_name: str, runs: int, sizes: dict) -> None:
-        info = (f"{pass_name:<12} {runs} runs  best: {sizes['requests']} requests, {sizes['actions']} actions, "
-                f"{sizes['tokens']} prompt tokens")
+        info = (
+            f"{pass_name:<12} {runs} runs  best: {sizes['requests']} requests, {sizes['actions']} actions, "
+            f"{sizes['tokens']} prompt tokens"
+        )
         self.bar.update(self.task, info=info)
 
 

@@ -30,7 +30,7 @@ def _segment(seg: Any) -> dict | None:
     if not isinstance(seg, StreamSegment):
         return None  # explicit token ids: a step script cannot name them
     if seg.stream.startswith(OUTPUT_STREAM_PREFIX):
-        return {"output_of": seg.stream[len(OUTPUT_STREAM_PREFIX):], "start": seg.start, "tokens": seg.length}
+        return {"output_of": seg.stream[len(OUTPUT_STREAM_PREFIX) :], "start": seg.start, "tokens": seg.length}
     return {"content": seg.stream, "start": seg.start, "tokens": seg.length}
 
 

@@ -50,8 +50,10 @@ class Figures:
     steps: int
 
     def line(self, after: "Figures") -> str:
-        pairs = [(name, getattr(self, name), getattr(after, name)) for name in
-                 ("requests", "actions", "prompt_tokens", "groups", "num_blocks", "steps")]
+        pairs = [
+            (name, getattr(self, name), getattr(after, name))
+            for name in ("requests", "actions", "prompt_tokens", "groups", "num_blocks", "steps")
+        ]
         return ", ".join(f"{name.replace('_', ' ')} {a} -> {b}" for name, a, b in pairs)
 
 
@@ -135,8 +137,11 @@ class _Search:
 
     def _sizes(self) -> dict:
         reqs = self.best["workload"].get("requests") or []
-        return {"requests": len(self.best_obs.arrivals), "actions": len(self.best.get("actions", [])),
-                "tokens": sum(reducers.prompt_length(r) for r in reqs) if reqs else 0}
+        return {
+            "requests": len(self.best_obs.arrivals),
+            "actions": len(self.best.get("actions", [])),
+            "tokens": sum(reducers.prompt_length(r) for r in reqs) if reqs else 0,
+        }
 
     # ------------------------------------------------------------ generic moves
 
@@ -150,7 +155,7 @@ class _Search:
         while len(items) > min_len:
             chunk = max(1, math.ceil(len(items) / n))
             for i in range(0, len(items), chunk):
-                rest = items[:i] + items[i + chunk:]
+                rest = items[:i] + items[i + chunk :]
                 if len(rest) >= max(min_len, 1) and self.test(build(rest)):
                     items, changed = rest, True
                     n = max(n - 1, 2)
@@ -211,6 +216,7 @@ class _Search:
             base = self.best
             ev = base["actions"][i].get("evict")
             if ev is not None and len(ev["blocks"]) > 1:
+
                 def without_blocks(rest: list[Any], i: int = i, b: dict[str, Any] = base) -> dict[str, Any]:
                     return reducers.with_evict_blocks(b, i, rest)
 
@@ -242,12 +248,14 @@ class _Search:
             for align in (block, 1):
                 length = reducers.prompt_length(self.best["workload"]["requests"][i])
                 base = self.best
+
                 def with_prompt_length(n: int, b: dict[str, Any] = base, i: int = i) -> dict[str, Any]:
                     return reducers.with_request_field(b, i, prompt_length=n)
 
                 changed |= self.minimize(length, 1, with_prompt_length, align=align)
             base = self.best
             max_tokens = base["workload"]["requests"][i]["max_tokens"]
+
             def with_max_tokens(n: int, b: dict[str, Any] = base, i: int = i) -> dict[str, Any]:
                 return reducers.with_request_field(b, i, max_tokens=n)
 
@@ -263,8 +271,9 @@ class _Search:
         changed = self.test(reducers.with_all(self.best, lambda r: reducers.with_max_tokens(r, 1)))
         block = build_kv_cache_config(Scenario.model_validate(self.best)).scheduler_block_size
         while True:
-            halved = reducers.with_all(self.best, lambda r: reducers.with_prompt_length(
-                r, _half(reducers.prompt_length(r), block)))
+            halved = reducers.with_all(
+                self.best, lambda r: reducers.with_prompt_length(r, _half(reducers.prompt_length(r), block))
+            )
             if halved == self.best or not self.test(halved):
                 return changed
             changed = True
@@ -280,6 +289,7 @@ class _Search:
             previous = times[position - 1] if position else 0
             if start > previous:
                 base = self.best
+
                 def shifted(t: int, b: dict[str, Any] = base, s: int = start) -> dict[str, Any]:
                     return reducers.shift_from(b, s, s - t)
 
@@ -290,12 +300,16 @@ class _Search:
     def shrink_limits(self) -> bool:
         changed = False
         block = build_kv_cache_config(Scenario.model_validate(self.best)).scheduler_block_size
-        for section, key, low, align in (("cache", "num_blocks", 2, 1), ("scheduler", "max_num_seqs", 1, 1),
-                                         ("scheduler", "max_num_batched_tokens", block, block)):
+        for section, key, low, align in (
+            ("cache", "num_blocks", 2, 1),
+            ("scheduler", "max_num_seqs", 1, 1),
+            ("scheduler", "max_num_batched_tokens", block, block),
+        ):
             value = self.best[section].get(key)
             if value is None:
                 continue
             base = self.best
+
             def with_value(v: int, b: dict[str, Any] = base, s: str = section, k: str = key) -> dict[str, Any]:
                 return reducers.with_setting(b, s, k, v)
 
@@ -304,9 +318,15 @@ class _Search:
 
     def rounds(self) -> None:
         passes = [
-            ("whole workload", self.shrink_all), ("requests", self.drop_requests), ("actions", self.drop_actions), ("evict blocks", self.drop_evict_blocks),
-            ("groups", self.drop_groups), ("connector", self.drop_connector), ("prompts", self.shorten_requests),
-            ("arrivals", self.compact_arrivals), ("limits", self.shrink_limits),
+            ("whole workload", self.shrink_all),
+            ("requests", self.drop_requests),
+            ("actions", self.drop_actions),
+            ("evict blocks", self.drop_evict_blocks),
+            ("groups", self.drop_groups),
+            ("connector", self.drop_connector),
+            ("prompts", self.shorten_requests),
+            ("arrivals", self.compact_arrivals),
+            ("limits", self.shrink_limits),
         ]
         while True:
             changed = False
@@ -366,7 +386,13 @@ def shrink(scenario: Scenario, keep: str = "auto", progress: ProgressFn | None =
     best = Scenario.model_validate(search.best)
     final = search.best_obs
     return ShrinkResult(
-        scenario=best, property=prop, before=before, after=figures(best, final),
-        property_step_before=prop_step, property_step_after=prop.step(final), candidates=search.runs,
-        conversions=conversions, interrupted=interrupted,
+        scenario=best,
+        property=prop,
+        before=before,
+        after=figures(best, final),
+        property_step_before=prop_step,
+        property_step_after=prop.step(final),
+        candidates=search.runs,
+        conversions=conversions,
+        interrupted=interrupted,
     )

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.config.scenario import Scenario
+from sim.core.request import Request
 from sim.engine.loop import InvariantViolation, StopRun
 from sim.engine.run import RunOptions, build_run
-from sim.core.request import Request
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,12 @@ class AdmissionShape:
     diverged: bool
 
     def label(self) -> str:
-        parts = [self.kind, "local hit" if self.local else "no local hit",
-                 "external tokens" if self.external else "no external tokens",
-                 "per-group hits diverged" if self.diverged else "per-group hits equal"]
+        parts = [
+            self.kind,
+            "local hit" if self.local else "no local hit",
+            "external tokens" if self.external else "no external tokens",
+            "per-group hits diverged" if self.diverged else "per-group hits equal",
+        ]
         return ", ".join(parts)
 
 
@@ -117,11 +120,14 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
             continue
         hits = {cols[f"hit_g{g}"][i] for g in range(components.recorder.num_groups)}
         shape = AdmissionShape(
-            kind=cols["kind"][i], local=cols["local_tokens"][i] > 0, external=cols["external_tokens"][i] > 0,
+            kind=cols["kind"][i],
+            local=cols["local_tokens"][i] > 0,
+            external=cols["external_tokens"][i] > 0,
             diverged=len(hits) > 1,
         )
-        admissions.append((cols["step"][i], cols["request_id"][i],
-                           AdmissionSignature(outcome, shape, bool(cols["taint_origin"][i]))))
+        admissions.append(
+            (cols["step"][i], cols["request_id"][i], AdmissionSignature(outcome, shape, bool(cols["taint_origin"][i])))
+        )
         c = loop.crash
         if c is not None and outcome == "crash" and cols["request_id"][i] == c.request_id and cols["step"][i] == c.step:
             crash_site = shape.label()
@@ -135,6 +141,9 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
         key=lambda item: (item[0], item[1].arrival_time),
     )
     return Observation(
-        crash=crash, admissions=admissions, steps=loop.step, arrivals=arrivals,
+        crash=crash,
+        admissions=admissions,
+        steps=loop.step,
+        arrivals=arrivals,
         num_blocks=components.kv_cache_config.num_blocks,
     )

@@ -150,8 +150,11 @@ def property_for(keep: str, original: Observation) -> Property:
         if original.crash is None:
             raise ShrinkError("--keep crash-reason: the scenario does not crash")
         return CrashReason(original.crash.reason, original.crash.site)
-    worst = max((sig for _, _, sig in original.admissions if sig.outcome in _RANK),
-                key=lambda sig: _RANK[sig.outcome], default=None)
+    worst = max(
+        (sig for _, _, sig in original.admissions if sig.outcome in _RANK),
+        key=lambda sig: _RANK[sig.outcome],
+        default=None,
+    )
     if worst is None:
         raise ShrinkError("--keep outcome: every admission is ok (no recompute, corrupt or crash to keep)")
     return SameOutcome(worst)

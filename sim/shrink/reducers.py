@@ -33,10 +33,13 @@ def with_requests(data: dict, requests: Sequence[dict]) -> dict:
         kept = nxt
     ids = {r["id"] for r in kept}
     out = copy.deepcopy({k: v for k, v in data.items() if k not in ("workload", "actions", "connector")})
-    out["workload"] = {**copy.deepcopy({k: v for k, v in data["workload"].items() if k != "requests"}),
-                       "requests": copy.deepcopy(kept)}
-    out["actions"] = [copy.deepcopy(a) for a in data.get("actions", [])
-                      if a.get("evict") is None or a["evict"]["prefix_of"] in ids]
+    out["workload"] = {
+        **copy.deepcopy({k: v for k, v in data["workload"].items() if k != "requests"}),
+        "requests": copy.deepcopy(kept),
+    }
+    out["actions"] = [
+        copy.deepcopy(a) for a in data.get("actions", []) if a.get("evict") is None or a["evict"]["prefix_of"] in ids
+    ]
     out["connector"] = _filter_connector(data.get("connector", {}), original, ids)
     return out
 
@@ -120,8 +123,10 @@ def with_request_field(data: dict, index: int, **changes: Any) -> dict:
 def with_all(data: dict, change: Callable[[dict], dict]) -> dict:
     """``data`` with ``change`` applied to every request."""
     out = copy.deepcopy({k: v for k, v in data.items() if k != "workload"})
-    out["workload"] = {**copy.deepcopy({k: v for k, v in data["workload"].items() if k != "requests"}),
-                       "requests": [change(r) for r in data["workload"]["requests"]]}
+    out["workload"] = {
+        **copy.deepcopy({k: v for k, v in data["workload"].items() if k != "requests"}),
+        "requests": [change(r) for r in data["workload"]["requests"]],
+    }
     return out
 
 

@@ -26,7 +26,6 @@ from sim.sweep.grid import (
 from sim.sweep.runner import RunRecord, SweepResult, read_sweep, run_sweep
 
 
-
 def __getattr__(name: str):
     """``plot_sweep`` is imported on first use, so importing the package does not import matplotlib."""
     if name == "plot_sweep":

@@ -27,6 +27,7 @@ SUMMARY_FILE = "summary.json"
 ERROR_FILE = "error.txt"
 EXECUTORS = ("local", "serial", "ray")
 
+
 class LoadedScenario(Protocol):
     """What a sweep reads of a loaded scenario: its ``seed`` (the base of a seed range)."""
 

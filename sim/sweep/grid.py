@@ -33,7 +33,6 @@ import yaml
 
 from sim.config.yamlio import ScenarioError, parse_scalar
 
-
 _KEY_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._=+-]")
@@ -361,7 +360,9 @@ def load_grid_file(path: Path | str) -> GridFile:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise SweepError(f"{where}{at}: {problem}") from None
     if not isinstance(data, dict):
-        raise SweepError(f"{where}: a grid file is a mapping of key.path -> list of values (plus scenario, seeds, zip, plots)")
+        raise SweepError(
+            f"{where}: a grid file is a mapping of key.path -> list of values (plus scenario, seeds, zip, plots)"
+        )
     scenario = seeds = None
     plots: tuple[PlotSpec, ...] = ()
     fixed: tuple[tuple[str, Any], ...] = ()
@@ -370,7 +371,7 @@ def load_grid_file(path: Path | str) -> GridFile:
         if key == "scenario":
             if not isinstance(value, str) or not value:
                 raise SweepError(f"{where}: 'scenario' must be a path (relative to the grid file), got {value!r}")
-            scenario = (path.parent / value)
+            scenario = path.parent / value
         elif key == "seeds":
             try:
                 seeds = parse_seeds(value)
@@ -406,7 +407,9 @@ def _check_plots(plots: Sequence[PlotSpec], keys: Sequence[str]) -> None:
     for plot in plots:
         for role, key in (("x", plot.x), ("hue", plot.hue)):
             if key is not None and key not in keys:
-                raise SweepError(f"plot {plot.name!r}: {role} {key!r} is not a grid key (grid keys: {', '.join(keys) or 'none'})")
+                raise SweepError(
+                    f"plot {plot.name!r}: {role} {key!r} is not a grid key (grid keys: {', '.join(keys) or 'none'})"
+                )
         if plot.hue is not None and plot.hue == plot.x:
             raise SweepError(f"plot {plot.name!r}: x and hue are both {plot.x!r}")
 

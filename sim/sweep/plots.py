@@ -16,12 +16,11 @@ Uses matplotlib's object API with the Agg canvas (no pyplot global state).
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from pathlib import Path
 from typing import Any, Sequence
-
-import json
 
 import numpy as np
 import pandas as pd
@@ -124,8 +123,9 @@ def is_rate(metric: str) -> bool:
     return "rate" in metric and "per_s" not in metric
 
 
-def sweep_points(frame: pd.DataFrame, x: str, metric: str, hue: str | None = None,
-                 missing: float | None = None) -> pd.DataFrame:
+def sweep_points(
+    frame: pd.DataFrame, x: str, metric: str, hue: str | None = None, missing: float | None = None
+) -> pd.DataFrame:
     """What a panel draws: per (hue label, x label) the mean, min and max over seeds of ``ok`` runs,
     in percent for a rate; columns ``hue, x, mean, min, max, count`` in hue then x order."""
     ok = frame[frame["status"] == "ok"] if "status" in frame.columns else frame
@@ -136,8 +136,7 @@ def sweep_points(frame: pd.DataFrame, x: str, metric: str, hue: str | None = Non
         values = values * 100.0
     x_labels = _ordered_labels(frame[x])
     hue_labels = _ordered_labels(frame[hue]) if hue is not None else ["all"]
-    keys = pd.DataFrame({"hue": ok[hue].map(_label) if hue is not None else "all", "x": ok[x].map(_label),
-                         "v": values})
+    keys = pd.DataFrame({"hue": ok[hue].map(_label) if hue is not None else "all", "x": ok[x].map(_label), "v": values})
     stats = keys.groupby(["hue", "x"], sort=False)["v"].agg(["mean", "min", "max", "count"]).reset_index()
     stats = stats[stats["count"] > 0]
     stats["_h"] = stats["hue"].map(hue_labels.index)
@@ -168,7 +167,11 @@ def plot_sweep(
     """
     _check_columns(sweep_df, x, hue, metrics)
     frame = sweep_df[sweep_df["status"] == "ok"] if "status" in sweep_df.columns else sweep_df
-    numeric_x = pd.api.types.is_numeric_dtype(sweep_df[x]) and not pd.api.types.is_bool_dtype(sweep_df[x]) and sweep_df[x].notna().all()
+    numeric_x = (
+        pd.api.types.is_numeric_dtype(sweep_df[x])
+        and not pd.api.types.is_bool_dtype(sweep_df[x])
+        and sweep_df[x].notna().all()
+    )
     x_labels = _ordered_labels(sweep_df[x])
     hue_labels = _ordered_labels(sweep_df[hue]) if hue is not None else ["all"]
     x_value = {_label(v): float(v) for v in sweep_df[x]} if numeric_x else {k: float(i) for i, k in enumerate(x_labels)}
@@ -190,9 +193,15 @@ def plot_sweep(
             xs = np.array([x_value[v] for v in stats["x"]])
             mean, lo, hi = (stats[c].to_numpy(dtype=float) for c in ("mean", "min", "max"))
             if not numeric_x:
-                ax.bar(xs + (i - (len(hue_labels) - 1) / 2) * width, mean, width, label=label,
-                       color=f"C{i % 10}", yerr=np.vstack([mean - lo, hi - mean]) if (hi > lo).any() else None,
-                       capsize=3)
+                ax.bar(
+                    xs + (i - (len(hue_labels) - 1) / 2) * width,
+                    mean,
+                    width,
+                    label=label,
+                    color=f"C{i % 10}",
+                    yerr=np.vstack([mean - lo, hi - mean]) if (hi > lo).any() else None,
+                    capsize=3,
+                )
                 continue
             # Distinct markers and shrinking sizes keep lines that coincide (common: policies that agree) visible.
             (line,) = ax.plot(
@@ -234,7 +243,11 @@ def plot_sweep(
     seeds = frame["seed"].nunique() if "seed" in frame.columns else 1
     names = [metric_title(m, kinds) for m in metrics]
     heading = title or (f"{' and '.join(names)} vs {x}" if len(metrics) <= 2 else f"{len(metrics)} metrics vs {x}")
-    spread = f"mean over {seeds} seeds; {'band' if numeric_x else 'error bar'}: min-max over seeds" if seeds > 1 else "one seed per point"
+    spread = (
+        f"mean over {seeds} seeds; {'band' if numeric_x else 'error bar'}: min-max over seeds"
+        if seeds > 1
+        else "one seed per point"
+    )
     fig.suptitle(f"{heading}\n{spread}", fontsize="medium")
     if out is not None:
         out = Path(out)

@@ -35,8 +35,8 @@ from sim.sweep.executors import (
     RunFn,
     RunOutcome,
     RunTask,
-    default_load,
     complete_summary,
+    default_load,
     make_executor,
 )
 from sim.sweep.grid import RunSpec, SweepError, SweepSpec, build_sweep, plan_runs, yaml_text
@@ -152,7 +152,9 @@ def _base_seed(spec: SweepSpec, load: LoadFn) -> int:
         raise SweepError(f"cannot load base scenario {spec.scenario}: {exc}") from exc
     seed = scenario.seed
     if spec.seeds.values is None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise SweepError(f"base scenario {spec.scenario} has no integer 'seed' to count seeds from; give explicit seeds")
+        raise SweepError(
+            f"base scenario {spec.scenario} has no integer 'seed' to count seeds from; give explicit seeds"
+        )
     return seed if isinstance(seed, int) else 0
 
 
@@ -167,9 +169,22 @@ def _with_progress(outcomes: Iterator[RunOutcome], total: int, reused: int, show
         yield from outcomes
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     label = f"sweep ({reused} reused)" if reused else "sweep"
     failed = 0
     with Progress(*columns, console=Console(stderr=True)) as bar:
@@ -221,7 +236,13 @@ def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
         out = out_dir / PLOTS_DIR / f"{plot.name}.png"
         try:
             plot_sweep(
-                frame, x=plot.x, metrics=list(plot.metrics), hue=plot.hue, out=out, missing=plot.missing, title=plot.title
+                frame,
+                x=plot.x,
+                metrics=list(plot.metrics),
+                hue=plot.hue,
+                out=out,
+                missing=plot.missing,
+                title=plot.title,
             )
         except ValueError as exc:
             result.plot_errors.append(f"plot {plot.name!r}: {exc}")
@@ -309,7 +330,14 @@ def run_sweep(
         records.append(RunRecord(run.run_id, dict(run.values), run.seed, run.overrides, status, error, summary))
 
     rows = [
-        {"run_id": r.run_id, "values": r.values, "seed": r.seed, "status": r.status, "error": r.error, "summary": r.summary}
+        {
+            "run_id": r.run_id,
+            "values": r.values,
+            "seed": r.seed,
+            "status": r.status,
+            "error": r.error,
+            "summary": r.summary,
+        }
         for r in records
     ]
     write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)

@@ -69,8 +69,10 @@ def format_table(rows: list[StepComparison], summary: list[RegimeSummary], *, st
         width = max([len(r.step.label) for r in rows] + [4])
         lines.append(f"{'step':<{width}}  {'regime':<7}  {'profiled ms':>11}  {'predicted ms':>12}  {'error':>7}")
         for r in rows:
-            lines.append(f"{r.step.label:<{width}}  {r.step.regime:<7}  {r.profiled_s * 1e3:>11.3f}  "
-                         f"{r.predicted_s * 1e3:>12.3f}  {r.error * 100:>+6.1f}%")
+            lines.append(
+                f"{r.step.label:<{width}}  {r.step.regime:<7}  {r.profiled_s * 1e3:>11.3f}  "
+                f"{r.predicted_s * 1e3:>12.3f}  {r.error * 100:>+6.1f}%"
+            )
         lines.append("")
     lines.append(f"{'regime':<8}  {'steps':>5}  {'MAPE':>6}  {'worst':>7}")
     for s in summary:

@@ -19,8 +19,11 @@ timing_app = typer.Typer(no_args_is_help=True, help="Hold the step-time model ag
 
 _HARDWARE = typer.Option(..., "--hardware", help="Hardware preset the profile was taken on (a100-80g, h100-80g, ...).")
 _LAYERS = typer.Option(32, "--layers", min=1, help="Decoder layers of the profiled model (Vidur's CSVs do not say).")
-_KV_SAVE = typer.Option(False, "--prefill-kv-save/--no-prefill-kv-save",
-                        help="Count the profile's prefill attn_kv_cache_save (off: a profiler artefact, see docs).")
+_KV_SAVE = typer.Option(
+    False,
+    "--prefill-kv-save/--no-prefill-kv-save",
+    help="Count the profile's prefill attn_kv_cache_save (off: a profiler artefact, see docs).",
+)
 
 
 def _bad(message: str) -> None:
@@ -69,8 +72,10 @@ def check(
             _bad(f"--overrides: {str(exc).removeprefix('@overrides_path: ')}")
     st = StepTimeModel.from_presets(model, hw, given)
     rows = compare(st, steps)
-    typer.echo(f"profile {profile_dir} on {hw.name}, {layers} layers"
-               + ("" if profile.attention is not None else " (no attention.csv: linear and small ops only)"))
+    typer.echo(
+        f"profile {profile_dir} on {hw.name}, {layers} layers"
+        + ("" if profile.attention is not None else " (no attention.csv: linear and small ops only)")
+    )
     typer.echo(format_table(rows, summarize(rows), steps=not summary))
 
 
@@ -93,8 +98,13 @@ def fit(
     doc = override_document(result, hw, str(profile_dir))
     try:
         output.write_text(
-            "# hybridsim timing fit: use as `hardware: {preset: " + hw.name + ", overrides_path: "
-            + output.name + "}`\n" + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8"
+            "# hybridsim timing fit: use as `hardware: {preset: "
+            + hw.name
+            + ", overrides_path: "
+            + output.name
+            + "}`\n"
+            + yaml.safe_dump(doc, sort_keys=False),
+            encoding="utf-8",
         )
     except OSError as exc:
         _bad(f"-o/--output {output}: cannot write ({exc.strerror or exc})")

@@ -56,13 +56,18 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "attn_prefill_token_s": (1e-12, 1e-6),
 }
 #: Candidate values of discrete parameters.
-CHOICES: dict[str, tuple[int, ...]] = {"gemm_row_tile": (1, 64, 128, 256), "attn_decode_ctas_per_sm": (0, 1, 2, 3, 4, 6, 8)}
+CHOICES: dict[str, tuple[int, ...]] = {
+    "gemm_row_tile": (1, 64, 128, 256),
+    "attn_decode_ctas_per_sm": (0, 1, 2, 3, 4, 6, 8),
+}
 
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gemm", ("compute_efficiency", "memory_efficiency", "kernel_floor_s", "transition_k", "gemm_row_tile")),
     ("small_ops", ("elementwise_memory_efficiency", "small_op_floor_s")),
-    ("attn_decode", ("attn_decode_ctas_per_sm", "attn_decode_memory_efficiency", "attn_floor_s",
-                     "attn_decode_cta_bandwidth")),
+    (
+        "attn_decode",
+        ("attn_decode_ctas_per_sm", "attn_decode_memory_efficiency", "attn_floor_s", "attn_decode_cta_bandwidth"),
+    ),
     ("attn_prefill", ("attn_prefill_efficiency", "attn_context_efficiency", "attn_prefill_token_s")),
 )
 
@@ -149,11 +154,9 @@ def _attention_observations(profile: Profile) -> tuple[list[Observation], list[O
     for _, row in profile.attention.iterrows():
         b, n, c = float(row["batch_size"]), float(row["prefill_chunk_size"]), float(row["kv_cache_size"])
         if row["is_prefill"] and b == 1 and n > 0:
-            prefill.append((float(row[_col("attn_prefill")]) * 1e-3,
-                            _prefill_term(n, c), 1.0))
+            prefill.append((float(row[_col("attn_prefill")]) * 1e-3, _prefill_term(n, c), 1.0))
         elif not row["is_prefill"] and c > 0:
-            decode.append((float(row[_col("attn_decode")]) * 1e-3,
-                           _decode_term(b, c), 1.0))
+            decode.append((float(row[_col("attn_decode")]) * 1e-3, _decode_term(b, c), 1.0))
     return decode, prefill
 
 
@@ -168,14 +171,21 @@ def _objective(model: ModelPreset, hardware: HardwarePreset, params: TimingParam
     return total / weights if weights else 0.0
 
 
-def _residuals(model: ModelPreset, hardware: HardwarePreset, params: TimingParams,
-               obs: Sequence[Observation]) -> np.ndarray:
+def _residuals(
+    model: ModelPreset, hardware: HardwarePreset, params: TimingParams, obs: Sequence[Observation]
+) -> np.ndarray:
     st = StepTimeModel(model, hardware, params)
     return np.array([math.sqrt(w) * math.log(predict(st) / seconds) for seconds, predict, w in obs if seconds > 0])
 
 
-def _refine(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, names: Sequence[str],
-            obs: Sequence[Observation], iterations: int = 12) -> TimingParams:
+def _refine(
+    model: ModelPreset,
+    hardware: HardwarePreset,
+    params: TimingParams,
+    names: Sequence[str],
+    obs: Sequence[Observation],
+    iterations: int = 12,
+) -> TimingParams:
     """Levenberg-Marquardt on the log residuals over the continuous ``names``, in log-parameter space,
     clipped to :data:`BOUNDS` (numerical Jacobian, ``numpy.linalg.lstsq``)."""
     cont = [n for n in names if n not in CHOICES]
@@ -208,8 +218,14 @@ def _refine(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, 
     return at(x)
 
 
-def _search(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, names: Sequence[str],
-            obs: Sequence[Observation], sweeps: int = 14) -> TimingParams:
+def _search(
+    model: ModelPreset,
+    hardware: HardwarePreset,
+    params: TimingParams,
+    names: Sequence[str],
+    obs: Sequence[Observation],
+    sweeps: int = 14,
+) -> TimingParams:
     best = _objective(model, hardware, params, obs)
     spread = 2.0
     for _ in range(sweeps):
@@ -230,8 +246,13 @@ def _search(model: ModelPreset, hardware: HardwarePreset, params: TimingParams, 
     return params
 
 
-def fit_profile(profile: Profile, model: ModelPreset, hardware: HardwarePreset, steps: Sequence[ProfiledStep],
-                start: TimingParams = TimingParams()) -> FitResult:
+def fit_profile(
+    profile: Profile,
+    model: ModelPreset,
+    hardware: HardwarePreset,
+    steps: Sequence[ProfiledStep],
+    start: TimingParams = TimingParams(),
+) -> FitResult:
     """Fit every group the profile has rows for (attention groups need ``attention.csv``)."""
     decode, prefill = _attention_observations(profile)
     data = {

@@ -30,8 +30,17 @@ import pandas as pd
 from sim.config.presets import ModelPreset
 from sim.core.kv.shapes import AttentionLayerShape, ModelShape
 
-MLP_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
-           "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+MLP_OPS = (
+    "input_layernorm",
+    "attn_pre_proj",
+    "attn_rope",
+    "attn_post_proj",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "add",
+)
 MLP_SHAPE = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens")
 ATTN_OPS = ("attn_prefill", "attn_decode")
 #: Newer Vidur profiles (its FlashAttention backend) have no KV-cache-save column: it counts as 0.
@@ -75,13 +84,28 @@ class Profile:
         mlp = (3 if self.gated else 2) * h * inter
         dense = layers * (attn + mlp + 2 * h) + h
         return ModelPreset(
-            name=name, hf_repo="-", shape=ModelShape(name, (AttentionLayerShape(kv, hd),) * layers, 1 << 20),
-            hidden_size=h, vocab_size=vocab, num_decoder_layers=layers,
-            num_attention_layers=layers, num_mamba_layers=0, num_mlp_layers=layers, num_moe_layers=0,
-            num_attention_heads=heads, num_kv_heads=kv, head_dim=hd,
-            mlp_intermediate_size=inter, moe_intermediate_size=0, shared_expert_intermediate_size=0,
-            num_experts=0, experts_per_token=0,
-            embedding_params=vocab * h, lm_head_params=vocab * h, dense_params=dense, expert_params=0,
+            name=name,
+            hf_repo="-",
+            shape=ModelShape(name, (AttentionLayerShape(kv, hd),) * layers, 1 << 20),
+            hidden_size=h,
+            vocab_size=vocab,
+            num_decoder_layers=layers,
+            num_attention_layers=layers,
+            num_mamba_layers=0,
+            num_mlp_layers=layers,
+            num_moe_layers=0,
+            num_attention_heads=heads,
+            num_kv_heads=kv,
+            head_dim=hd,
+            mlp_intermediate_size=inter,
+            moe_intermediate_size=0,
+            shared_expert_intermediate_size=0,
+            num_experts=0,
+            experts_per_token=0,
+            embedding_params=vocab * h,
+            lm_head_params=vocab * h,
+            dense_params=dense,
+            expert_params=0,
             mlp_gated=self.gated,
         )
 
@@ -121,9 +145,14 @@ def load_profile(path: str | Path) -> Profile:
         attention = attention.assign(is_prefill=attention["is_prefill"].astype(str).str.lower() == "true")
         attention = attention.groupby(list(ATTN_SHAPE), sort=True).first().reset_index()
     return Profile(
-        path=root, mlp=mlp, attention=attention,
-        hidden=int(first["n_embd"]), heads=int(first["n_head"]), kv_heads=int(first["n_kv_head"]),
-        intermediate=int(first["n_expanded_embd"]), vocab=int(first["vocab_size"]),
+        path=root,
+        mlp=mlp,
+        attention=attention,
+        hidden=int(first["n_embd"]),
+        heads=int(first["n_head"]),
+        kv_heads=int(first["n_kv_head"]),
+        intermediate=int(first["n_expanded_embd"]),
+        vocab=int(first["vocab_size"]),
         gated=str(first["use_gated_mlp"]).lower() == "true",
     )
 
@@ -156,8 +185,14 @@ def _linear_parts(profile: Profile, tokens: int, layers: int) -> dict[str, float
     }
 
 
-def profiled_steps(profile: Profile, layers: int, *, include_prefill_kv_save: bool = False,
-                   mixed_batches: tuple[int, ...] = (16, 64), mixed_max_chunk: int = 4096) -> list[ProfiledStep]:
+def profiled_steps(
+    profile: Profile,
+    layers: int,
+    *,
+    include_prefill_kv_save: bool = False,
+    mixed_batches: tuple[int, ...] = (16, 64),
+    mixed_max_chunk: int = 4096,
+) -> list[ProfiledStep]:
     """Every step the profile can price whole (its linear rows exist at the step's token count).
 
     With ``attention.csv``: each prefill row (one chunk on its cached context),
@@ -173,11 +208,15 @@ def profiled_steps(profile: Profile, layers: int, *, include_prefill_kv_save: bo
     if profile.attention is None:
         for t in sorted(tokens):
             if t <= 256:
-                steps.append(ProfiledStep(f"decode b={t} (linear only)", "decode", [(1, 0)] * t,
-                                          _linear_parts(profile, t, layers)))
+                steps.append(
+                    ProfiledStep(
+                        f"decode b={t} (linear only)", "decode", [(1, 0)] * t, _linear_parts(profile, t, layers)
+                    )
+                )
             if t >= 512:
-                steps.append(ProfiledStep(f"prefill {t} (linear only)", "prefill", [(t, 0)],
-                                          _linear_parts(profile, t, layers)))
+                steps.append(
+                    ProfiledStep(f"prefill {t} (linear only)", "prefill", [(t, 0)], _linear_parts(profile, t, layers))
+                )
         return steps
     att = profile.attention
     prefills = att[att["is_prefill"] & (att["batch_size"] == 1)]
@@ -199,7 +238,9 @@ def profiled_steps(profile: Profile, layers: int, *, include_prefill_kv_save: bo
         parts["attn_decode"] = layers * _ms(row, "attn_decode")
         parts["small_ops"] += layers * _ms(row, KV_SAVE)
         steps.append(ProfiledStep(f"decode b={b} at {c}", "decode", [(1, c)] * b, parts))
-    for _, p in prefills[(prefills["kv_cache_size"] == 0) & (prefills["prefill_chunk_size"] <= mixed_max_chunk)].iterrows():
+    for _, p in prefills[
+        (prefills["kv_cache_size"] == 0) & (prefills["prefill_chunk_size"] <= mixed_max_chunk)
+    ].iterrows():
         n = int(p["prefill_chunk_size"])
         for _, d in decodes[decodes["batch_size"].isin(mixed_batches)].iterrows():
             b, c = int(d["batch_size"]), int(d["kv_cache_size"])

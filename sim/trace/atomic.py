@@ -110,8 +110,9 @@ def foreign_entries(directory: Path) -> list[str]:
                     walk(Path(entry.path), rel + "/")
                 else:
                     foreign.append(rel + "/")
-            elif rel in listed or (not prefix and (entry.name in SIDECARS or (
-                    entry.name == MANIFEST_FILE and manifest is not None))):
+            elif rel in listed or (
+                not prefix and (entry.name in SIDECARS or (entry.name == MANIFEST_FILE and manifest is not None))
+            ):
                 continue
             else:
                 foreign.append(rel)
@@ -132,8 +133,9 @@ def check_output_folder(target: Path, *, force: bool = False) -> str:
     except OSError as exc:
         raise OutputFolderError(f"{target}: cannot use it ({exc.strerror}); give a writable directory path") from None
     if stat.S_ISLNK(mode):
-        raise OutputFolderError(f"output folder {target} is a symbolic link; links are never followed, "
-                                "give the real folder")
+        raise OutputFolderError(
+            f"output folder {target} is a symbolic link; links are never followed, give the real folder"
+        )
     if not stat.S_ISDIR(mode):
         raise OutputFolderError(f"output folder {target} exists and is not a folder")
     entries = os.listdir(target)
@@ -220,8 +222,14 @@ class Stage:
                 files[rel] = sha256_file(full)
             _fsync_path(Path(root), directory=True)
         tables = {n: {**t, "sha256": files[t["file"]]} for n, t in sorted(self.tables.items())}
-        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "partial": self.partial,
-                "reason": self.reason, "tables": tables, "files": files}
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "partial": self.partial,
+            "reason": self.reason,
+            "tables": tables,
+            "files": files,
+        }
 
     def finish(self) -> None:
         """Write the manifest, fsync, swap the stage into place, remove the old folder if it was ours."""
@@ -263,7 +271,7 @@ def _remove_dead_stages(target: Path) -> None:
     for entry in os.scandir(target.parent):
         if not entry.name.startswith(prefix) or entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
             continue
-        pid_text = entry.name[len(prefix):].split("-", 1)[0]
+        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
         if not pid_text.isdigit() or int(pid_text) == os.getpid():
             continue
         try:
@@ -304,15 +312,17 @@ def staged_bundle(target: str | os.PathLike[str], *, force: bool = False) -> Ite
         if isinstance(exc, BundleWriteError):
             raise
         what = exc.strerror or str(exc)
-        raise BundleWriteError(exc.errno, f"cannot write the result bundle {target}: {what}; "
-                                          "the previous contents are untouched") from None
+        raise BundleWriteError(
+            exc.errno, f"cannot write the result bundle {target}: {what}; the previous contents are untouched"
+        ) from None
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
 
 
-def rewrite_bundle(directory: str | os.PathLike[str], update: Callable[[Path], None], *,
-                   drop: str = "plots/") -> list[str]:
+def rewrite_bundle(
+    directory: str | os.PathLike[str], update: Callable[[Path], None], *, drop: str = "plots/"
+) -> list[str]:
     """Replace the bundle at ``directory`` whole with a copy whose files under ``drop`` are redrawn by
     ``update(stage_dir)`` (e.g. ``hybridsim plot``). The rest must match the manifest. Returns the notes."""
     d = Path(os.path.abspath(directory))
@@ -355,7 +365,8 @@ class BundleCheck:
     def describe(self) -> str:
         if self.problems:
             return f"{self.path}: inconsistent bundle: {self.problems[0]}" + (
-                f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else "")
+                f" (and {len(self.problems) - 1} more problems)" if len(self.problems) > 1 else ""
+            )
         if self.partial:
             return f"{self.path}: partial bundle ({self.reason or 'no reason given'})"
         return f"{self.path}: complete bundle"

@@ -259,8 +259,9 @@ class LoadedResult:
 
     @property
     def num_groups(self) -> int:
-        return max(len(self.group_kinds), infer_num_groups(self.admissions.columns),
-                   infer_num_groups(self.steps.columns))
+        return max(
+            len(self.group_kinds), infer_num_groups(self.admissions.columns), infer_num_groups(self.steps.columns)
+        )
 
     @classmethod
     def from_tables(

@@ -125,7 +125,7 @@ def _side_by_side(d: TableDiff) -> list[str]:
     def fmt(values: Sequence[str]) -> str:
         return "  ".join(str(v).rjust(width[c]) for c, v in zip(cols, values))
 
-    ra, rb = rendered.iloc[: len(a)], rendered.iloc[len(a):]
+    ra, rb = rendered.iloc[: len(a)], rendered.iloc[len(a) :]
     out = ["        row  " + fmt(cols)]
     positions = sorted(set(a.index) | set(b.index))
     for pos in positions:
@@ -162,8 +162,9 @@ def compare_tables(table: str, a: pd.DataFrame, b: pd.DataFrame, context: int = 
     )
     common = [c for c in a.columns if c in b.columns]
     n = min(len(a), len(b))
-    mismatch = {c: _column_mismatch(a[c].iloc[:n].reset_index(drop=True), b[c].iloc[:n].reset_index(drop=True))
-                for c in common}
+    mismatch = {
+        c: _column_mismatch(a[c].iloc[:n].reset_index(drop=True), b[c].iloc[:n].reset_index(drop=True)) for c in common
+    }
     any_row = np.zeros(n, dtype=bool)
     for m in mismatch.values():
         any_row |= m
@@ -250,14 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hybridsim trace diff", description=__doc__.splitlines()[0])
     parser.add_argument("a")
     parser.add_argument("b")
-    parser.add_argument("--tables", default=",".join(DEFAULT_TABLES),
-                        help=f"comma-separated, from {', '.join(TABLE_NAMES)}")
+    parser.add_argument(
+        "--tables", default=",".join(DEFAULT_TABLES), help=f"comma-separated, from {', '.join(TABLE_NAMES)}"
+    )
     parser.add_argument("--context", type=int, default=3)
     parser.add_argument("--allow-partial", action="store_true", help="compare partial or unverified bundles")
     args = parser.parse_args(argv)
     try:
-        report = diff_traces(args.a, args.b, [t for t in args.tables.split(",") if t], args.context,
-                             allow_partial=args.allow_partial)
+        report = diff_traces(
+            args.a, args.b, [t for t in args.tables.split(",") if t], args.context, allow_partial=args.allow_partial
+        )
     except TraceDiffError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

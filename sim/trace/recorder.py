@@ -266,7 +266,7 @@ class Recorder:
         for name in extra:
             steps.add_column(name, None)
         if len(extra) + len(self._group_step_names) * 2 + 8 != len(steps.names):
-            missing = sorted(set(steps.names[8 + 2 * self.num_groups:]) - extra.keys())
+            missing = sorted(set(steps.names[8 + 2 * self.num_groups :]) - extra.keys())
             raise KeyError(f"row does not match columns: missing {missing}, unknown []")
         cols = steps.data
         cols["step"].append(self.step)
@@ -277,7 +277,9 @@ class Recorder:
         cols["prefill_tokens"].append(prefill_tokens)
         cols["decode_tokens"].append(decode_tokens)
         cols["free_blocks"].append(free_blocks)
-        for (blocks_name, cached_name), blocks, cached in zip(self._group_step_names, blocks_per_group, cached_per_group):
+        for (blocks_name, cached_name), blocks, cached in zip(
+            self._group_step_names, blocks_per_group, cached_per_group
+        ):
             cols[blocks_name].append(blocks)
             cols[cached_name].append(cached)
         for name, value in extra.items():

@@ -52,29 +52,68 @@ _INT, _NINT, _FLOAT, _BOOL, _STR = "int64", "Int64", "float64", "bool", "str"
 
 _FIXED_DTYPES: dict[str, dict[str, str]] = {
     "kv_events": {
-        "seq": _INT, "step": _INT, "time_s": _FLOAT, "kind": _STR, "group": _INT,
-        "block_id": _INT, "block_hash": HASH_DTYPE, "request_id": _STR, "cause": _STR,
+        "seq": _INT,
+        "step": _INT,
+        "time_s": _FLOAT,
+        "kind": _STR,
+        "group": _INT,
+        "block_id": _INT,
+        "block_hash": HASH_DTYPE,
+        "request_id": _STR,
+        "cause": _STR,
     },
     "admissions": {
-        "step": _INT, "time_s": _FLOAT, "request_id": _STR, "prompt_tokens": _INT,
-        "local_tokens": _INT, "external_tokens": _INT, "hit_diverged": _BOOL, "fallback": _BOOL,
-        "policy": _STR, "outcome": _STR, "crash_reason": _STR, "kind": _STR, "reason": _STR,
-        "num_computed_tokens": _INT, "tokens_lost": _INT, "taint_origin": _STR,
-        "lookup_seq": _INT, "claimed_boundary": _INT, "connector_asked_at": _INT, "connector_answer": _INT,
+        "step": _INT,
+        "time_s": _FLOAT,
+        "request_id": _STR,
+        "prompt_tokens": _INT,
+        "local_tokens": _INT,
+        "external_tokens": _INT,
+        "hit_diverged": _BOOL,
+        "fallback": _BOOL,
+        "policy": _STR,
+        "outcome": _STR,
+        "crash_reason": _STR,
+        "kind": _STR,
+        "reason": _STR,
+        "num_computed_tokens": _INT,
+        "tokens_lost": _INT,
+        "taint_origin": _STR,
+        "lookup_seq": _INT,
+        "claimed_boundary": _INT,
+        "connector_asked_at": _INT,
+        "connector_answer": _INT,
     },
     "requests": {
-        "request_id": _STR, "arrival_s": _FLOAT, "first_scheduled_s": _FLOAT,
-        "first_token_s": _FLOAT, "finished_s": _FLOAT, "prompt_tokens": _INT,
-        "output_tokens": _INT, "local_hit_tokens": _INT, "external_hit_tokens": _INT,
-        "preemptions": _INT, "outcome": _STR,
+        "request_id": _STR,
+        "arrival_s": _FLOAT,
+        "first_scheduled_s": _FLOAT,
+        "first_token_s": _FLOAT,
+        "finished_s": _FLOAT,
+        "prompt_tokens": _INT,
+        "output_tokens": _INT,
+        "local_hit_tokens": _INT,
+        "external_hit_tokens": _INT,
+        "preemptions": _INT,
+        "outcome": _STR,
     },
     "schedule": {
-        "step": _INT, "request_id": _STR, "kind": _STR, "num_scheduled_tokens": _INT,
-        "num_computed_tokens": _INT, "preempted": _BOOL,
+        "step": _INT,
+        "request_id": _STR,
+        "kind": _STR,
+        "num_scheduled_tokens": _INT,
+        "num_computed_tokens": _INT,
+        "preempted": _BOOL,
     },
     "steps": {
-        "step": _INT, "time_s": _FLOAT, "duration_s": _FLOAT, "running": _INT, "waiting": _INT,
-        "prefill_tokens": _INT, "decode_tokens": _INT, "free_blocks": _INT,
+        "step": _INT,
+        "time_s": _FLOAT,
+        "duration_s": _FLOAT,
+        "running": _INT,
+        "waiting": _INT,
+        "prefill_tokens": _INT,
+        "decode_tokens": _INT,
+        "free_blocks": _INT,
     },
 }
 
@@ -174,8 +213,10 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
     if dtype == _STR:
         return _nonempty_str(values).astype(_STR)
     if dtype == HASH_DTYPE:
-        if values.dtype.kind in "iu" or values.dtype == object and any(
-            isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values
+        if (
+            values.dtype.kind in "iu"
+            or values.dtype == object
+            and any(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
         ):
             return pd.Series([hash_to_hex(None if _is_missing(v) else v) for v in values], dtype=_STR)
         text = _nonempty_str(values)
@@ -187,8 +228,16 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
         if values.dtype == bool:
             return values
         # (1 and 0 need no keys of their own: they hash and compare equal to True and False.)
-        mapping = {"True": True, "False": False, "true": True, "false": False, "1": True, "0": False,
-                   True: True, False: False}
+        mapping = {
+            "True": True,
+            "False": False,
+            "true": True,
+            "false": False,
+            "1": True,
+            "0": False,
+            True: True,
+            False: False,
+        }
         out = values.astype(object).map(mapping.get)
         if out.isna().any():
             bad = values[out.isna()].iloc[0]
@@ -201,7 +250,9 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
         if nums.dtype.kind == "f":
             finite = nums.dropna()
             if (finite != np.floor(finite)).any():
-                raise ValueError(f"{table}.{column}: expected integers, got {finite[finite != np.floor(finite)].iloc[0]!r}")
+                raise ValueError(
+                    f"{table}.{column}: expected integers, got {finite[finite != np.floor(finite)].iloc[0]!r}"
+                )
         if dtype == _INT:
             if nums.isna().any():
                 raise ValueError(f"{table}.{column}: missing value in a column that is always set")
@@ -339,8 +390,10 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
             if column is not None:
                 fast[name] = column
         # Every column on the fast path (the recorder's case): no intermediate frame is needed.
-        df = None if len(fast) == len(frame) else pd.DataFrame(
-            {k: fast[k] if k in fast else pd.Series(list(v), dtype=object) for k, v in frame.items()}
+        df = (
+            None
+            if len(fast) == len(frame)
+            else pd.DataFrame({k: fast[k] if k in fast else pd.Series(list(v), dtype=object) for k, v in frame.items()})
         )
     columns = list(frame) if df is None else list(df.columns)
     num_groups = infer_num_groups(columns)

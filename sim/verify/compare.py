@@ -35,9 +35,11 @@ class Difference:
 
     def describe(self) -> str:
         where = f"step {self.step}" if self.step is not None else "end of run"
-        lines = [f"first difference at {where}: {self.what}",
-                 f"  hybridsim: {_fmt(self.ours)}",
-                 f"  vllm:      {_fmt(self.theirs)}"]
+        lines = [
+            f"first difference at {where}: {self.what}",
+            f"  hybridsim: {_fmt(self.ours)}",
+            f"  vllm:      {_fmt(self.theirs)}",
+        ]
         if self.context:
             lines.append("context:")
             lines.extend(f"  {line}" for line in self.context)
@@ -58,11 +60,18 @@ def _by_step(trace: DecisionTrace) -> dict[int, StepTrace]:
 
 def _step_summary(side: str, entry: StepTrace) -> str:
     sched = ", ".join(f"{r}:{n}" for r, n in entry["scheduled"]) or "-"
-    adm = ", ".join(f"{a['request']}({a['kind']},{a['result']},local={a['local']},ext={a['external']})"
-                    for a in entry["admissions"]) or "-"
+    adm = (
+        ", ".join(
+            f"{a['request']}({a['kind']},{a['result']},local={a['local']},ext={a['external']})"
+            for a in entry["admissions"]
+        )
+        or "-"
+    )
     pre = ", ".join(entry["preempted"]) or "-"
-    return (f"{side:9} step {entry['step']}: scheduled [{sched}] preempted [{pre}] admissions [{adm}] "
-            f"kv_events {len(entry['kv_events'])}")
+    return (
+        f"{side:9} step {entry['step']}: scheduled [{sched}] preempted [{pre}] admissions [{adm}] "
+        f"kv_events {len(entry['kv_events'])}"
+    )
 
 
 def _item_difference(a: list, b: list, name: str) -> tuple[str, Any, Any] | None:
@@ -93,8 +102,10 @@ def first_difference(ours: DecisionTrace, theirs: DecisionTrace) -> Difference |
             context = []
             if n > 0:
                 prev = steps[n - 1]
-                context += [_step_summary(SIDES[0], a.get(prev, _empty(prev))),
-                            _step_summary(SIDES[1], b.get(prev, _empty(prev)))]
+                context += [
+                    _step_summary(SIDES[0], a.get(prev, _empty(prev))),
+                    _step_summary(SIDES[1], b.get(prev, _empty(prev))),
+                ]
             context += [_step_summary(SIDES[0], x), _step_summary(SIDES[1], y)]
             ca = crash_a if crash_a and crash_a["step"] == step else None
             cb = crash_b if crash_b and crash_b["step"] == step else None
@@ -107,10 +118,16 @@ def first_difference(ours: DecisionTrace, theirs: DecisionTrace) -> Difference |
         return Difference(crashed["step"] if crashed else None, "crash", crash_a, crash_b)
     if ours["finished"] != theirs["finished"]:
         only = sorted(set(ours["finished"]) ^ set(theirs["finished"]))
-        changed = sorted(k for k in set(ours["finished"]) & set(theirs["finished"])
-                         if ours["finished"][k] != theirs["finished"][k])
-        return Difference(None, "finished requests", ours["finished"], theirs["finished"],
-                          [f"finished on one side only: {only}", f"different output counts: {changed}"])
+        changed = sorted(
+            k for k in set(ours["finished"]) & set(theirs["finished"]) if ours["finished"][k] != theirs["finished"][k]
+        )
+        return Difference(
+            None,
+            "finished requests",
+            ours["finished"],
+            theirs["finished"],
+            [f"finished on one side only: {only}", f"different output counts: {changed}"],
+        )
     return None
 
 
@@ -124,9 +141,14 @@ def table_rows(ours: DecisionTrace, theirs: DecisionTrace) -> Iterator[dict[str,
             for i in range(max(len(xs), len(ys))):
                 xv = xs[i] if i < len(xs) else None
                 yv = ys[i] if i < len(ys) else None
-                yield {"step": step, "item": item, "index": i,
-                       "hybridsim": "" if xv is None else _fmt(xv), "vllm": "" if yv is None else _fmt(yv),
-                       "same": xv == yv}
+                yield {
+                    "step": step,
+                    "item": item,
+                    "index": i,
+                    "hybridsim": "" if xv is None else _fmt(xv),
+                    "vllm": "" if yv is None else _fmt(yv),
+                    "same": xv == yv,
+                }
     for item in ("crash", "finished"):
         xv, yv = ours[item], theirs[item]  # type: ignore[literal-required]
         yield {"step": "", "item": item, "index": 0, "hybridsim": _fmt(xv), "vllm": _fmt(yv), "same": xv == yv}

@@ -93,12 +93,18 @@ def decision_trace(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> 
         kind = str(row["kind"])
         if kind == "cleared":
             event: KVEventTrace = {"kind": "cleared", "group": -1, "block_id": -1, "hash": -1}
+        elif kind not in ("stored", "removed"):
+            raise ValueError(f"kv_events: unknown event kind {kind!r} (expected stored, removed or cleared)")
         else:
             h = str(row["block_hash"])
             if h not in hash_ids:
                 hash_ids[h] = len(hash_ids)
-            event = {"kind": kind, "group": int(row["group"]), "block_id": int(row["block_id"]),  # type: ignore[typeddict-item]
-                     "hash": hash_ids[h]}
+            event = {
+                "kind": "stored" if kind == "stored" else "removed",
+                "group": int(row["group"]),
+                "block_id": int(row["block_id"]),
+                "hash": hash_ids[h],
+            }
         at(int(row["step"]))["kv_events"].append(event)
 
     crash: CrashTrace | None = None
@@ -119,5 +125,7 @@ def decision_trace(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> 
         "crash": crash,
         "finished": finished,
         "num_steps": int(summary.get("steps", 0)),
-        "stopped": "crash" if crash else ("" if summary.get("status") == "complete" else str(summary.get("status", ""))),
+        "stopped": "crash"
+        if crash
+        else ("" if summary.get("status") == "complete" else str(summary.get("status", ""))),
     }

@@ -94,8 +94,9 @@ def generate(seed: int, index: int) -> dict[str, Any]:
             prompt.append({"output_of": prev["id"], "tokens": int(rng.integers(1, prev["max_tokens"] + 1))})
         if rng.random() < 0.7:
             prompt.append({"content": f"tail{i}", "tokens": int(rng.integers(1, 3 * block_size))})
-        requests.append({"id": f"r{i}", "at": int(rng.integers(0, 25)), "prompt": prompt,
-                         "max_tokens": int(rng.integers(1, 7))})
+        requests.append(
+            {"id": f"r{i}", "at": int(rng.integers(0, 25)), "prompt": prompt, "max_tokens": int(rng.integers(1, 7))}
+        )
     # A quoted answer must come from a request that arrived earlier.
     arrival = {r["id"]: r["at"] for r in requests}
     for r in requests:
@@ -132,8 +133,7 @@ def generate(seed: int, index: int) -> dict[str, Any]:
                 table[rid] = int(rng.integers(1, size + 1))
             else:
                 table[rid] = int(_pick(rng, (0, block_size, 2 * block_size, int(rng.integers(1, size + 1)))))
-        connector = {"type": "scripted", mode: table,
-                     "supports_divergent_local_hybrid_hits": bool(rng.random() < 0.6)}
+        connector = {"type": "scripted", mode: table, "supports_divergent_local_hybrid_hits": bool(rng.random() < 0.6)}
         if rng.random() < 0.5:
             connector["load_async"] = True
             connector["async_load_steps"] = int(rng.integers(1, 4))
@@ -147,12 +147,21 @@ def generate(seed: int, index: int) -> dict[str, Any]:
             continue
         group: Any = _pick(rng, (*sorted(set(layout)), *range(len(layout))))
         blocks = sorted({int(b) for b in rng.integers(0, full, size=int(rng.integers(1, 4)))})
-        actions.append({"at": int(r["at"] + rng.integers(1, 30)), "evict": {"prefix_of": r["id"], "group": group,
-                                                                             "blocks": blocks}})
+        actions.append(
+            {
+                "at": int(r["at"] + rng.integers(1, 30)),
+                "evict": {"prefix_of": r["id"], "group": group, "blocks": blocks},
+            }
+        )
     actions.sort(key=lambda a: a["at"])
 
-    cache: dict[str, Any] = {"block_size": block_size, "num_blocks": num_blocks, "groups": groups,
-                             "enable_prefix_caching": caching, "retention_interval": retention}
+    cache: dict[str, Any] = {
+        "block_size": block_size,
+        "num_blocks": num_blocks,
+        "groups": groups,
+        "enable_prefix_caching": caching,
+        "retention_interval": retention,
+    }
     return {
         "name": f"fuzz-{seed}-{index}",
         "seed": seed,

@@ -23,9 +23,9 @@ from typing import Any
 
 from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
-from sim.engine.build import Components, build_components
 from sim.core.kv.specs import MambaSpec, SlidingWindowSpec
 from sim.core.tokens import IdsSegment, StreamSegment, is_reserved_stream, output_stream
+from sim.engine.build import Components, build_components
 from sim.verify.vllm_side import (
     SCRIPT_VERSION,
     ActionScript,
@@ -57,8 +57,7 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
         return "clock: time (vLLM's scheduler has no simulated time; verify needs clock: steps)"
     policy = scenario.scheduler.prefix_policy
     if policy not in VERIFIABLE_POLICIES:
-        return (f"scheduler.prefix_policy: {policy!r} is not in vLLM 0.33 "
-                f"(verifiable: {', '.join(VERIFIABLE_POLICIES)})")
+        return f"scheduler.prefix_policy: {policy!r} is not in vLLM 0.33 (verifiable: {', '.join(VERIFIABLE_POLICIES)})"
     ctype = scenario.connector.type
     if ctype not in VERIFIABLE_CONNECTORS:
         return f"connector.type: {ctype!r} has no vLLM counterpart in the harness (verifiable: none, scripted)"
@@ -86,12 +85,15 @@ def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
         if isinstance(seg, StreamSegment):
             if seg.stream not in stream_base:
                 if is_reserved_stream(seg.stream):
-                    raise NotVerifiable(f"request {request.request_id}: prompt names the reserved stream "
-                                        f"{seg.stream!r} of a request not in the workload")
+                    raise NotVerifiable(
+                        f"request {request.request_id}: prompt names the reserved stream "
+                        f"{seg.stream!r} of a request not in the workload"
+                    )
                 stream_base[seg.stream] = (len(stream_base) + 1) * TOKEN_STRIDE
             if seg.start + seg.length > TOKEN_STRIDE:
-                raise NotVerifiable(f"request {request.request_id}: stream {seg.stream!r} is longer than "
-                                    f"{TOKEN_STRIDE} tokens")
+                raise NotVerifiable(
+                    f"request {request.request_id}: stream {seg.stream!r} is longer than {TOKEN_STRIDE} tokens"
+                )
             base = stream_base[seg.stream] + seg.start
             ids.extend(range(base, base + seg.length))
         else:
@@ -107,12 +109,14 @@ def _groups(components: Components) -> list[GroupScript]:
     out: list[GroupScript] = []
     for g in components.kv_cache_config.groups:
         spec = g.spec
-        out.append({
-            "type": spec.kind,  # type: ignore[typeddict-item]
-            "block_size": spec.block_size,
-            "window": spec.window if isinstance(spec, SlidingWindowSpec) else None,
-            "prefill_checkpoints": bool(isinstance(spec, MambaSpec) and spec.prefill_checkpoints),
-        })
+        out.append(
+            {
+                "type": spec.kind,  # type: ignore[typeddict-item]
+                "block_size": spec.block_size,
+                "window": spec.window if isinstance(spec, SlidingWindowSpec) else None,
+                "prefill_checkpoints": bool(isinstance(spec, MambaSpec) and spec.prefill_checkpoints),
+            }
+        )
     return out
 
 
@@ -143,8 +147,15 @@ def _actions(scenario: Scenario, components: Components) -> list[ActionScript]:
         ev = action.evict
         assert ev is not None
         groups = [ev.group] if isinstance(ev.group, int) else [i for i, k in enumerate(kinds) if k == ev.group]
-        out.append({"at_step": at, "kind": "evict", "request": ev.prefix_of, "groups": groups,
-                    "block_indices": list(ev.blocks)})
+        out.append(
+            {
+                "at_step": at,
+                "kind": "evict",
+                "request": ev.prefix_of,
+                "groups": groups,
+                "block_indices": list(ev.blocks),
+            }
+        )
     return out
 
 
@@ -181,14 +192,16 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
         for lora in (r.lora_name, r.cache_salt):
             if lora:
                 raise NotVerifiable(f"request {r.request_id}: LoRA names and cache salts are not lowered")
-        requests.append({
-            "id": r.request_id,
-            "arrival_step": int(r.arrival_time),
-            "prompt_token_ids": prompts[r.request_id],
-            "max_tokens": int(r.output_len),
-            "priority": int(r.priority),
-            "output_token_base": stream_base[output_stream(r.request_id)],
-        })
+        requests.append(
+            {
+                "id": r.request_id,
+                "arrival_step": int(r.arrival_time),
+                "prompt_token_ids": prompts[r.request_id],
+                "max_tokens": int(r.output_len),
+                "priority": int(r.priority),
+                "output_token_base": stream_base[output_stream(r.request_id)],
+            }
+        )
     script: LoweredScript = {
         "version": SCRIPT_VERSION,
         "name": scenario.name,

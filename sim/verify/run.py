@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sim.api import RunOptions, run_scenario
 from sim.config.scenario import Scenario
 from sim.engine.build import CapacityWarning, build_components
-from sim.api import RunOptions, run_scenario
 from sim.verify import vllm_side
 from sim.verify.compare import Difference, first_difference
 from sim.verify.decisions import decision_trace
@@ -51,7 +51,8 @@ class Verdict:
     @property
     def label(self) -> str:
         return {EXIT_IDENTICAL: "identical", EXIT_DIFFER: "differ", EXIT_NOT_VERIFIABLE: "not verifiable"}.get(
-            self.exit_code, "bad input")
+            self.exit_code, "bad input"
+        )
 
 
 def require_vllm() -> None:
@@ -152,8 +153,10 @@ class FuzzCounts:
     refused: int = 0
 
     def line(self) -> str:
-        return (f"identical {self.identical}, differing {self.differing}, not verifiable {self.not_verifiable}, "
-                f"refused by hybridsim {self.refused}")
+        return (
+            f"identical {self.identical}, differing {self.differing}, not verifiable {self.not_verifiable}, "
+            f"refused by hybridsim {self.refused}"
+        )
 
 
 def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, echo: Callable[[str], None]) -> int:
@@ -203,8 +206,10 @@ def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, ec
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
             (out_dir / f"{name}.diff.txt").write_text(verdict.difference.describe() + "\n", encoding="utf-8")
-            echo(f"{name}: differ at step {verdict.difference.step}: {verdict.difference.what} "
-                 f"(written to {out_dir / (name + '.yaml')})")
+            echo(
+                f"{name}: differ at step {verdict.difference.step}: {verdict.difference.what} "
+                f"(written to {out_dir / (name + '.yaml')})"
+            )
     if use_vllm:
         echo(f"fuzz seed {seed}, {count} scenarios: {counts.line()}")
         return EXIT_DIFFER if counts.differing else EXIT_IDENTICAL

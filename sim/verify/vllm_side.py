@@ -252,15 +252,32 @@ def _load_vllm() -> dict[str, Any]:
     kv_cache_utils.init_none_hash(sha256_cbor)
     _quiet()
     _VLLM.update(
-        torch=torch, CacheConfig=CacheConfig, KVEventsConfig=KVEventsConfig, KVTransferConfig=KVTransferConfig,
-        ModelConfig=ModelConfig, SchedulerConfig=SchedulerConfig, VllmConfig=VllmConfig,
-        KVConnectorBase_V1=KVConnectorBase_V1, KVConnectorMetadata=KVConnectorMetadata, SupportsHMA=SupportsHMA,
-        SamplingParams=SamplingParams, sha256_cbor=sha256_cbor, kv_cache_utils=kv_cache_utils,
-        BlockHashToBlockMap=BlockHashToBlockMap, HybridKVCacheCoordinator=HybridKVCacheCoordinator,
-        Scheduler=Scheduler, FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
-        KVCacheGroupSpec=KVCacheGroupSpec, MambaSpec=MambaSpec, SlidingWindowSpec=SlidingWindowSpec,
-        KVConnectorOutput=KVConnectorOutput, ModelRunnerOutput=ModelRunnerOutput, Request=Request,
-        RequestStatus=RequestStatus, StructuredOutputManager=StructuredOutputManager,
+        torch=torch,
+        CacheConfig=CacheConfig,
+        KVEventsConfig=KVEventsConfig,
+        KVTransferConfig=KVTransferConfig,
+        ModelConfig=ModelConfig,
+        SchedulerConfig=SchedulerConfig,
+        VllmConfig=VllmConfig,
+        KVConnectorBase_V1=KVConnectorBase_V1,
+        KVConnectorMetadata=KVConnectorMetadata,
+        SupportsHMA=SupportsHMA,
+        SamplingParams=SamplingParams,
+        sha256_cbor=sha256_cbor,
+        kv_cache_utils=kv_cache_utils,
+        BlockHashToBlockMap=BlockHashToBlockMap,
+        HybridKVCacheCoordinator=HybridKVCacheCoordinator,
+        Scheduler=Scheduler,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        MambaSpec=MambaSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
+        KVConnectorOutput=KVConnectorOutput,
+        ModelRunnerOutput=ModelRunnerOutput,
+        Request=Request,
+        RequestStatus=RequestStatus,
+        StructuredOutputManager=StructuredOutputManager,
     )
     _define_connector()
     return _VLLM
@@ -386,13 +403,29 @@ def _model_dir(hybrid: bool) -> str:
         return _MODEL_DIRS[key]
     d = tempfile.mkdtemp(prefix=f"hybridsim-vllm-{key}-")
     common = {
-        "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 32000,
-        "intermediate_size": 64, "max_position_embeddings": 1 << 20, "torch_dtype": "float32",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "vocab_size": 32000,
+        "intermediate_size": 64,
+        "max_position_embeddings": 1 << 20,
+        "torch_dtype": "float32",
     }
     if hybrid:
-        cfg = dict(common, architectures=["JambaForCausalLM"], model_type="jamba", num_hidden_layers=2,
-                   attn_layer_period=2, attn_layer_offset=1, expert_layer_period=100, expert_layer_offset=99,
-                   num_experts=1, mamba_d_state=4, mamba_d_conv=2, mamba_expand=1)
+        cfg = dict(
+            common,
+            architectures=["JambaForCausalLM"],
+            model_type="jamba",
+            num_hidden_layers=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=100,
+            expert_layer_offset=99,
+            num_experts=1,
+            mamba_d_state=4,
+            mamba_d_conv=2,
+            mamba_expand=1,
+        )
     else:
         cfg = dict(common, architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1)
     with open(os.path.join(d, "config.json"), "w", encoding="utf-8") as fh:
@@ -413,21 +446,31 @@ def _group_spec(g: GroupScript, mamba_mode: str) -> Any:
     if g["type"] == "full_attention":
         return v["FullAttentionSpec"](block_size=g["block_size"], num_kv_heads=1, head_size=8, dtype=torch.float32)
     if g["type"] == "sliding_window":
-        return v["SlidingWindowSpec"](block_size=g["block_size"], num_kv_heads=1, head_size=8, dtype=torch.float32,
-                                      sliding_window=int(g["window"] or 0))
+        return v["SlidingWindowSpec"](
+            block_size=g["block_size"],
+            num_kv_heads=1,
+            head_size=8,
+            dtype=torch.float32,
+            sliding_window=int(g["window"] or 0),
+        )
     checkpoints = bool(g["prefill_checkpoints"]) and mamba_mode == "align"
-    return v["MambaSpec"](block_size=g["block_size"], shapes=((4,),), dtypes=(torch.float32,),
-                          mamba_cache_mode=mamba_mode,
-                          num_prefill_checkpoint_blocks=1 if checkpoints else 0,
-                          prefill_checkpoint_alignment=1 if checkpoints else None)
+    return v["MambaSpec"](
+        block_size=g["block_size"],
+        shapes=((4,),),
+        dtypes=(torch.float32,),
+        mamba_cache_mode=mamba_mode,
+        num_prefill_checkpoint_blocks=1 if checkpoints else 0,
+        prefill_checkpoint_alignment=1 if checkpoints else None,
+    )
 
 
 def build_scheduler(script: LoweredScript) -> Any:
     """vLLM's ``Scheduler`` for ``script``: configs, hand-built ``KVCacheConfig``, connector by module path."""
     v = _load_vllm()
     hybrid = any(g["type"] == "mamba" for g in script["groups"])
-    model_config = v["ModelConfig"](model=_model_dir(hybrid), skip_tokenizer_init=True,
-                                    max_model_len=script["max_model_len"], dtype="float32")
+    model_config = v["ModelConfig"](
+        model=_model_dir(hybrid), skip_tokenizer_init=True, max_model_len=script["max_model_len"], dtype="float32"
+    )
     scheduler_config = v["SchedulerConfig"](
         max_num_seqs=script["max_num_seqs"],
         max_num_batched_tokens=script["max_num_batched_tokens"],
@@ -438,19 +481,24 @@ def build_scheduler(script: LoweredScript) -> Any:
         watermark=script["watermark"],
         is_encoder_decoder=False,
     )
-    cache_config = v["CacheConfig"](block_size=script["scheduler_block_size"],
-                                    enable_prefix_caching=script["enable_prefix_caching"])
+    cache_config = v["CacheConfig"](
+        block_size=script["scheduler_block_size"], enable_prefix_caching=script["enable_prefix_caching"]
+    )
     kv_transfer = None
     if script["connector"] is not None:
         kv_transfer = v["KVTransferConfig"](
             kv_connector=CONNECTOR_CLASS_NAME,
             kv_connector_module_path=__name__,
             kv_role="kv_both",
-            kv_connector_extra_config={"script": script["connector"],
-                                       "scheduler_block_size": script["scheduler_block_size"]},
+            kv_connector_extra_config={
+                "script": script["connector"],
+                "scheduler_block_size": script["scheduler_block_size"],
+            },
         )
     vllm_config = v["VllmConfig"](
-        model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config,
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
         kv_transfer_config=kv_transfer,
         kv_events_config=v["KVEventsConfig"](enable_kv_cache_events=True, publisher="null"),
     )
@@ -458,7 +506,9 @@ def build_scheduler(script: LoweredScript) -> Any:
     mamba_mode = cache_config.mamba_cache_mode if hybrid else "none"
     groups = [v["KVCacheGroupSpec"]([f"layer{i}"], _group_spec(g, mamba_mode)) for i, g in enumerate(script["groups"])]
     kv_cache_config = v["KVCacheConfig"](
-        num_blocks=script["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups,
+        num_blocks=script["num_blocks"],
+        kv_cache_tensors=[],
+        kv_cache_groups=groups,
         prefix_cache_retention_interval=script["retention_interval"],
         hash_block_size=script["hash_block_size"],
     )
@@ -476,9 +526,15 @@ def _make_request(r: RequestScript, hash_block_size: int) -> Any:
     v = _VLLM
     params = v["SamplingParams"](max_tokens=r["max_tokens"], ignore_eos=True)
     hasher = v["kv_cache_utils"].get_request_block_hasher(hash_block_size, v["sha256_cbor"])
-    return v["Request"](request_id=r["id"], prompt_token_ids=list(r["prompt_token_ids"]), sampling_params=params,
-                        pooling_params=None, arrival_time=float(r["arrival_step"]), priority=r["priority"],
-                        block_hasher=hasher)
+    return v["Request"](
+        request_id=r["id"],
+        prompt_token_ids=list(r["prompt_token_ids"]),
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=float(r["arrival_step"]),
+        priority=r["priority"],
+        block_hasher=hasher,
+    )
 
 
 # --------------------------------------------------------------------------- the pre-#48425 lookup
@@ -526,7 +582,7 @@ def _crash_message(exc: BaseException) -> str:
         return text
     frames = traceback.extract_tb(exc.__traceback__)
     line = (frames[-1].line or "").strip() if frames else ""
-    return line[len("assert "):].split(",")[0].strip() if line.startswith("assert ") else line
+    return line[len("assert ") :].split(",")[0].strip() if line.startswith("assert ") else line
 
 
 class _Recorder:
@@ -572,8 +628,14 @@ class _Recorder:
     def _start(self, request: Any) -> AdmissionTrace:
         self.close_open("skipped")
         att: AdmissionTrace = {
-            "request": request.request_id, "kind": self._kind(request), "hits": [0] * self.num_groups,
-            "local": 0, "external": 0, "hit_diverged": False, "fallback": False, "result": "skipped",
+            "request": request.request_id,
+            "kind": self._kind(request),
+            "hits": [0] * self.num_groups,
+            "local": 0,
+            "external": 0,
+            "hit_diverged": False,
+            "fallback": False,
+            "result": "skipped",
         }
         self.open = att
         return att
@@ -675,14 +737,26 @@ class _Recorder:
         class RecordingMap(_VLLM["BlockHashToBlockMap"]):  # type: ignore[misc,valid-type,name-defined]
             def insert(self, key: Any, block: Any) -> None:
                 super().insert(key, block)
-                rec.events.append({"kind": "stored", "group": int(get_group_id(key)), "block_id": int(block.block_id),
-                                   "hash": rec._hash_id(key)})
+                rec.events.append(
+                    {
+                        "kind": "stored",
+                        "group": int(get_group_id(key)),
+                        "block_id": int(block.block_id),
+                        "hash": rec._hash_id(key),
+                    }
+                )
 
             def pop(self, key: Any, block_id: int) -> Any:
                 out = super().pop(key, block_id)
                 if out is not None:
-                    rec.events.append({"kind": "removed", "group": int(get_group_id(key)), "block_id": int(block_id),
-                                       "hash": rec._hash_id(key)})
+                    rec.events.append(
+                        {
+                            "kind": "removed",
+                            "group": int(get_group_id(key)),
+                            "block_id": int(block_id),
+                            "hash": rec._hash_id(key),
+                        }
+                    )
                 return out
 
         def install() -> None:
@@ -705,8 +779,13 @@ class _Recorder:
 
     def take_step(self, step: int, scheduled: list[list[Any]]) -> Optional[StepTrace]:
         self.close_open("skipped")
-        trace: StepTrace = {"step": step, "scheduled": scheduled, "preempted": self.preempted,
-                            "admissions": self.admissions, "kv_events": self.events}
+        trace: StepTrace = {
+            "step": step,
+            "scheduled": scheduled,
+            "preempted": self.preempted,
+            "admissions": self.admissions,
+            "kv_events": self.events,
+        }
         self.preempted, self.admissions, self.events = [], [], []
         if scheduled or trace["preempted"] or trace["admissions"] or trace["kv_events"]:
             return trace

@@ -89,9 +89,7 @@ def _schedule_times(
     return starts[piece] + (s - lam_at_start[piece]) / rates[piece]
 
 
-def arrival_times(
-    spec: ArrivalSpec, rng: np.random.Generator, count: int | None, duration: float | None
-) -> np.ndarray:
+def arrival_times(spec: ArrivalSpec, rng: np.random.Generator, count: int | None, duration: float | None) -> np.ndarray:
     """Arrival times in seconds, increasing, at most ``count``, all ``< duration``."""
     if isinstance(spec, PoissonArrivals):
         return _cumulative(lambda n: rng.exponential(1.0 / spec.rate, n), count, duration)

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 from sim.workload.errors import WorkloadError
-from sim.workload.traces.common import excerpt
 from sim.workload.spec import (
     EmpiricalDist,
     ExponentialDist,
@@ -25,6 +24,7 @@ from sim.workload.spec import (
     LognormalDist,
     UniformDist,
 )
+from sim.workload.traces.common import excerpt
 
 Dist = FixedDist | UniformDist | LognormalDist | ExponentialDist | EmpiricalDist
 
@@ -53,8 +53,10 @@ def load_empirical_table(dist: EmpiricalDist, base_dir: Path) -> tuple[np.ndarra
             reader = csv.reader(fh)
             header = [h.strip() for h in next(reader, [])]
             if "value" not in header:
-                raise WorkloadError(f"{path}:1: empirical table needs a 'value' column (and optionally 'weight'); "
-                                    f"the header has {len(header)} column(s), none named 'value'")
+                raise WorkloadError(
+                    f"{path}:1: empirical table needs a 'value' column (and optionally 'weight'); "
+                    f"the header has {len(header)} column(s), none named 'value'"
+                )
             iv, iw = header.index("value"), header.index("weight") if "weight" in header else None
             for line, row in enumerate(reader, start=2):
                 if not row:
@@ -66,7 +68,9 @@ def load_empirical_table(dist: EmpiricalDist, base_dir: Path) -> tuple[np.ndarra
                     weight = float(row[iw]) if iw is not None else 1.0
                 except ValueError:
                     bad = row[iv] if not _is_number(row[iv]) else row[iw] if iw is not None else ""
-                    raise WorkloadError(f"{path}:{line}: 'value'/'weight' must be numbers, got {excerpt(bad)}") from None
+                    raise WorkloadError(
+                        f"{path}:{line}: 'value'/'weight' must be numbers, got {excerpt(bad)}"
+                    ) from None
                 if value < 0 or weight < 0 or not math.isfinite(value) or not math.isfinite(weight):
                     raise WorkloadError(f"{path}:{line}: 'value' and 'weight' must be finite and >= 0")
                 values_list.append(value)
@@ -98,9 +102,7 @@ def sample_values(dist: Dist, rng: np.random.Generator, n: int, base_dir: Path) 
     return values[rng.choice(len(values), size=n, p=probs)]
 
 
-def sample_lengths(
-    dist: Dist, rng: np.random.Generator, n: int, base_dir: Path, minimum: int = 1
-) -> np.ndarray:
+def sample_lengths(dist: Dist, rng: np.random.Generator, n: int, base_dir: Path, minimum: int = 1) -> np.ndarray:
     """``n`` whole-number draws (int64), each at least ``minimum``."""
     if isinstance(dist, UniformDist):
         out = rng.integers(round(dist.low), round(dist.high) + 1, n)

@@ -106,8 +106,12 @@ def _unique(
     max_tokens, output_len = out.draw(n)
     return [
         RequestDraft(
-            f"r{i}", float(times[i]), (StreamSegment(f"gen:r{i}", 0, int(lengths[i])),),
-            int(max_tokens[i]), int(output_len[i]), order=i,
+            f"r{i}",
+            float(times[i]),
+            (StreamSegment(f"gen:r{i}", 0, int(lengths[i])),),
+            int(max_tokens[i]),
+            int(output_len[i]),
+            order=i,
         )
         for i in range(n)
     ]
@@ -122,9 +126,12 @@ def _shared_system(
     max_tokens, output_len = out.draw(n)
     return [
         RequestDraft(
-            f"r{i}", float(times[i]),
+            f"r{i}",
+            float(times[i]),
             system[i] + (StreamSegment(f"gen:r{i}:user", 0, int(user[i])),),
-            int(max_tokens[i]), int(output_len[i]), order=i,
+            int(max_tokens[i]),
+            int(output_len[i]),
+            order=i,
             metadata={"system_prompt": picks[i]},
         )
         for i in range(n)
@@ -163,9 +170,7 @@ def _multi_turn(
                 k += 1
             else:
                 meta = {"conversation": c, "turn": t, "parent": None, "system_prompt": picks[c]}
-            drafts.append(
-                RequestDraft(rid, at, prompt, int(max_tokens[j]), int(output_len[j]), order=j, metadata=meta)
-            )
+            drafts.append(RequestDraft(rid, at, prompt, int(max_tokens[j]), int(output_len[j]), order=j, metadata=meta))
             parent = rid
     return drafts
 
@@ -192,8 +197,12 @@ def _fanout(
                 at += float(spacing[j])
             drafts.append(
                 RequestDraft(
-                    f"a{i}b{b}", at, shared + (StreamSegment(f"gen:a{i}:b{b}", 0, int(suffix[j])),),
-                    int(max_tokens[j]), int(output_len[j]), order=j,
+                    f"a{i}b{b}",
+                    at,
+                    shared + (StreamSegment(f"gen:a{i}:b{b}", 0, int(suffix[j])),),
+                    int(max_tokens[j]),
+                    int(output_len[j]),
+                    order=j,
                     metadata={"task": i, "branch": b, "system_prompt": picks[i]},
                 )
             )
@@ -203,8 +212,12 @@ def _fanout(
 
 
 def _fanout_joins(
-    s: FanoutStructure, branches: list[RequestDraft], shared_prefixes: list[tuple[Segment, ...]],
-    rng: np.random.Generator, out: _Outputs, base_dir: Path,
+    s: FanoutStructure,
+    branches: list[RequestDraft],
+    shared_prefixes: list[tuple[Segment, ...]],
+    rng: np.random.Generator,
+    out: _Outputs,
+    base_dir: Path,
 ) -> list[RequestDraft]:
     """One join ``a<i>j`` per task: context, each branch's answer, ``join_len`` new tokens.
 
@@ -227,8 +240,12 @@ def _fanout_joins(
         prompt += (StreamSegment(f"gen:a{i}:join", 0, int(lengths[i])),)
         joins.append(
             RequestDraft(
-                f"a{i}j", max(k.arrival for k in kids) + float(think[i]), prompt, int(max_tokens[i]),
-                int(output_len[i]), order=len(branches) + i,
+                f"a{i}j",
+                max(k.arrival for k in kids) + float(think[i]),
+                prompt,
+                int(max_tokens[i]),
+                int(output_len[i]),
+                order=len(branches) + i,
                 metadata={"task": i, "parents": [k.request_id for k in kids], "think_time": float(think[i])},
             )
         )
@@ -252,7 +269,12 @@ def _rag(
         prompt += (StreamSegment(f"gen:r{i}:q", 0, int(query[i])),)
         drafts.append(
             RequestDraft(
-                f"r{i}", float(times[i]), prompt, int(max_tokens[i]), int(output_len[i]), order=i,
+                f"r{i}",
+                float(times[i]),
+                prompt,
+                int(max_tokens[i]),
+                int(output_len[i]),
+                order=i,
                 metadata={"documents": [int(d) for d in docs], "system_prompt": picks[i]},
             )
         )

@@ -23,8 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from sim.limits import MAX_RATE, MAX_TIME_S, MIN_RATE, limit, over
 from sim.core.tokens import is_reserved_stream
+from sim.limits import MAX_RATE, MAX_TIME_S, MIN_RATE, limit, over
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -236,9 +236,7 @@ class EmpiricalDist(_Model):
                 raise ValueError("empirical: 'values' must not be empty")
             if self.weights is not None:
                 if len(self.weights) != len(self.values):
-                    raise ValueError(
-                        f"empirical: {len(self.weights)} weights for {len(self.values)} values"
-                    )
+                    raise ValueError(f"empirical: {len(self.weights)} weights for {len(self.values)} values")
                 if sum(self.weights) <= 0:
                     raise ValueError("empirical: weights must not all be zero")
         elif self.weights is not None:
@@ -401,8 +399,7 @@ class RagStructure(_Model):
     def _enough_docs(self) -> "RagStructure":
         if self.docs_per_prompt > self.num_documents:
             raise ValueError(
-                f"rag: docs_per_prompt ({self.docs_per_prompt}) exceeds num_documents "
-                f"({self.num_documents})"
+                f"rag: docs_per_prompt ({self.docs_per_prompt}) exceeds num_documents ({self.num_documents})"
             )
         return self
 
@@ -439,8 +436,15 @@ class GeneratorSpec(_Model):
         if self.count is None and self.duration is not None:
             expected = self.duration * self._peak_rate()
             if expected > cap:
-                raise ValueError("@duration: " + over("requests", expected, f"duration {self.duration:g} s at up to "
-                                                      f"{self._peak_rate():g}/s is about {expected:.3g} arrivals"))
+                raise ValueError(
+                    "@duration: "
+                    + over(
+                        "requests",
+                        expected,
+                        f"duration {self.duration:g} s at up to "
+                        f"{self._peak_rate():g}/s is about {expected:.3g} arrivals",
+                    )
+                )
         return self
 
     def _peak_rate(self) -> float:
@@ -549,8 +553,7 @@ class WorkloadSpec(_Model):
             if not self.requests:
                 raise ValueError("workload: 'requests' must hold at least one request")
             if len(self.requests) > limit("requests"):
-                raise ValueError("@requests: " + over("requests", len(self.requests),
-                                                      f"{len(self.requests)} requests"))
+                raise ValueError("@requests: " + over("requests", len(self.requests), f"{len(self.requests)} requests"))
             seen: set[str] = set()
             for r in self.requests:
                 if r.id in seen:
@@ -558,7 +561,6 @@ class WorkloadSpec(_Model):
                 seen.add(r.id)
         if self.time_window is not None and self.time_window[1] <= self.time_window[0]:
             raise ValueError(
-                f"workload: time_window end ({self.time_window[1]}) must exceed start "
-                f"({self.time_window[0]})"
+                f"workload: time_window end ({self.time_window[1]}) must exceed start ({self.time_window[0]})"
             )
         return self

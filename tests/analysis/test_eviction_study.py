@@ -17,19 +17,37 @@ ROOT = Path(__file__).resolve().parents[2]
 def sweep_dir(tmp_path_factory) -> Path:
     """golden-pressure at two pool sizes, lru vs group_coherent (step clock: a few seconds)."""
     out = tmp_path_factory.mktemp("sweeps") / "sweep-eviction-pressure"
-    res = CliRunner().invoke(app, [
-        "sweep", str(ROOT / "scenarios" / "golden-pressure.yaml"), "-j", "1", "-o", str(out),
-        "--grid", "cache.num_blocks=300,400", "--grid", "cache.eviction_policy=lru,group_coherent",
-        "--set", "outputs.ideal_hit_rate=true", "--set", "outputs.plots=false",
-    ])
+    res = CliRunner().invoke(
+        app,
+        [
+            "sweep",
+            str(ROOT / "scenarios" / "golden-pressure.yaml"),
+            "-j",
+            "1",
+            "-o",
+            str(out),
+            "--grid",
+            "cache.num_blocks=300,400",
+            "--grid",
+            "cache.eviction_policy=lru,group_coherent",
+            "--set",
+            "outputs.ideal_hit_rate=true",
+            "--set",
+            "outputs.plots=false",
+        ],
+    )
     assert res.exit_code == 0, res.output
     return out
 
 
 def test_table_has_every_run_with_ratios_against_lru(sweep_dir: Path) -> None:
     df = study.with_lru_ratios(study.load_sweep(sweep_dir))
-    assert sorted(zip(df["pool"], df["policy"])) == [(300, "group_coherent"), (300, "lru"),
-                                                     (400, "group_coherent"), (400, "lru")]
+    assert sorted(zip(df["pool"], df["policy"])) == [
+        (300, "group_coherent"),
+        (300, "lru"),
+        (400, "group_coherent"),
+        (400, "lru"),
+    ]
     assert set(df["trace"]) == {"pressure"}
     lru = df[df["policy"] == "lru"]
     assert (lru["usable_vs_lru"] == 1.0).all() and (lru["ttft_p95_vs_lru"] == 1.0).all()

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sim.analysis.explain import ExplainError, block_map, explain, explain_bundle, render_block_map
+from sim.api import run_scenario
 from sim.cli import app
 from sim.config import load_scenario
 from sim.engine.build import build_components
-from sim.api import run_scenario
 
 REPRO = Path(__file__).resolve().parents[2] / "scenarios" / "repro"
 CRASH = ("pr48425-mamba-deeper-ext16.yaml", "scheduler.prefix_policy=max_per_group", "connector.matched_tokens.r=16")
@@ -33,13 +33,17 @@ def test_crash_claims_the_whole_prompt_with_unbacked_full_attention_blocks():
     f = story.fields()
     assert f["g0 full_attention"] == "hit 32 tokens; blocks cached at the lookup: 0-1 (of 0-4, 16 tokens each)"
     assert f["g1 mamba"] == "hit 64 tokens; blocks cached at the lookup: 0, 3 (of 0-4, 16 tokens each)"
-    assert f["policy"] == ("max_per_group chose local 64 from per-group hits (g0 32, g1 64); "
-                           "local is deeper than the full-attention hit 32")
-    assert f["connector"] == ("scripted: asked at 64, answered 16 tokens; external_tokens 16 "
-                              "(supplies the Mamba state at the boundary)")
+    assert f["policy"] == (
+        "max_per_group chose local 64 from per-group hits (g0 32, g1 64); "
+        "local is deeper than the full-attention hit 32"
+    )
+    assert f["connector"] == (
+        "scripted: asked at 64, answered 16 tokens; external_tokens 16 (supplies the Mamba state at the boundary)"
+    )
     assert f["fallback"] == "not fired (no hit_diverged)"
-    assert f["outcome"] == ("crash: AssertionError: num_new_tokens > 0 (claimed boundary 80 = local 64 + "
-                            "external 16 of 80 prompt tokens)")
+    assert f["outcome"] == (
+        "crash: AssertionError: num_new_tokens > 0 (claimed boundary 80 = local 64 + external 16 of 80 prompt tokens)"
+    )
     assert f["unbacked"] == "g0 blocks 2-3 (tokens 32-63)"
     assert f["mamba state"] == "g1: supplied by the connector at 80"
     assert f["best valid boundary"] == "16 (local cache only, at the lookup)"
@@ -59,8 +63,10 @@ def test_corrupt_by_taint_names_the_origin_and_the_tainted_blocks():
     # FA blocks 2-4 and the Mamba state at 80 were cached by r (corrupt): the clean boundary is 16.
     assert f["best valid boundary"] == "16 (local cache only, at the lookup)"
     assert _cells(story) == [
-        ("full_attention", ("claimed_backed", "claimed_backed", "claimed_tainted", "claimed_tainted",
-                            "claimed_tainted", "recomputed")),
+        (
+            "full_attention",
+            ("claimed_backed", "claimed_backed", "claimed_tainted", "claimed_tainted", "claimed_tainted", "recomputed"),
+        ),
         ("mamba", ("resident", "absent", "absent", "resident", "claimed_tainted", "recomputed")),
     ]
 
@@ -77,8 +83,10 @@ def test_fallback_with_lost_reuse_shows_the_unasked_connector_and_the_recomputed
     f = story.fields()
     assert f["g0 full_attention"] == "hit 64 tokens; blocks cached at the lookup: 0-3 (of 0-5, 16 tokens each)"
     assert f["connector"] == "scripted: asked at 64, answered 0 tokens; external_tokens 0"
-    assert f["fallback"] == ("fired: the lookup flagged hit_diverged and the connector answered 0, so the "
-                             "scheduler re-looked up the reconciled hit (local 16)")
+    assert f["fallback"] == (
+        "fired: the lookup flagged hit_diverged and the connector answered 0, so the "
+        "scheduler re-looked up the reconciled hit (local 16)"
+    )
     assert f["outcome"] == "recompute: valid at 16, but 64 was valid: 48 tokens lost"
     assert f["best valid boundary"] == "64 (the truth checker's, local cache and connector)"
     assert _cells(story) == [

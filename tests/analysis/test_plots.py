@@ -31,8 +31,13 @@ def _check_png(path, min_colours=20):
 def test_plot_all_writes_nonblank_pngs(tmp_path, tables):
     result = LoadedResult.from_tables(tables, group_kinds=KINDS)
     paths = plot_all(result, tmp_path / "plots")
-    assert [p.name for p in paths] == ["block_usage.png", "divergence.png", "eviction_raster.png",
-                                       "latency_cdfs.png", "outcomes.png"]
+    assert [p.name for p in paths] == [
+        "block_usage.png",
+        "divergence.png",
+        "eviction_raster.png",
+        "latency_cdfs.png",
+        "outcomes.png",
+    ]
     for p in paths:
         _check_png(p)
 
@@ -48,9 +53,9 @@ def test_png_and_svg_are_deterministic(tmp_path, tables):
 
 
 def test_empty_result_gives_message_plots(tmp_path):
-    result = LoadedResult.from_tables({n: empty_table(n, 2) for n in
-                                       ("kv_events", "admissions", "requests", "schedule", "steps")},
-                                      group_kinds=KINDS)
+    result = LoadedResult.from_tables(
+        {n: empty_table(n, 2) for n in ("kv_events", "admissions", "requests", "schedule", "steps")}, group_kinds=KINDS
+    )
     for p in plot_all(result, tmp_path, fmt="svg"):
         assert p.stat().st_size > 1000
     p = plot_outcomes(result, tmp_path / "outcomes.png")
@@ -61,8 +66,10 @@ def test_empty_result_gives_message_plots(tmp_path):
 def test_compare_overlays(tmp_path, tables):
     other = dict(tables)
     other["requests"] = tables["requests"].assign(first_token_s=tables["requests"]["first_token_s"] + 0.5)
-    runs = {"reconciled": LoadedResult.from_tables(tables, group_kinds=KINDS),
-            "pr48425": LoadedResult.from_tables(other, group_kinds=KINDS)}
+    runs = {
+        "reconciled": LoadedResult.from_tables(tables, group_kinds=KINDS),
+        "pr48425": LoadedResult.from_tables(other, group_kinds=KINDS),
+    }
     _check_png(compare_latency_cdfs(runs, tmp_path / "cdf.png"))
     _check_png(compare_outcomes(runs, tmp_path / "outcomes.png"))
 
@@ -95,8 +102,12 @@ def test_groups_of_one_kind_share_a_panel(tables):
     steps = tables["steps"].assign(blocks_g2=tables["steps"]["blocks_g1"], cached_g2=tables["steps"]["cached_g1"] + 1)
     panels = group_panels(steps, ["mamba", "full_attention", "mamba"])
     assert [(p.label, p.groups) for p in panels] == [("g0,g2 mamba ×2", (0, 2)), ("g1 (full_attention)", (1,))]
-    six = group_panels(steps.assign(blocks_g3=0, cached_g3=0, blocks_g4=0, cached_g4=0, blocks_g5=0, cached_g5=0,
-                                    blocks_g6=0, cached_g6=0), ["mamba"] * 6 + ["full_attention"])
+    six = group_panels(
+        steps.assign(
+            blocks_g3=0, cached_g3=0, blocks_g4=0, cached_g4=0, blocks_g5=0, cached_g5=0, blocks_g6=0, cached_g6=0
+        ),
+        ["mamba"] * 6 + ["full_attention"],
+    )
     assert [p.label for p in six] == ["g0-g5 mamba ×6", "g6 (full_attention)"]
     assert [p.groups for p in group_panels(steps, [])] == [(0,), (1,), (2,)]
     lo, hi = series_band(steps, "cached_g", (1, 2))
@@ -134,11 +145,13 @@ def test_step_clock_latencies_are_in_steps(tables):
 
 def test_connector_panel_only_with_connector_columns(tmp_path, tables):
     assert connector_columns(tables["steps"]) == []
-    assert [p.name for p in plot_all(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path)][-1] == "outcomes.png"
-    steps = tables["steps"].assign(conn_tier_bytes=[i * 10**9 for i in range(7)], conn_loads_in_flight=1,
-                                   conn_stores_in_flight=0)
-    with_conn = LoadedResult.from_tables(dict(tables, steps=steps), summary={"connector": "offload"},
-                                         group_kinds=KINDS)
+    assert [p.name for p in plot_all(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path)][
+        -1
+    ] == "outcomes.png"
+    steps = tables["steps"].assign(
+        conn_tier_bytes=[i * 10**9 for i in range(7)], conn_loads_in_flight=1, conn_stores_in_flight=0
+    )
+    with_conn = LoadedResult.from_tables(dict(tables, steps=steps), summary={"connector": "offload"}, group_kinds=KINDS)
     assert connector_columns(steps) == ["conn_tier_bytes", "conn_loads_in_flight", "conn_stores_in_flight"]
     assert plot_all(with_conn, tmp_path)[-1].name == "connector.png"
     _check_png(plot_connector(with_conn, tmp_path / "c.png"))

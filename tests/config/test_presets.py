@@ -3,10 +3,10 @@
 import pytest
 
 from sim.config.presets import (
-    GiB,
     HARDWARE_PRESETS,
     MODEL_PRESETS,
     NON_TORCH_OVERHEAD_BYTES,
+    GiB,
     activation_peak_bytes,
     hardware_preset,
     kv_memory_budget,
@@ -62,8 +62,16 @@ def test_layer_order():
 
 
 def test_prefill_checkpoints_follow_vllm():
-    assert all(layer.prefill_checkpoints for layer in MODEL_PRESETS["nemotron-h-8b"].shape.layers if isinstance(layer, MambaLayerShape))
-    assert not any(layer.prefill_checkpoints for layer in MODEL_PRESETS["jamba-1.5-mini"].shape.layers if isinstance(layer, MambaLayerShape))
+    assert all(
+        layer.prefill_checkpoints
+        for layer in MODEL_PRESETS["nemotron-h-8b"].shape.layers
+        if isinstance(layer, MambaLayerShape)
+    )
+    assert not any(
+        layer.prefill_checkpoints
+        for layer in MODEL_PRESETS["jamba-1.5-mini"].shape.layers
+        if isinstance(layer, MambaLayerShape)
+    )
     qwen = MODEL_PRESETS["qwen3-next-80b-a3b"]
     gdn = lambda shape: [layer for layer in shape.layers if isinstance(layer, MambaLayerShape)]  # noqa: E731
     assert not any(layer.prefill_checkpoints for layer in gdn(qwen.shape_for(hardware_preset("a100-80g"))))
@@ -93,8 +101,12 @@ def test_parameter_counts():
 def test_max_model_len_from_config():
     lens = {name: p.max_model_len for name, p in MODEL_PRESETS.items()}
     assert lens == {
-        "nemotron-h-8b": 8192, "jamba-1.5-mini": 262144, "granite-4.0-h-small": 131072,
-        "qwen3-next-80b-a3b": 262144, "falcon-h1-7b": 262144, "llama-3.1-8b": 131072,
+        "nemotron-h-8b": 8192,
+        "jamba-1.5-mini": 262144,
+        "granite-4.0-h-small": 131072,
+        "qwen3-next-80b-a3b": 262144,
+        "falcon-h1-7b": 262144,
+        "llama-3.1-8b": 131072,
     }
 
 
@@ -124,6 +136,8 @@ def test_kv_memory_budget_formula():
 def test_kv_memory_budget_model_too_big():
     with pytest.raises(ValueError, match="leaves no KV-cache memory on h100-80g"):
         kv_memory_budget(
-            MODEL_PRESETS["qwen3-next-80b-a3b"], HARDWARE_PRESETS["h100-80g"],
-            max_num_batched_tokens=8192, max_num_seqs=1024,
+            MODEL_PRESETS["qwen3-next-80b-a3b"],
+            HARDWARE_PRESETS["h100-80g"],
+            max_num_batched_tokens=8192,
+            max_num_seqs=1024,
         )

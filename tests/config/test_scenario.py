@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from sim.config import ScenarioError, kv_memory_budget, load_scenario, resolved_yaml, scenario_from_text
-from sim.config.presets import GiB, HARDWARE_PRESETS, MODEL_PRESETS
+from sim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS, GiB
 
 STEPS = """\
 name: mamba-deeper-than-fa
@@ -80,8 +80,11 @@ def test_design_examples_load_with_defaults(tmp_path):
     # paths are relative to the scenario file
     assert t.workload.trace.path == str((tmp_path / "../shared/traces/mooncake_conversation_trace.jsonl").resolve())
     assert t.kv_memory_bytes() == kv_memory_budget(
-        MODEL_PRESETS["nemotron-h-8b"], HARDWARE_PRESETS["h100-80g"],
-        gpu_memory_utilization=0.92, max_num_batched_tokens=8192, max_num_seqs=1024,
+        MODEL_PRESETS["nemotron-h-8b"],
+        HARDWARE_PRESETS["h100-80g"],
+        gpu_memory_utilization=0.92,
+        max_num_batched_tokens=8192,
+        max_num_seqs=1024,
     )
 
 
@@ -109,7 +112,9 @@ def test_batch_defaults_follow_the_gpu(tmp_path):
 
 def test_model_shape_follows_hardware_and_max_model_len(tmp_path):
     path = write(tmp_path, TIME)
-    s = load_scenario(path, ["model.preset=qwen3-next-80b-a3b", "cache.kv_memory_gb=20", "scheduler.max_model_len=4096"])
+    s = load_scenario(
+        path, ["model.preset=qwen3-next-80b-a3b", "cache.kv_memory_gb=20", "scheduler.max_model_len=4096"]
+    )
     shape = s.model_shape()
     assert shape.max_model_len == 4096
     assert all(layer.prefill_checkpoints for layer in shape.layers if hasattr(layer, "mixer"))  # GDN on Hopper
@@ -132,7 +137,9 @@ def test_resolved_round_trip(tmp_path):
 def test_unknown_key_did_you_mean(tmp_path):
     path = write(tmp_path, STEPS.replace("  block_size: 16", "  blok_size: 16"))
     msg = error(path)
-    assert msg.startswith(f"{path}:6: cache.blok_size: unknown key 'blok_size' (did you mean 'block_size'?) (valid: block_size, ")
+    assert msg.startswith(
+        f"{path}:6: cache.blok_size: unknown key 'blok_size' (did you mean 'block_size'?) (valid: block_size, "
+    )
 
 
 def test_unknown_top_level_key(tmp_path):
@@ -141,8 +148,13 @@ def test_unknown_top_level_key(tmp_path):
 
 
 def test_unknown_key_inside_a_union_member(tmp_path):
-    path = write(tmp_path, STEPS.replace("{content: doc, tokens: 80}], max_tokens: 4", "{content: doc, tokenz: 80}], max_tokens: 4"))
-    assert error(path).startswith(f"{path}:17: workload.requests.1.prompt.0.tokenz: unknown key 'tokenz' (did you mean 'tokens'?)")
+    path = write(
+        tmp_path,
+        STEPS.replace("{content: doc, tokens: 80}], max_tokens: 4", "{content: doc, tokenz: 80}], max_tokens: 4"),
+    )
+    assert error(path).startswith(
+        f"{path}:17: workload.requests.1.prompt.0.tokenz: unknown key 'tokenz' (did you mean 'tokens'?)"
+    )
 
 
 def test_bad_value_points_at_its_line(tmp_path):
@@ -156,7 +168,10 @@ def test_unknown_preset_lists_valid(tmp_path):
     path = write(tmp_path, STEPS.replace("nemotron-h-8b", "nemotron-h"))
     msg = error(path)
     assert msg.startswith(f"{path}:4: model.preset: unknown model preset 'nemotron-h' (did you mean 'nemotron-h-8b'?)")
-    assert "(valid: nemotron-h-8b, jamba-1.5-mini, granite-4.0-h-small, qwen3-next-80b-a3b, falcon-h1-7b, llama-3.1-8b)" in msg
+    assert (
+        "(valid: nemotron-h-8b, jamba-1.5-mini, granite-4.0-h-small, qwen3-next-80b-a3b, falcon-h1-7b, llama-3.1-8b)"
+        in msg
+    )
 
 
 def test_conflicting_block_sources(tmp_path):
@@ -172,7 +187,9 @@ def test_retention_not_multiple_of_block_size(tmp_path):
 def test_retention_needs_sparse_layers(tmp_path):
     path = write(tmp_path, TIME)
     msg = error(path, ["model.preset=llama-3.1-8b", "cache.retention_interval=32"])
-    assert msg.startswith("--set cache.retention_interval=32: cache.retention_interval: a positive retention interval needs")
+    assert msg.startswith(
+        "--set cache.retention_interval=32: cache.retention_interval: a positive retention interval needs"
+    )
 
 
 def test_mamba_cache_mode_must_match_prefix_caching(tmp_path):
@@ -181,7 +198,12 @@ def test_mamba_cache_mode_must_match_prefix_caching(tmp_path):
 
 
 def test_empty_workload(tmp_path):
-    path = write(tmp_path, TIME.replace("  trace: {format: mooncake, path: ../shared/traces/mooncake_conversation_trace.jsonl}", "  requests: []"))
+    path = write(
+        tmp_path,
+        TIME.replace(
+            "  trace: {format: mooncake, path: ../shared/traces/mooncake_conversation_trace.jsonl}", "  requests: []"
+        ),
+    )
     assert error(path).startswith(f"{path}:8: workload: ")
     assert "at least one request" in error(path)
 
@@ -204,7 +226,9 @@ def test_action_checks(tmp_path):
     path = write(tmp_path, STEPS.replace("group: full_attention", "group: sliding_window"))
     assert error(path).startswith(f"{path}:19: actions.0.evict.group: no sliding_window group in cache.groups")
     path = write(tmp_path, STEPS.replace("{at: 3, evict:", "{at: 3, reset_prefix_cache: true, evict:"))
-    assert "exactly one of 'evict', 'reset_prefix_cache' or 'connector_fault' (got evict, reset_prefix_cache)" in error(path)
+    assert "exactly one of 'evict', 'reset_prefix_cache' or 'connector_fault' (got evict, reset_prefix_cache)" in error(
+        path
+    )
 
 
 def test_clock_time_needs_preset_and_hardware(tmp_path):
@@ -241,9 +265,17 @@ def test_yaml_syntax_error_and_duplicates(tmp_path):
 
 def test_overrides(tmp_path):
     path = write(tmp_path, STEPS)
-    s = load_scenario(path, ["cache.block_size=32", "cache.retention_interval=64", "scheduler.policy=priority",
-                             "cache.groups=[full_attention, {type: mamba, prefill_checkpoints: true}]",
-                             "workload.requests.1.max_tokens=9", "slo.ttft_s=0.5"])
+    s = load_scenario(
+        path,
+        [
+            "cache.block_size=32",
+            "cache.retention_interval=64",
+            "scheduler.policy=priority",
+            "cache.groups=[full_attention, {type: mamba, prefill_checkpoints: true}]",
+            "workload.requests.1.max_tokens=9",
+            "slo.ttft_s=0.5",
+        ],
+    )
     assert s.cache.block_size == 32 and s.cache.retention_interval == 64
     assert s.scheduler.policy == "priority"
     assert s.cache.groups[1].prefill_checkpoints is True

@@ -3,8 +3,8 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import pytest
-
 from support.connector import FA, request, step_ctx
+
 import sim.connector as registry
 import sim.core.registry
 

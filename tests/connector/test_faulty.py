@@ -1,8 +1,8 @@
 from types import SimpleNamespace
 
 import pytest
-
 from support.connector import FA, MAMBA, request, step_ctx, table
+
 from sim.connector.base import KVConnector
 from sim.connector.context import check_connector_compatible
 from sim.connector.faulty import FaultyConnector

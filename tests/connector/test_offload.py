@@ -1,6 +1,6 @@
 import pytest
-
 from support.connector import FA, MAMBA, request, step_ctx, table, time_ctx
+
 from sim.connector.offload import OffloadConnector
 
 GBYTE = 1e9

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from support.connector import FA, MAMBA, request, step_ctx
+
 from sim.connector import ScriptedConnector
 from sim.connector.base import NoConnector
 from sim.connector.faulty import FaultyConnector

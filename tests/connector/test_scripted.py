@@ -76,7 +76,9 @@ def test_bad_options_name_the_key():
         create_connector("scripted", bogus=1)
     with pytest.raises(ValueError, match=r"connector.holdz: unknown option \(did you mean 'holds'\?\)"):
         create_connector("scripted", holdz={})
-    with pytest.raises(ValueError, match="connector.supports_divergent_local_hybrid_hits: must be true or false, got 'yes please'"):
+    with pytest.raises(
+        ValueError, match="connector.supports_divergent_local_hybrid_hits: must be true or false, got 'yes please'"
+    ):
         create_connector("scripted", supports_divergent_local_hybrid_hits="yes please")
 
 
@@ -85,5 +87,7 @@ def test_registry():
     assert isinstance(create_connector("none"), NoConnector)
     conn = create_connector("scripted", matched_tokens={"x": 16}, supports_divergent_local_hybrid_hits=True)
     assert conn.supports_divergent_local_hybrid_hits and conn.supports_hma
-    with pytest.raises(ValueError, match=r"connector.type: unknown connector 'nope' \(did you mean 'none'\?\); valid: .*none.*scripted"):
+    with pytest.raises(
+        ValueError, match=r"connector.type: unknown connector 'nope' \(did you mean 'none'\?\); valid: .*none.*scripted"
+    ):
         create_connector("nope")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from sim.core.admission_truth import make_truth_checker
 from sim.connector import ScriptedConnector
+from sim.core.admission import AdmissionAttempt
+from sim.core.admission_truth import make_truth_checker
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.kv.manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.policy.prefix import PrefixLookup
 from sim.core.request import Request
-from sim.core.admission import AdmissionAttempt
 from sim.core.tokens import StreamSegment
 
 B = 16
@@ -37,23 +37,37 @@ def _cache_each(kv, hashes, per_group):
 
 def _seeded(fa_blocks, mamba_states):
     """FA + Mamba pool; the document's FA blocks / Mamba states are cached (each in its own block)."""
-    kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", "mamba"], block_size=B, num_blocks=40,
-                                                    mamba_cache_mode="align", retention_interval=None))
+    kv = KVCacheManager(
+        kv_cache_config_from_groups(
+            ["full_attention", "mamba"], block_size=B, num_blocks=40, mamba_cache_mode="align", retention_interval=None
+        )
+    )
     return kv, _cache_each(kv, _req("probe").block_hashes, (fa_blocks, mamba_states))
 
 
 def _admit(kv, request, blocks, local, ext=0, hits=(0, 0), kind="first", load_async=False):
     lookup = PrefixLookup(kv.create_kv_cache_blocks(blocks), local, 0, False)
-    return AdmissionAttempt(request=request, kind=kind, hits=hits, blocks=lookup.blocks, lookup=lookup, local=local,
-                            ext=ext, load_async=load_async)
+    return AdmissionAttempt(
+        request=request,
+        kind=kind,
+        hits=hits,
+        blocks=lookup.blocks,
+        lookup=lookup,
+        local=local,
+        ext=ext,
+        load_async=load_async,
+    )
 
 
 def test_consistent_claim_is_ok_and_a_shallower_one_is_recompute():
     kv, b = _seeded((0, 1, 2), (0, 2))
     check = make_truth_checker(kv)
     null = kv.block_pool.null_block
-    assert check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1], b[0, 2]], [null, null, b[1, 2]]), 48, hits=(48, 48))) \
-        == ("ok", 0, "")
+    assert check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1], b[0, 2]], [null, null, b[1, 2]]), 48, hits=(48, 48))) == (
+        "ok",
+        0,
+        "",
+    )
     # Resuming at 16 although FA runs to 48 and a Mamba state sits at 48: 32 tokens recomputed.
     assert check(_admit(kv, _req("b"), ([b[0, 0]], [b[1, 0]]), 16, hits=(48, 48))) == ("recompute", 32, "")
 
@@ -63,8 +77,10 @@ def test_unbacked_fa_and_missing_mamba_state_are_corrupt():
     check = make_truth_checker(kv)
     null = kv.block_pool.null_block
     # #44243: local 64 with only FA blocks 0-1.
-    assert check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1]], [null, null, null, b[1, 3]]), 64, hits=(32, 64)))[0] \
+    assert (
+        check(_admit(kv, _req("a"), ([b[0, 0], b[0, 1]], [null, null, null, b[1, 3]]), 64, hits=(32, 64)))[0]
         == "corrupt"
+    )
     assert check.bad["a"] == ("a", 32)
     # #45804: local 32 with the Mamba list cut to nulls.
     assert check(_admit(kv, _req("c"), ([b[0, 0], b[0, 1]], [null, null]), 32, hits=(32, 64)))[0] == "corrupt"
@@ -75,8 +91,9 @@ def test_a_connector_answer_supplies_the_mamba_state_unless_it_opts_out():
     kv, b = _seeded((0, 1), (0,))
     null = kv.block_pool.null_block
     blocks = ([b[0, 0], b[0, 1]], [null, null])
-    assert make_truth_checker(kv, ScriptedConnector())(_admit(kv, _req("a"), blocks, 32, ext=16, hits=(32, 16)))[0] \
-        == "ok"
+    assert (
+        make_truth_checker(kv, ScriptedConnector())(_admit(kv, _req("a"), blocks, 32, ext=16, hits=(32, 16)))[0] == "ok"
+    )
     conn = ScriptedConnector()
     conn.supplies_mamba_state = False
     assert make_truth_checker(kv, conn)(_admit(kv, _req("a"), blocks, 32, ext=16, hits=(32, 16)))[0] == "corrupt"
@@ -118,8 +135,7 @@ def test_readmission_forgets_the_old_bad_point_and_async_resume_repeats_the_verd
     check = make_truth_checker(kv, ScriptedConnector())
     null = kv.block_pool.null_block
     r = _req("a")
-    assert check(_admit(kv, r, ([b[0, 0], b[0, 1]], [null, null]), 32, hits=(32, 16), load_async=False))[0] \
-        == "corrupt"
+    assert check(_admit(kv, r, ([b[0, 0], b[0, 1]], [null, null]), 32, hits=(32, 16), load_async=False))[0] == "corrupt"
     assert "a" in check.bad
     got = check(_admit(kv, r, ([b[0, 0]], [b[1, 0]]), 16, ext=16, hits=(32, 16), load_async=True))
     assert got == ("ok", 0, "") and "a" not in check.bad
@@ -129,8 +145,14 @@ def test_readmission_forgets_the_old_bad_point_and_async_resume_repeats_the_verd
 
 def _seeded_swa(fa_blocks, swa_blocks, window=32):
     """FA + sliding-window pool; the document's FA / SWA blocks are cached (each in its own block)."""
-    kv = KVCacheManager(kv_cache_config_from_groups(["full_attention", {"type": "sliding_window", "window": window}],
-                                                    block_size=B, num_blocks=40, retention_interval=None))
+    kv = KVCacheManager(
+        kv_cache_config_from_groups(
+            ["full_attention", {"type": "sliding_window", "window": window}],
+            block_size=B,
+            num_blocks=40,
+            retention_interval=None,
+        )
+    )
     return kv, _cache_each(kv, _req("probe", 160).block_hashes, (fa_blocks, swa_blocks))
 
 
@@ -143,7 +165,8 @@ def test_sliding_window_reads_only_the_window_of_the_resume_boundary():
     conn = ScriptedConnector()
     # No external tokens, b = 64: blocks 2-3 (positions 32-63) read and resident: ok.
     assert make_truth_checker(kv, conn)(
-        _admit(kv, _req("a", 160), (fa[:4], [null, null, b[1, 2], b[1, 3]]), 64, hits=(80, 64)))[:2] == ("ok", 0)
+        _admit(kv, _req("a", 160), (fa[:4], [null, null, b[1, 2], b[1, 3]]), 64, hits=(80, 64))
+    )[:2] == ("ok", 0)
     # Block 3 missing (a real unbacked case): corrupt at position 48.
     check = make_truth_checker(kv, conn)
     assert check(_admit(kv, _req("c", 160), (fa[:4], [null, null, b[1, 2], null]), 64, hits=(80, 64)))[0] == "corrupt"
@@ -151,10 +174,13 @@ def test_sliding_window_reads_only_the_window_of_the_resume_boundary():
     # With 16 external tokens, b = 80: block 2 is out of the window, block 4 is written by the
     # connector; block 3 is still read from the cache.
     assert make_truth_checker(kv, conn)(
-        _admit(kv, _req("d", 160), (fa[:4], [null, null, null, b[1, 3]]), 64, ext=16, hits=(80, 64)))[:2] == ("ok", 0)
+        _admit(kv, _req("d", 160), (fa[:4], [null, null, null, b[1, 3]]), 64, ext=16, hits=(80, 64))
+    )[:2] == ("ok", 0)
     check = make_truth_checker(kv, conn)
-    assert check(_admit(kv, _req("e", 160), (fa[:4], [null, null, b[1, 2], null]), 64, ext=16, hits=(80, 64)))[0] \
+    assert (
+        check(_admit(kv, _req("e", 160), (fa[:4], [null, null, b[1, 2], null]), 64, ext=16, hits=(80, 64)))[0]
         == "corrupt"
+    )
     assert check.bad["e"] == ("e", 48)
 
 
@@ -193,8 +219,16 @@ def test_valid_sliding_window_admission_with_external_tokens_is_ok():
     removed = ev[ev["kind"] == "removed"]
     assert list(removed["block_id"]) == [10, 9, 8, 7, 12, 11]
     stored = ev[ev["kind"] == "stored"]
-    assert list(zip(stored["group"], stored["block_id"])) == [(0, 13), (0, 14), (0, 8), (0, 7),
-                                                              (1, 10), (1, 9), (1, 12), (1, 11)]
+    assert list(zip(stored["group"], stored["block_id"])) == [
+        (0, 13),
+        (0, 14),
+        (0, 8),
+        (0, 7),
+        (1, 10),
+        (1, 9),
+        (1, 12),
+        (1, 11),
+    ]
 
 
 def test_prefix_caching_off_with_a_mamba_group_runs_and_nothing_is_resident(tmp_path) -> None:

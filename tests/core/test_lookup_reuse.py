@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.scheduler import Harness, req
 
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.kv.manager import KVCacheManager
 from sim.core.request import RequestStatus
-
-from support.scheduler import Harness, req
 
 LAYOUTS = [
     ("full_attention",),
@@ -89,8 +88,12 @@ def test_head_of_line_retry_reuses_the_lookup():
 @settings(max_examples=60, deadline=None)
 @given(
     ops=st.lists(
-        st.tuples(st.sampled_from(["alloc", "free", "decode"]), st.integers(0, 5), st.sampled_from(["a", "b"]),
-                  st.integers(1, 80)),
+        st.tuples(
+            st.sampled_from(["alloc", "free", "decode"]),
+            st.integers(0, 5),
+            st.sampled_from(["a", "b"]),
+            st.integers(1, 80),
+        ),
         max_size=40,
     )
 )

@@ -8,12 +8,12 @@ compares the ``schedule`` / ``admissions`` rows the recorder got.
 from __future__ import annotations
 
 import pytest
+from support.scheduler import Harness, req
 
 from sim.connector import ScriptedConnector
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import RequestStatus
 from sim.core.scheduler import EngineCrash
-from support.scheduler import Harness, req
 
 
 def test_prefill_decode_mix_and_stop():
@@ -138,12 +138,15 @@ def test_fcfs_preemption_victim_and_readmission_with_cached_prefix():
     assert h.finished["r0"] == 2
 
 
-@pytest.mark.parametrize("policy, expected_step2", [
-    # FCFS: the last running request (r1) preempts itself.
-    ("fcfs", [(2, "r1", "running", 0, 32, True), (2, "r0", "running", 1, 33, False)]),
-    # priority: r0 (priority 1) is the victim although it was already scheduled this step.
-    ("priority", [(2, "r0", "running", 0, 33, True), (2, "r1", "running", 1, 32, False)]),
-])
+@pytest.mark.parametrize(
+    "policy, expected_step2",
+    [
+        # FCFS: the last running request (r1) preempts itself.
+        ("fcfs", [(2, "r1", "running", 0, 32, True), (2, "r0", "running", 1, 33, False)]),
+        # priority: r0 (priority 1) is the victim although it was already scheduled this step.
+        ("priority", [(2, "r0", "running", 0, 33, True), (2, "r1", "running", 1, 32, False)]),
+    ],
+)
 def test_preemption_victim_by_policy(policy, expected_step2):
     h = Harness(num_blocks=6, sched_policy=policy)
     h.add(req("r0", 32, max_tokens=10, priority=1))
@@ -161,8 +164,9 @@ def test_async_load_parks_the_request_then_resumes_without_lookup():
     outs = [h.run_step() for _ in range(3)]
     assert [o.total_num_scheduled_tokens for o in outs] == [0, 0, 32]
     assert h.schedule_rows() == [(2, "r0", "new", 32, 32, False)]
-    assert h.admission_rows("step", "request_id", "kind", "local_tokens", "external_tokens",
-                            "num_computed_tokens", "outcome") == [
+    assert h.admission_rows(
+        "step", "request_id", "kind", "local_tokens", "external_tokens", "num_computed_tokens", "outcome"
+    ) == [
         (0, "r0", "first", 0, 32, 32, "ok"),
         (2, "r0", "after_async_load", 0, 0, 32, "ok"),
     ]
@@ -194,10 +198,13 @@ def test_sync_external_hit_and_connector_not_ready():
     ]
 
 
-@pytest.mark.parametrize("ext, reason", [
-    (80, "AssertionError: num_new_tokens > 0"),
-    (81, "AssertionError: num_computed_tokens <= request.num_tokens"),
-])
+@pytest.mark.parametrize(
+    "ext, reason",
+    [
+        (80, "AssertionError: num_new_tokens > 0"),
+        (81, "AssertionError: num_computed_tokens <= request.num_tokens"),
+    ],
+)
 def test_over_reported_external_hit_crashes_like_vllm(ext, reason):
     h = Harness(connector=ScriptedConnector(matched_tokens={"r0": ext}))
     h.add(req("r0", 80))
@@ -219,12 +226,15 @@ def test_on_crash_record_fails_the_request_and_goes_on():
 MAMBA = ("full_attention", "mamba")
 
 
-@pytest.mark.parametrize("groups, budget, chunks", [
-    (MAMBA, 8192, [96, 4]),  # stop at the last cacheable boundary floor(99/16)*16
-    (("full_attention", {"type": "mamba", "prefill_checkpoints": True}), 8192, [100]),  # checkpoint block
-    (MAMBA, 40, [32, 32, 32, 4]),  # non-final chunks end on block boundaries
-    (("full_attention",), 40, [40, 40, 20]),  # no Mamba: plain chunking
-])
+@pytest.mark.parametrize(
+    "groups, budget, chunks",
+    [
+        (MAMBA, 8192, [96, 4]),  # stop at the last cacheable boundary floor(99/16)*16
+        (("full_attention", {"type": "mamba", "prefill_checkpoints": True}), 8192, [100]),  # checkpoint block
+        (MAMBA, 40, [32, 32, 32, 4]),  # non-final chunks end on block boundaries
+        (("full_attention",), 40, [40, 40, 20]),  # no Mamba: plain chunking
+    ],
+)
 def test_mamba_block_aligned_split(groups, budget, chunks):
     h = Harness(groups=groups, max_num_batched_tokens=budget)
     h.add(req("r", 100))
@@ -258,7 +268,8 @@ def test_mamba_split_zero_stops_admission_for_the_step():
     h.run_step()
     assert h.schedule_rows() == [(0, "r0", "new", 16, 0, False)]
     assert h.admission_rows("request_id", "outcome", "reason") == [
-        ("r0", "ok", ""), ("r1", "not_admitted", "no_aligned_chunk"),
+        ("r0", "ok", ""),
+        ("r1", "not_admitted", "no_aligned_chunk"),
     ]
 
 
@@ -272,8 +283,15 @@ def _divergence_harness(policy, connector):
     65 tokens): each resumes from the previous one's hit and ends its first
     chunk on the next block boundary.
     """
-    h = Harness(groups=MAMBA, num_blocks=100, connector=connector, policy=policy,
-                max_num_seqs=4, max_num_batched_tokens=8192, max_model_len=8192)
+    h = Harness(
+        groups=MAMBA,
+        num_blocks=100,
+        connector=connector,
+        policy=policy,
+        max_num_seqs=4,
+        max_num_batched_tokens=8192,
+        max_model_len=8192,
+    )
     for i, n in enumerate((17, 33, 49, 65)):
         h.add(req(f"seed{i}", n, content="doc"))
         while h.sched.has_unfinished_requests():
@@ -307,16 +325,23 @@ def test_divergence_mamba_deeper_than_fa(policy, flag, ext, expected):
     r = h.sched.requests["r"]
     assert out.num_computed_tokens_before["r"] == expected
     # Mamba's deeper state (64) is dropped by every policy: 0.33's guard falls back to the fixed point.
-    assert h.admission_rows("request_id", "hit_g0", "hit_g1", "local_tokens", "external_tokens",
-                            "hit_diverged", "fallback")[-1] == ("r", 32, 64, 16, ext, False, False)
+    assert h.admission_rows(
+        "request_id", "hit_g0", "hit_g1", "local_tokens", "external_tokens", "hit_diverged", "fallback"
+    )[-1] == ("r", 32, 64, 16, ext, False, False)
     assert r.shared_prefix_boundary == 32
     # The first chunk stops at the junction (32) when it starts before it.
     assert out.num_scheduled_tokens["r"] == (16 if ext == 0 else 32)
 
 
-@pytest.mark.parametrize("policy, flag, diverged", [
-    ("reconciled", False, False), ("reconciled", True, False), ("pr48425", False, False), ("pr48425", True, True),
-])
+@pytest.mark.parametrize(
+    "policy, flag, diverged",
+    [
+        ("reconciled", False, False),
+        ("reconciled", True, False),
+        ("pr48425", False, False),
+        ("pr48425", True, True),
+    ],
+)
 def test_divergence_fa_deeper_no_external(policy, flag, diverged):
     conn = ScriptedConnector(matched_tokens={"r": 0}, supports_divergent_local_hybrid_hits=flag)
     h = _divergence_harness(policy, conn)
@@ -326,7 +351,12 @@ def test_divergence_fa_deeper_no_external(policy, flag, diverged):
     assert out.num_computed_tokens_before["r"] == 16
     # pr48425 with an opted-in connector: FA hit 64 flagged diverged, ext 0 -> the fallback re-lookup.
     assert h.admission_rows("request_id", "hit_g0", "hit_g1", "local_tokens", "hit_diverged", "fallback")[-1] == (
-        "r", 64, 16, 16, diverged, diverged
+        "r",
+        64,
+        16,
+        16,
+        diverged,
+        diverged,
     )
     assert h.sched.num_fallbacks == int(diverged)
 
@@ -339,8 +369,9 @@ def test_divergence_fa_deeper_with_external_tokens_crashes_only_opted_in_pr48425
     h.add(req("r", 80, content="doc"))
     with pytest.raises(EngineCrash, match=r"num_new_tokens > 0"):
         h.run_step()
-    safe = _divergence_harness("reconciled", ScriptedConnector(matched_tokens={"r": 16},
-                                                               supports_divergent_local_hybrid_hits=True))
+    safe = _divergence_harness(
+        "reconciled", ScriptedConnector(matched_tokens={"r": 16}, supports_divergent_local_hybrid_hits=True)
+    )
     _evict(safe, {1: [1, 2, 3]})
     safe.add(req("r", 80, content="doc"))
     assert safe.run_step().num_computed_tokens_before["r"] == 32

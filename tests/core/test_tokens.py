@@ -63,7 +63,12 @@ def test_block_contents_equal_reference_encoding(ids_share):
 
 
 def test_runs_merge_across_segment_cuts_and_reject_short_content():
-    segments = [StreamSegment("a", 0, 3), StreamSegment("a", 3, 2), IdsSegment(np.array([7, 8])), IdsSegment(np.array([9]))]
+    segments = [
+        StreamSegment("a", 0, 3),
+        StreamSegment("a", 3, 2),
+        IdsSegment(np.array([7, 8])),
+        IdsSegment(np.array([9])),
+    ]
     runs = slice_runs(segments, 1, 8)
     assert runs[0] == StreamSegment("a", 1, 4)
     assert isinstance(runs[1], IdsSegment) and runs[1].ids.tolist() == [7, 8, 9]

@@ -38,7 +38,10 @@ def test_evict_drops_every_block_cached_under_the_hash():
     assert list(stored_fa["block_hash"].iloc[:4]) == list(stored_fa["block_hash"].iloc[4:])
     removed = ev[ev["kind"] == "removed"]
     assert list(zip(removed["step"], removed["group"], removed["block_id"])) == [
-        (2, 1, 4), (2, 1, 6), (4, 0, 1), (4, 0, 7)
+        (2, 1, 4),
+        (2, 1, 6),
+        (4, 0, 1),
+        (4, 0, 7),
     ]
     assert set(removed["cause"]) == {"evict_action"}
     assert removed["block_hash"].iloc[2] == removed["block_hash"].iloc[3] == stored_fa["block_hash"].iloc[0]
@@ -74,17 +77,24 @@ def test_connector_fault_action_changes_the_faults_from_its_step_on():
 
 def test_connector_fault_action_with_a_bad_option_names_it_and_the_valid_ones():
     with pytest.raises(ScenarioError) as err:
-        sim.run(scenario_from_text(FAULT_LATER + "actions:\n  - {at: 5, connector_fault: {fail_load: [r1]}}\n",
-                                   "fault-action.yaml"))
+        sim.run(
+            scenario_from_text(
+                FAULT_LATER + "actions:\n  - {at: 5, connector_fault: {fail_load: [r1]}}\n", "fault-action.yaml"
+            )
+        )
     assert "actions.0.connector_fault.fail_load: not a fault option of 'faulty'" in str(err.value)
     assert "fail_loads" in str(err.value)
     with pytest.raises(ScenarioError, match=r"actions.0.connector_fault.load_failure_prob: expected a probability"):
-        sim.run(scenario_from_text(FAULT_LATER + "actions:\n  - {at: 5, connector_fault: {load_failure_prob: 2}}\n",
-                                   "fault-action.yaml"))
+        sim.run(
+            scenario_from_text(
+                FAULT_LATER + "actions:\n  - {at: 5, connector_fault: {load_failure_prob: 2}}\n", "fault-action.yaml"
+            )
+        )
 
 
 def test_connector_fault_action_needs_the_faulty_wrapper():
     text = FAULT_LATER.replace("{type: faulty, wraps: {type: scripted", "{type: scripted").replace(
-        "async_load_steps: 1}}", "async_load_steps: 1}")
+        "async_load_steps: 1}}", "async_load_steps: 1}"
+    )
     with pytest.raises(ScenarioError, match="connector 'scripted' takes no faults"):
         sim.run(scenario_from_text(text + "actions:\n  - {at: 5, connector_fault: {fail_loads: [r1]}}\n", "f.yaml"))

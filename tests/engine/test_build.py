@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 
 import sim
-from sim.config import ScenarioError
-from sim.config import scenario_from_text
+from sim.config import ScenarioError, scenario_from_text
 from sim.engine.build import build_components
 
 SWA_LONG_PROMPT = """
@@ -79,7 +78,10 @@ def test_explicit_num_blocks_is_not_refused_and_the_undercount_crash_replays(tmp
     with pytest.warns(CapacityWarning):
         result = sim.run(scenario, out)
     assert result.crash == {
-        "step": 0, "time_s": 0.0, "request_id": "r", "reason": "ValueError: Cannot get 1 free blocks from the pool"
+        "step": 0,
+        "time_s": 0.0,
+        "request_id": "r",
+        "reason": "ValueError: Cannot get 1 free blocks from the pool",
     }
     assert list(result.admissions["outcome"]) == ["crash"]
     assert list(result.admissions["external_tokens"]) == [64]
@@ -114,5 +116,7 @@ def test_memory_derived_blocks_keep_vllms_startup_sizing_check():
     assert components is not None and components.kv_cache_config.num_blocks == 27
     short = scenario_from_text(KV_MEMORY.replace("GIB", repr(460062719 / (1 << 30))), "kv-memory-sizing.yaml")
     assert short.kv_memory_bytes() == 460062719
-    with pytest.raises(ScenarioError, match=r"^cache.kv_memory_gb: one request of the max seq len \(8192\) needs 443023360 bytes"):
+    with pytest.raises(
+        ScenarioError, match=r"^cache.kv_memory_gb: one request of the max seq len \(8192\) needs 443023360 bytes"
+    ):
         build_components(short)

@@ -72,7 +72,9 @@ def test_steps_and_time_clocks_make_the_same_decisions():
 
 @pytest.mark.slow
 def test_time_clock_ttft_is_queueing_plus_the_steps_until_the_first_token():
-    scenario = sim.load_scenario(DEMO, ["workload.generator.count=6", "outputs.plots=false", "outputs.schedule_table=true"])
+    scenario = sim.load_scenario(
+        DEMO, ["workload.generator.count=6", "outputs.plots=false", "outputs.schedule_table=true"]
+    )
     result = sim.run_scenario(scenario)
     req, steps, sched = result.requests, result.steps, result.schedule
     assert len(req) > 6  # multi-turn: several turns per conversation

@@ -20,7 +20,9 @@ outputs: {plots: false}
 workload:
 """
 
-THREE_TURNS = HEAD + """
+THREE_TURNS = (
+    HEAD
+    + """
   sessions: {mode: MODE}
   requests:
     - {id: t1, at: 0, prompt: [{content: chat, tokens: 40}], max_tokens: 3}
@@ -30,8 +32,11 @@ THREE_TURNS = HEAD + """
        prompt: [{content: chat, tokens: 40}, {output_of: t1, tokens: 3}, {content: u2, tokens: 10},
                 {output_of: t2, tokens: 2}, {content: u3, tokens: 5}]}
 """
+)
 
-FAN_JOIN = HEAD.replace("groups: [full_attention, mamba]", "groups: [full_attention]") + """
+FAN_JOIN = (
+    HEAD.replace("groups: [full_attention, mamba]", "groups: [full_attention]")
+    + """
   sessions: {mode: closed}
   requests:
     - {id: plan, prompt: [{content: task, tokens: 32}], max_tokens: 2}
@@ -43,6 +48,7 @@ FAN_JOIN = HEAD.replace("groups: [full_attention, mamba]", "groups: [full_attent
        prompt: [{content: task, tokens: 32}, {output_of: plan, tokens: 2}, {output_of: b1, tokens: 4},
                 {output_of: b2, tokens: 1}]}
 """
+)
 
 
 def run_text(text: str, tmp_path: Path, name: str = "s.yaml"):
@@ -98,7 +104,9 @@ def test_fanout_children_wait_for_the_parent_and_the_join_for_all(tmp_path):
     assert list(turns["turn"]) == [1, 2, 2, 3] and set(turns["session"]) == {"plan"}
 
 
-CONCURRENT = HEAD + """
+CONCURRENT = (
+    HEAD
+    + """
   sessions: {mode: closed, concurrency: 2}
   requests:
     - {id: s1, at: 50, prompt: [{content: a, tokens: 8}], max_tokens: 3}
@@ -106,6 +114,7 @@ CONCURRENT = HEAD + """
     - {id: s3, at: 70, prompt: [{content: c, tokens: 8}], max_tokens: 1}
     - {id: s4, at: 80, prompt: [{content: d, tokens: 8}], max_tokens: 1}
 """
+)
 
 
 def test_concurrency_starts_n_sessions_and_one_more_per_finished_session(tmp_path):
@@ -120,18 +129,39 @@ def write_jsonl(path: Path, rows) -> None:
 
 def test_closed_trace_think_is_recorded_gap_minus_simulated_response(tmp_path):
     rows = [
-        {"chat_id": 1, "parent_chat_id": -1, "timestamp": 0, "input_length": 40, "output_length": 3,
-         "hash_ids": [1, 2, 3]},
-        {"chat_id": 2, "parent_chat_id": 1, "timestamp": 10, "input_length": 56, "output_length": 1,
-         "hash_ids": [1, 2, 3, 4]},
-        {"chat_id": 3, "parent_chat_id": 1, "timestamp": 2, "input_length": 56, "output_length": 1,
-         "hash_ids": [1, 2, 3, 5]},
+        {
+            "chat_id": 1,
+            "parent_chat_id": -1,
+            "timestamp": 0,
+            "input_length": 40,
+            "output_length": 3,
+            "hash_ids": [1, 2, 3],
+        },
+        {
+            "chat_id": 2,
+            "parent_chat_id": 1,
+            "timestamp": 10,
+            "input_length": 56,
+            "output_length": 1,
+            "hash_ids": [1, 2, 3, 4],
+        },
+        {
+            "chat_id": 3,
+            "parent_chat_id": 1,
+            "timestamp": 2,
+            "input_length": 56,
+            "output_length": 1,
+            "hash_ids": [1, 2, 3, 5],
+        },
     ]
     write_jsonl(tmp_path / "qw.jsonl", rows)
-    text = HEAD.replace("groups: [full_attention, mamba]", "groups: [full_attention]") + """
+    text = (
+        HEAD.replace("groups: [full_attention, mamba]", "groups: [full_attention]")
+        + """
   trace: {format: qwen, path: qw.jsonl}
   sessions: {mode: closed, min_think: 1}
 """
+    )
     result = run_text(text, tmp_path)
     # q1 finishes at 3 (a response of 3 steps). q2: recorded gap 10 - 3 = think 7 -> released at 10, as
     # recorded. q3: gap 2 - 3 < min_think 1 -> released at 3 + 1 = 4, later than its recorded 2.
@@ -168,16 +198,32 @@ def test_session_tables_are_written_to_the_bundle_and_load_back(tmp_path, fmt):
 
 
 BAD = {
-    "circular": (("    - {id: a, after: b, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
-                  "    - {id: b, after: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"),
-                 "{mode: closed}", ("workload.sessions", "circular parents", "'a', 'b'")),
-    "dangling": ("    - {id: a, after: nobody, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
-                 "{mode: closed}", ("workload.sessions", "'nobody'", "dangling")),
-    "negative-think": (("    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
-                        "    - {id: b, after: a, think: -3, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"),
-                       "{mode: closed}", ("workload.requests.1.think", ">= 0")),
-    "concurrency-zero": ("    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
-                         "{mode: closed, concurrency: 0}", ("workload.sessions.concurrency", ">= 1")),
+    "circular": (
+        (
+            "    - {id: a, after: b, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
+            "    - {id: b, after: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
+        ),
+        "{mode: closed}",
+        ("workload.sessions", "circular parents", "'a', 'b'"),
+    ),
+    "dangling": (
+        "    - {id: a, after: nobody, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
+        "{mode: closed}",
+        ("workload.sessions", "'nobody'", "dangling"),
+    ),
+    "negative-think": (
+        (
+            "    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
+            "    - {id: b, after: a, think: -3, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n"
+        ),
+        "{mode: closed}",
+        ("workload.requests.1.think", ">= 0"),
+    ),
+    "concurrency-zero": (
+        "    - {id: a, prompt: [{content: x, tokens: 8}], max_tokens: 1}\n",
+        "{mode: closed, concurrency: 0}",
+        ("workload.sessions.concurrency", ">= 1"),
+    ),
 }
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sim.config.presets import HardwarePreset, ModelPreset
+from sim.core.kv.shapes import AttentionLayerShape, MambaLayerShape, ModelShape
 from sim.engine.timing import (
     A100_80G,
     CALIBRATED,
@@ -16,7 +17,6 @@ from sim.engine.timing import (
     kernel_time,
     model_gemms,
 )
-from sim.core.kv.shapes import AttentionLayerShape, MambaLayerShape, ModelShape
 from sim.timing.check import compare, predict, summarize
 from sim.timing.profiles import load_profile, profiled_steps
 
@@ -28,21 +28,43 @@ A100_LLAMA3 = PROFILES / "a100" / "meta-llama" / "Meta-Llama-3-8B"
 
 def tiny(layers, *, experts=0, topk=0, expert_params=0) -> ModelPreset:
     return ModelPreset(
-        name="tiny", hf_repo="-", shape=ModelShape("tiny", tuple(layers), 1024),
-        hidden_size=8, vocab_size=50, num_decoder_layers=len(layers),
+        name="tiny",
+        hf_repo="-",
+        shape=ModelShape("tiny", tuple(layers), 1024),
+        hidden_size=8,
+        vocab_size=50,
+        num_decoder_layers=len(layers),
         num_attention_layers=sum(isinstance(layer, AttentionLayerShape) for layer in layers),
         num_mamba_layers=sum(isinstance(layer, MambaLayerShape) for layer in layers),
-        num_mlp_layers=1, num_moe_layers=1 if experts else 0,
-        num_attention_heads=2, num_kv_heads=1, head_dim=4,
-        mlp_intermediate_size=16, moe_intermediate_size=0, shared_expert_intermediate_size=0,
-        num_experts=experts, experts_per_token=topk,
-        embedding_params=400, lm_head_params=400, dense_params=1000, expert_params=expert_params,
+        num_mlp_layers=1,
+        num_moe_layers=1 if experts else 0,
+        num_attention_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+        mlp_intermediate_size=16,
+        moe_intermediate_size=0,
+        shared_expert_intermediate_size=0,
+        num_experts=experts,
+        experts_per_token=topk,
+        embedding_params=400,
+        lm_head_params=400,
+        dense_params=1000,
+        expert_params=expert_params,
     )
 
 
-HW = HardwarePreset("toy", memory_bytes=10**9, memory_bandwidth=1e5, bf16_flops=1e6, compute_capability=(0, 0), source="test")
-PARAMS = TimingParams(step_overhead_s=0.01, per_request_overhead_s=0.001, compute_efficiency=0.5, memory_efficiency=0.5,
-                      kernel_floor_s=0.0, transition_k=2.0, gemm_row_tile=1)
+HW = HardwarePreset(
+    "toy", memory_bytes=10**9, memory_bandwidth=1e5, bf16_flops=1e6, compute_capability=(0, 0), source="test"
+)
+PARAMS = TimingParams(
+    step_overhead_s=0.01,
+    per_request_overhead_s=0.001,
+    compute_efficiency=0.5,
+    memory_efficiency=0.5,
+    kernel_floor_s=0.0,
+    transition_k=2.0,
+    gemm_row_tile=1,
+)
 
 
 def test_kernel_time_is_a_smooth_roofline():
@@ -127,7 +149,9 @@ def test_overrides_and_calibrated_presets():
     assert StepTimeModel.from_presets("llama-3.1-8b", "a100-80g").params == A100_80G
     assert StepTimeModel.from_presets("llama-3.1-8b", "l40s").params == TimingParams()
     faster = StepTimeModel.from_presets(
-        "nemotron-h-8b", "h100-80g", {"memory_bandwidth": 2 * 3.35e12, "step_overhead_s": 0.0, "compute_efficiency": None}
+        "nemotron-h-8b",
+        "h100-80g",
+        {"memory_bandwidth": 2 * 3.35e12, "step_overhead_s": 0.0, "compute_efficiency": None},
     )
     assert faster.hardware.memory_bandwidth == 6.7e12
     assert faster.params.compute_efficiency == base.params.compute_efficiency
@@ -268,7 +292,8 @@ def test_sliding_window_decode_reads_at_most_the_window():
     assert swa.step_time([(1, 10)] * 8) < swa.step_time([(1, 64)] * 8)
     hybrid = StepTimeModel(tiny([ATTN, SWA]), HW, PARAMS)  # one layer of each: the terms add up per layer
     assert hybrid.breakdown(batch)["attn_decode"] == pytest.approx(
-        full.breakdown(batch)["attn_decode"] + full.breakdown(capped)["attn_decode"], rel=1e-12)
+        full.breakdown(batch)["attn_decode"] + full.breakdown(capped)["attn_decode"], rel=1e-12
+    )
 
 
 def test_sliding_window_prefill_counts_pairs_inside_the_window():
@@ -282,7 +307,8 @@ def test_sliding_window_prefill_counts_pairs_inside_the_window():
     full = StepTimeModel(tiny([ATTN]), HW, PARAMS)
     assert swa.breakdown([(20, 30)])["attn_prefill"] == full.breakdown([(20, 30)])["attn_prefill"]
     assert StepTimeModel(tiny([SWA]), HW, PARAMS).prefill_flops(100) == pytest.approx(
-        StepTimeModel(tiny([ATTN]), HW, PARAMS).prefill_flops(100) - 4 * 2 * 4 * (5050 - 4384))
+        StepTimeModel(tiny([ATTN]), HW, PARAMS).prefill_flops(100) - 4 * 2 * 4 * (5050 - 4384)
+    )
 
 
 def test_sliding_window_from_totals_caps_each_total_at_count_times_window():
@@ -293,8 +319,15 @@ def test_sliding_window_from_totals_caps_each_total_at_count_times_window():
         n = np.array([b[0] for b in batch], dtype=float)
         c = np.array([b[1] for b in batch], dtype=float)
         d = n == 1
-        return st.step_time_totals(len(n), n.sum(), c.sum(), (n * c).sum(), (n * (n + 1)).sum(),
-                                   decode_requests=int(d.sum()), decode_context=float(c[d].sum()))
+        return st.step_time_totals(
+            len(n),
+            n.sum(),
+            c.sum(),
+            (n * c).sum(),
+            (n * (n + 1)).sum(),
+            decode_requests=int(d.sum()),
+            decode_context=float(c[d].sum()),
+        )
 
     beyond = [(1, 500), (1, 9000), (1, 64)]  # every decode context at or beyond the window: exact
     assert from_totals(beyond) == pytest.approx(st.step_time(beyond), rel=1e-12)

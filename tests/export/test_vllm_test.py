@@ -60,10 +60,12 @@ def test_the_module_embeds_the_harness_verbatim_and_imports_no_hybridsim(crash_s
     text = export_vllm_test(crash_scenario, "crash.yaml")
     assert inspect.getsource(vllm_side) in text
     tree = ast.parse(text)
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert "sim" not in imported
     assert imported <= set(sys.stdlib_module_names) | {"vllm", "torch"}
     assert text.count("\nEXPECTED = {") == 1 and text.count("\nSCRIPT = {") == 1
@@ -78,8 +80,10 @@ def test_requests_are_named_and_evicted_blocks_commented(values_scenario) -> Non
     evict = values_scenario.actions[0]
     assert evict.evict is not None
     block = evict.evict.blocks[0]
-    assert (f"evict {evict.evict.prefix_of}'s prompt block {block} (tokens {block * 16}-{block * 16 + 15}) "
-            "from group 0 (full_attention)") in text
+    assert (
+        f"evict {evict.evict.prefix_of}'s prompt block {block} (tokens {block * 16}-{block * 16 + 15}) "
+        "from group 0 (full_attention)"
+    ) in text
     assert "'crash': None" in text and "'recompute'" not in text  # values, not hybridsim's verdicts
 
 
@@ -89,8 +93,9 @@ def test_a_time_clock_scenario_cannot_be_exported(tmp_path: Path) -> None:
         scenario = scenario.model_copy(update={"clock": "time"})
     with pytest.raises(ExportError, match="clock: time"):
         export_vllm_test(scenario, "x.yaml")
-    res = CliRunner().invoke(app, ["export", "vllm-test", str(REPRO / "nixl-mamba-deeper.yaml"),
-                                   "-o", str(tmp_path / "test_x.py")])
+    res = CliRunner().invoke(
+        app, ["export", "vllm-test", str(REPRO / "nixl-mamba-deeper.yaml"), "-o", str(tmp_path / "test_x.py")]
+    )
     assert res.exit_code == 2 and "remote" in res.output
 
 
@@ -109,8 +114,9 @@ def _edit_once(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def test_exported_tests_pass_against_vllm_and_fail_when_edited(tmp_path: Path, crash_scenario,
-                                                              values_scenario, fuzz_scenario) -> None:
+def test_exported_tests_pass_against_vllm_and_fail_when_edited(
+    tmp_path: Path, crash_scenario, values_scenario, fuzz_scenario
+) -> None:
     _require_vllm()
     crash_file = tmp_path / "crash.yaml"
     crash_file.write_text(scenario_yaml(crash_scenario))
@@ -122,9 +128,13 @@ def test_exported_tests_pass_against_vllm_and_fail_when_edited(tmp_path: Path, c
     (tmp_path / "test_fuzz.py").write_text(export_vllm_test(fuzz_scenario, "fuzz-1-80.yaml"))
     # Edited expectations: another crash message; one admission's local tokens.
     (tmp_path / "test_crash_edited.py").write_text(
-        _edit_once(crash, "'message': 'num_new_tokens > 0'}", "'message': 'num_new_tokens > 1'}"))
-    row = next(line for line in values.splitlines() if line.strip().startswith("(") and "'first'" in line
-               and ", True, " not in line and "[0, 0], 0," not in line)
+        _edit_once(crash, "'message': 'num_new_tokens > 0'}", "'message': 'num_new_tokens > 1'}")
+    )
+    row = next(
+        line
+        for line in values.splitlines()
+        if line.strip().startswith("(") and "'first'" in line and ", True, " not in line and "[0, 0], 0," not in line
+    )
     fields = row.strip().rstrip(",")
     parsed = ast.literal_eval(fields)
     edited = parsed[:4] + (parsed[4] + 16,) + parsed[5:]
@@ -132,12 +142,33 @@ def test_exported_tests_pass_against_vllm_and_fail_when_edited(tmp_path: Path, c
     report = tmp_path / "report.xml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env["VLLM_TARGET_DEVICE"] = "cpu"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                    "--rootdir", str(tmp_path), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
-                   text=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     outcomes = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         failed = case.find("failure") is not None or case.find("error") is not None
         outcomes[case.get("classname")] = "failed" if failed else "passed"
-    assert outcomes == {"test_crash": "passed", "test_values": "passed", "test_fuzz": "passed",
-                        "test_crash_edited": "failed", "test_values_edited": "failed"}, outcomes
+    assert outcomes == {
+        "test_crash": "passed",
+        "test_values": "passed",
+        "test_fuzz": "passed",
+        "test_crash_edited": "failed",
+        "test_values_edited": "failed",
+    }, outcomes

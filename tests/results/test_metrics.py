@@ -33,10 +33,17 @@ def test_run_summary_latency_and_throughput(tables):
     assert lat["queueing"]["p50"] == approx(0.0)
     assert lat["itl"]["mean"] == approx((2.0 + 0.6) / 6)  # token-weighted, unlike tpot.mean
     assert s["throughput"] == approx({"duration_s": 4.0, "requests_per_s": 0.75, "output_tokens_per_s": 2.25})
-    assert s["requests"] == {"total": 4, "finished": 3, "failed": 1,
-                             "by_outcome": {"corrupt": 1, "failed": 1, "ok": 2}, "preemptions": 1,
-                             "local_hit_tokens": 104, "external_hit_tokens": 32, "prompt_tokens": 200,
-                             "output_tokens": 9}
+    assert s["requests"] == {
+        "total": 4,
+        "finished": 3,
+        "failed": 1,
+        "by_outcome": {"corrupt": 1, "failed": 1, "ok": 2},
+        "preemptions": 1,
+        "local_hit_tokens": 104,
+        "external_hit_tokens": 32,
+        "prompt_tokens": 200,
+        "output_tokens": 9,
+    }
 
 
 def test_goodput_excludes_corrupt_and_slo_misses(tables):
@@ -63,8 +70,7 @@ def test_hit_rates_divergences_and_admission_counts(tables):
     assert a["divergences"] == {"mamba_deeper": 2, "fa_deeper": 3}
     assert (a["attempts"], a["admitted"], a["fallbacks"], a["hit_diverged"], a["tokens_recomputed"]) == (6, 5, 1, 1, 32)
     assert a["by_outcome"] == {"corrupt": 1, "crash": 1, "not_admitted": 1, "ok": 3}
-    assert a["by_policy"] == {"max_per_group": {"corrupt": 1, "crash": 1},
-                              "reconciled": {"not_admitted": 1, "ok": 3}}
+    assert a["by_policy"] == {"max_per_group": {"corrupt": 1, "crash": 1}, "reconciled": {"not_admitted": 1, "ok": 3}}
     assert a["crash_reasons"] == {"AssertionError: num_new_tokens > 0": 1}
     # no full-attention group: divergence undefined, reported as zero
     assert divergence_counts(tables["admissions"], ["mamba", "mamba"]) == {"mamba_deeper": 0, "fa_deeper": 0}
@@ -73,8 +79,13 @@ def test_hit_rates_divergences_and_admission_counts(tables):
 def test_evictions_and_crash(tables):
     crash = {"step": 6, "time_s": 3.0, "request_id": "r3", "reason": "AssertionError: num_new_tokens > 0"}
     s = run_summary(tables, group_kinds=KINDS, crash=crash)
-    assert s["evictions"] == {"total": 3, "by_group": {"g0": {"total": 2, "by_cause": {"evict_lru": 2}},
-                                                       "g1": {"total": 1, "by_cause": {"evict_forced": 1}}}}
+    assert s["evictions"] == {
+        "total": 3,
+        "by_group": {
+            "g0": {"total": 2, "by_cause": {"evict_lru": 2}},
+            "g1": {"total": 1, "by_cause": {"evict_forced": 1}},
+        },
+    }
     assert s["crash"] == crash and s["groups"] == KINDS and s["num_steps"] == 7
     assert json.loads(dumps_summary(s)) == s  # JSON-able, no NaN
     assert run_summary(tables, group_kinds=KINDS)["crash"] is None
@@ -91,9 +102,9 @@ def test_empty_run_and_bad_group_kinds(tables):
 
 
 def test_ideal_hit_rate_and_missed_reuse(tables):
-    from sim.results.metrics import add_ideal_hit_rate
     from sim.core.request import Request
     from sim.core.tokens import StreamSegment
+    from sim.results.metrics import add_ideal_hit_rate
 
     def req(rid, at, tokens):
         r = Request(rid, [StreamSegment("doc", 0, tokens)], 1, arrival_time=at)

@@ -3,25 +3,27 @@
 import numpy as np
 import pandas as pd
 
-from sim.core.kv.hashing import RequestBlockHasher
 from sim.analysis.plots import plot_hit_rate_by_turn
-from sim.results.sessions import by_turn, session_table, sessions_summary, shared_prefix_tokens
+from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
 from sim.core.tokens import StreamSegment
+from sim.results.sessions import by_turn, session_table, sessions_summary, shared_prefix_tokens
 
 
 def turns_frame():
-    return pd.DataFrame({
-        "request_id": ["a1", "a2", "a3", "b1", "b2"],
-        "session": ["a1", "a1", "a1", "b1", "b1"],
-        "turn": [1, 2, 3, 1, 2],
-        "think_s": [np.nan, 2.0, 4.0, np.nan, 1.0],
-        "arrival_s": [0.0, 5.0, 12.0, 1.0, 3.0],
-        "finished_s": [4.0, 10.0, 15.0, 2.0, np.nan],
-        "reusable_tokens": [0, 32, 64, 0, 16],
-        "local_hit_tokens": [0, 32, 16, 0, 48],
-        "hit_g0": [np.nan, 32, 16, np.nan, 16],
-    })
+    return pd.DataFrame(
+        {
+            "request_id": ["a1", "a2", "a3", "b1", "b2"],
+            "session": ["a1", "a1", "a1", "b1", "b1"],
+            "turn": [1, 2, 3, 1, 2],
+            "think_s": [np.nan, 2.0, 4.0, np.nan, 1.0],
+            "arrival_s": [0.0, 5.0, 12.0, 1.0, 3.0],
+            "finished_s": [4.0, 10.0, 15.0, 2.0, np.nan],
+            "reusable_tokens": [0, 32, 64, 0, 16],
+            "local_hit_tokens": [0, 32, 16, 0, 48],
+            "hit_g0": [np.nan, 32, 16, np.nan, 16],
+        }
+    )
 
 
 def test_by_turn_weights_by_reusable_tokens_and_caps_hits_at_them():

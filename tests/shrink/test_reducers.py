@@ -42,8 +42,10 @@ def test_dropping_a_request_drops_its_quoters_actions_and_connector_entries() ->
 
 def test_truncating_a_prompt_keeps_its_first_tokens_across_segments() -> None:
     prompt = [{"content": "x", "start": 0, "tokens": 10}, {"content": "y", "start": 4, "tokens": 30}]
-    assert reducers.truncate_prompt(prompt, 25) == [{"content": "x", "start": 0, "tokens": 10},
-                                                     {"content": "y", "start": 4, "tokens": 15}]
+    assert reducers.truncate_prompt(prompt, 25) == [
+        {"content": "x", "start": 0, "tokens": 10},
+        {"content": "y", "start": 4, "tokens": 15},
+    ]
     assert reducers.truncate_prompt(prompt, 7) == [{"content": "x", "start": 0, "tokens": 7}]
 
 

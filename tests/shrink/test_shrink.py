@@ -130,23 +130,42 @@ def _random_scenario(rng: np.random.Generator, index: int) -> dict:
     docs = ["a", "b", "c"]
     requests = []
     for i in range(int(rng.integers(4, 10))):
-        requests.append({"id": f"q{i}", "at": int(rng.integers(0, 30)),
-                         "prompt": [{"content": str(rng.choice(docs)), "tokens": int(rng.integers(8, 120))}],
-                         "max_tokens": int(rng.integers(1, 6))})
+        requests.append(
+            {
+                "id": f"q{i}",
+                "at": int(rng.integers(0, 30)),
+                "prompt": [{"content": str(rng.choice(docs)), "tokens": int(rng.integers(8, 120))}],
+                "max_tokens": int(rng.integers(1, 6)),
+            }
+        )
     actions = []
     for _ in range(int(rng.integers(0, 4))):
         victim = requests[int(rng.integers(0, len(requests)))]
-        actions.append({"at": int(rng.integers(1, 35)), "evict": {
-            "prefix_of": victim["id"], "group": str(rng.choice(["full_attention", "mamba"])),
-            "blocks": sorted({int(b) for b in rng.integers(0, 6, size=2)})}})
+        actions.append(
+            {
+                "at": int(rng.integers(1, 35)),
+                "evict": {
+                    "prefix_of": victim["id"],
+                    "group": str(rng.choice(["full_attention", "mamba"])),
+                    "blocks": sorted({int(b) for b in rng.integers(0, 6, size=2)}),
+                },
+            }
+        )
     matched = {r["id"]: int(rng.integers(0, 48)) for r in requests if rng.random() < 0.5}
     return {
-        "name": f"random-{index}", "clock": "steps",
-        "cache": {"block_size": 16, "num_blocks": int(rng.integers(20, 60)), "groups": ["full_attention", "mamba"],
-                  "retention_interval": None},
+        "name": f"random-{index}",
+        "clock": "steps",
+        "cache": {
+            "block_size": 16,
+            "num_blocks": int(rng.integers(20, 60)),
+            "groups": ["full_attention", "mamba"],
+            "retention_interval": None,
+        },
         "scheduler": {"max_num_seqs": 4, "max_num_batched_tokens": 256, "prefix_policy": "max_per_group"},
         "connector": {"type": "scripted", "matched_tokens": matched},
-        "workload": {"requests": requests}, "actions": actions, "on_crash": "stop",
+        "workload": {"requests": requests},
+        "actions": actions,
+        "on_crash": "stop",
     }
 
 
@@ -186,8 +205,18 @@ def _invoke(*args: object):
 
 def test_cli_shrinks_a_crash_bundle(tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
-    res = _invoke("run", REPRO / "pr48425-mamba-deeper-ext16.yaml", "--set", "scheduler.prefix_policy=max_per_group",
-                  "--set", "on_crash=stop", "-o", bundle, "-q", "--no-plots")
+    res = _invoke(
+        "run",
+        REPRO / "pr48425-mamba-deeper-ext16.yaml",
+        "--set",
+        "scheduler.prefix_policy=max_per_group",
+        "--set",
+        "on_crash=stop",
+        "-o",
+        bundle,
+        "-q",
+        "--no-plots",
+    )
     assert res.exit_code == 3, res.output
     assert "hybridsim shrink" in (bundle / "crash.json").read_text()
     assert "hybridsim export vllm-test" in (bundle / "crash.json").read_text()

@@ -8,10 +8,10 @@ import numpy as np
 import simpy
 
 from sim.connector.context import ConnectorContext, GroupLayout
-from sim.engine.transfer import SimPyTransferService, StepTransferService
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
 from sim.core.tokens import StreamSegment
+from sim.engine.transfer import SimPyTransferService, StepTransferService
 
 FA = "full_attention"
 MAMBA = "mamba"

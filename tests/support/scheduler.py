@@ -23,20 +23,39 @@ def req(rid, tokens, max_tokens=1, content=None, **kw) -> Request:
 
 
 class Harness:
-    def __init__(self, groups=("full_attention",), num_blocks=100, block_size=16, retention=None,
-                 connector=None, policy="reconciled", on_crash="stop", sched_policy="fcfs", fast_paths=True, **sched):
+    def __init__(
+        self,
+        groups=("full_attention",),
+        num_blocks=100,
+        block_size=16,
+        retention=None,
+        connector=None,
+        policy="reconciled",
+        on_crash="stop",
+        sched_policy="fcfs",
+        fast_paths=True,
+        **sched,
+    ):
         self.kv_cfg = kv_cache_config_from_groups(
             groups, block_size=block_size, num_blocks=num_blocks, retention_interval=retention
         )
         self.kv = KVCacheManager(self.kv_cfg, fast_paths=fast_paths)
         self.rec = Recorder(len(self.kv_cfg.groups))
         if connector is not None:
-            connector.bind(ConnectorContext(
-                groups=tuple(GroupLayout(i, g.spec.kind, g.spec.block_size, 0) for i, g in enumerate(self.kv_cfg.groups)),
-                clock="steps", rng=np.random.default_rng(0), transfers=None,
-            ))
+            connector.bind(
+                ConnectorContext(
+                    groups=tuple(
+                        GroupLayout(i, g.spec.kind, g.spec.block_size, 0) for i, g in enumerate(self.kv_cfg.groups)
+                    ),
+                    clock="steps",
+                    rng=np.random.default_rng(0),
+                    transfers=None,
+                )
+            )
         self.connector = connector
-        self.sched = Scheduler(SchedulerConfig(policy=sched_policy, **sched), self.kv, connector, policy, self.rec, on_crash=on_crash)
+        self.sched = Scheduler(
+            SchedulerConfig(policy=sched_policy, **sched), self.kv, connector, policy, self.rec, on_crash=on_crash
+        )
         self.sched.reuse_prefix_lookups = fast_paths
         self.step = 0
         self.finished: dict[str, int] = {}
@@ -61,8 +80,14 @@ class Harness:
     def schedule_rows(self):
         d = self.rec.schedule.data
         return [
-            (d["step"][i], d["request_id"][i], d["kind"][i], d["num_scheduled_tokens"][i],
-             d["num_computed_tokens"][i], d["preempted"][i])
+            (
+                d["step"][i],
+                d["request_id"][i],
+                d["kind"][i],
+                d["num_scheduled_tokens"][i],
+                d["num_computed_tokens"][i],
+                d["preempted"][i],
+            )
             for i in range(len(self.rec.schedule))
         ]
 

@@ -8,6 +8,7 @@ ray = pytest.importorskip(
 
 import sweep_fakes  # noqa: E402
 from sweep_fakes import fake_load, fake_run  # noqa: E402
+
 from sim.sweep import build_sweep, run_sweep  # noqa: E402
 
 pytestmark = pytest.mark.slow  # end-to-end: runs whole scenarios (make test-fast skips it)

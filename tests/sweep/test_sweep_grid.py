@@ -21,7 +21,9 @@ from sim.sweep.grid import (
 
 
 def test_grid_arg_values_are_yaml_and_commas_inside_brackets_and_quotes_are_kept():
-    axis = parse_grid_arg("cache.groups=[full_attention,mamba],[full_attention, {type: mamba, prefill_checkpoints: true}]")
+    axis = parse_grid_arg(
+        "cache.groups=[full_attention,mamba],[full_attention, {type: mamba, prefill_checkpoints: true}]"
+    )
     assert axis.keys == ("cache.groups",)
     assert axis.points == (
         (["full_attention", "mamba"],),
@@ -158,7 +160,9 @@ def test_build_sweep_errors(tmp_path, base_scenario):
         build_sweep(base_scenario, ["cache.num_blocks=1,2"], grid)
     with pytest.raises(SweepError, match="does not exist"):
         build_sweep(tmp_path / "missing.yaml")
-    plotted = _write(tmp_path / "p.yaml", "cache.num_blocks: [1, 2]\nplots: [{name: p, x: cache.block_size, metrics: [m]}]\n")
+    plotted = _write(
+        tmp_path / "p.yaml", "cache.num_blocks: [1, 2]\nplots: [{name: p, x: cache.block_size, metrics: [m]}]\n"
+    )
     with pytest.raises(SweepError, match="plot 'p': x 'cache.block_size' is not a grid key"):
         build_sweep(base_scenario, [], plotted)
 

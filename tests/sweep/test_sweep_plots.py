@@ -36,7 +36,9 @@ def _lines(ax):
 
 def test_one_panel_per_metric_one_line_per_hue_mean_over_seeds_and_min_max_band(tmp_path):
     out = tmp_path / "fig" / "p.png"
-    fig = plot_sweep(_frame(), x="cache.num_blocks", metrics=["divergences", "fallbacks"], hue="scheduler.prefix_policy", out=out)
+    fig = plot_sweep(
+        _frame(), x="cache.num_blocks", metrics=["divergences", "fallbacks"], hue="scheduler.prefix_policy", out=out
+    )
     assert out.read_bytes()[:4] == b"\x89PNG"
     div, fall = [ax for ax in fig.axes if ax.get_visible()]
     assert _lines(div) == {
@@ -70,9 +72,14 @@ def test_categorical_x_orders_numbers_with_null_first():
 
 def test_plot_errors_name_the_problem():
     frame = _frame()
-    with pytest.raises(ValueError, match=r"x 'cache.block_size' is not a column \(grid columns: cache.num_blocks, scheduler.prefix_policy\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"x 'cache.block_size' is not a column \(grid columns: cache.num_blocks, scheduler.prefix_policy\)",
+    ):
         plot_sweep(frame, x="cache.block_size", metrics=["divergences"])
-    with pytest.raises(ValueError, match=r"metric 'nope' is not a column \(metrics: divergences, fallbacks, crash.reason\)"):
+    with pytest.raises(
+        ValueError, match=r"metric 'nope' is not a column \(metrics: divergences, fallbacks, crash.reason\)"
+    ):
         plot_sweep(frame, x="cache.num_blocks", metrics=["nope"], hue="scheduler.prefix_policy")
     with pytest.raises(ValueError, match="grid column 'scheduler.prefix_policy' also varies"):
         plot_sweep(frame, x="cache.num_blocks", metrics=["divergences"])
@@ -95,8 +102,10 @@ def test_sweep_points_titles_rates_and_counts():
     frame = _frame()
     pts = sweep_points(frame, "scheduler.prefix_policy", "divergences", hue="cache.num_blocks")
     assert pts[["hue", "x", "mean", "min", "max", "count"]].values.tolist() == [
-        ["400", "pr48425", 2.0, 2.0, 2.0, 2], ["400", "max_per_group", 3.5, 3.0, 4.0, 2],
-        ["800", "pr48425", 1.0, 1.0, 1.0, 2], ["800", "max_per_group", 2.5, 2.0, 3.0, 2],
+        ["400", "pr48425", 2.0, 2.0, 2.0, 2],
+        ["400", "max_per_group", 3.5, 3.0, 4.0, 2],
+        ["800", "pr48425", 1.0, 1.0, 1.0, 2],
+        ["800", "max_per_group", 2.5, 2.0, 3.0, 2],
     ]
     assert metric_title("cache.hit_rate.g1", ["full_attention", "mamba"]) == "cache hit rate g1 (mamba)"
     assert metric_title("admissions.tokens_recomputed") == "admissions tokens recomputed"
@@ -104,8 +113,9 @@ def test_sweep_points_titles_rates_and_counts():
     frame["cache.hit_rate.g1"] = 0.25
     frame["groups"] = '["full_attention", "mamba"]'
     assert sweep_points(frame, "cache.num_blocks", "cache.hit_rate.g1")["mean"].tolist() == [25.0, 25.0]
-    fig = plot_sweep(frame, x="scheduler.prefix_policy", metrics=["cache.hit_rate.g1", "divergences"],
-                     hue="cache.num_blocks")
+    fig = plot_sweep(
+        frame, x="scheduler.prefix_policy", metrics=["cache.hit_rate.g1", "divergences"], hue="cache.num_blocks"
+    )
     rate, div = fig.axes[:2]
     assert rate.get_title() == "cache hit rate g1 (mamba)" and rate.get_ylabel() == "cache hit rate g1 (mamba) (%)"
     assert {p.get_height() for p in rate.patches} == {25.0}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from sweep_fakes import LOG_ENV, expected_summary, fake_load, fake_run
+
 from sim.sweep import SweepError, build_sweep, run_sweep
 from sim.sweep.grid import plan_runs
 
@@ -169,9 +169,7 @@ def test_a_user_folder_named_like_a_run_is_never_deleted(tmp_path, base_scenario
 
 @pytest.mark.slow
 def test_failing_runs_are_recorded_and_retried_on_resume(tmp_path, base_scenario, call_log):
-    spec = build_sweep(
-        base_scenario, ["cache.num_blocks=1,400", "scheduler.prefix_policy=pr48425,explode"], seeds="1"
-    )
+    spec = build_sweep(base_scenario, ["cache.num_blocks=1,400", "scheduler.prefix_policy=pr48425,explode"], seeds="1")
     out = tmp_path / "out"
     result = _sweep(spec, out, executor="local", jobs=2)
     status = {r.run_id: (r.status, r.error) for r in result.runs}
@@ -185,7 +183,10 @@ def test_failing_runs_are_recorded_and_retried_on_resume(tmp_path, base_scenario
             "FakeScenarioError: cache.num_blocks: must be >= 2, got 1",
         ),
         "cache.num_blocks=400__scheduler.prefix_policy=pr48425__seed=7": ("ok", None),
-        "cache.num_blocks=400__scheduler.prefix_policy=explode__seed=7": ("failed", "RuntimeError: boom: policy explode"),
+        "cache.num_blocks=400__scheduler.prefix_policy=explode__seed=7": (
+            "failed",
+            "RuntimeError: boom: policy explode",
+        ),
     }
     exploded = out / "cache.num_blocks=400__scheduler.prefix_policy=explode__seed=7"
     assert "RuntimeError: boom" in (exploded / "error.txt").read_text()
@@ -245,12 +246,17 @@ def test_sweep_file_plots_are_drawn_and_plot_problems_reported(tmp_path, base_sc
     assert result.plot_errors[0].startswith("plot 'nope': metric 'no_such_metric' is not a column (metrics: crash, ")
 
 
-
 def test_path_form_describe_and_changed_overrides_are_refused(tmp_path, base_scenario):
     out = tmp_path / "out"
     result = run_sweep(
-        base_scenario, out, grid=["scheduler.prefix_policy=pr48425,explode"], overrides=["cache.num_blocks=400"],
-        executor="serial", load_fn=fake_load, run_fn=fake_run, progress=False,
+        base_scenario,
+        out,
+        grid=["scheduler.prefix_policy=pr48425,explode"],
+        overrides=["cache.num_blocks=400"],
+        executor="serial",
+        load_fn=fake_load,
+        run_fn=fake_run,
+        progress=False,
     )
     assert result.describe().splitlines() == [
         "2 runs: 2 ran, 0 reused, 1 failed",
@@ -260,10 +266,18 @@ def test_path_form_describe_and_changed_overrides_are_refused(tmp_path, base_sce
     df = pd.read_parquet(out / "sweep.parquet")
     assert list(df.columns[:5]) == ["run_id", "scheduler.prefix_policy", "seed", "status", "error"]
     assert json.loads((out / "sweep.json").read_text())["set"] == {"cache.num_blocks": 400}
-    with pytest.raises(SweepError, match=r"its overrides were \['cache.num_blocks=400', .*now \['cache.num_blocks=800'"):
+    with pytest.raises(
+        SweepError, match=r"its overrides were \['cache.num_blocks=400', .*now \['cache.num_blocks=800'"
+    ):
         run_sweep(
-            base_scenario, out, grid=["scheduler.prefix_policy=pr48425,explode"], overrides=["cache.num_blocks=800"],
-            executor="serial", load_fn=fake_load, run_fn=fake_run, progress=False,
+            base_scenario,
+            out,
+            grid=["scheduler.prefix_policy=pr48425,explode"],
+            overrides=["cache.num_blocks=800"],
+            executor="serial",
+            load_fn=fake_load,
+            run_fn=fake_run,
+            progress=False,
         )
     with pytest.raises(SweepError, match="go with a scenario path"):
         run_sweep(build_sweep(base_scenario), out, grid=["a.b=1"], load_fn=fake_load, run_fn=fake_run)

@@ -9,9 +9,20 @@ from sim.timing.check import compare, summarize
 from sim.timing.fit import fit_profile, override_document
 from sim.timing.profiles import load_profile, profiled_steps
 
-FITTED = ("compute_efficiency", "memory_efficiency", "kernel_floor_s", "transition_k",
-          "elementwise_memory_efficiency", "small_op_floor_s", "attn_decode_memory_efficiency", "attn_floor_s",
-          "attn_decode_cta_bandwidth", "attn_prefill_efficiency", "attn_context_efficiency", "attn_prefill_token_s")
+FITTED = (
+    "compute_efficiency",
+    "memory_efficiency",
+    "kernel_floor_s",
+    "transition_k",
+    "elementwise_memory_efficiency",
+    "small_op_floor_s",
+    "attn_decode_memory_efficiency",
+    "attn_floor_s",
+    "attn_decode_cta_bandwidth",
+    "attn_prefill_efficiency",
+    "attn_context_efficiency",
+    "attn_prefill_token_s",
+)
 
 
 def test_fit_recovers_known_parameters(synthetic_profile):
@@ -30,8 +41,9 @@ def test_fit_recovers_known_parameters(synthetic_profile):
 
 def test_check_is_exact_on_a_profile_the_model_generated(synthetic_profile):
     profile = load_profile(synthetic_profile)
-    rows = compare(StepTimeModel(profile.model(LAYERS), hardware_preset("a100-80g"), TRUE),
-                   profiled_steps(profile, LAYERS))
+    rows = compare(
+        StepTimeModel(profile.model(LAYERS), hardware_preset("a100-80g"), TRUE), profiled_steps(profile, LAYERS)
+    )
     assert {r.step.regime for r in rows} == {"prefill", "decode", "mixed"}
     # the synthetic small ops carry no final norm, so the small-op term is the only (tiny) mismatch
     assert max(abs(r.error) for r in rows) < 2e-3

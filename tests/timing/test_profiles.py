@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from synthetic_profile import LAYERS, write_synthetic_profile
 
 from sim.timing.profiles import ProfileError, load_profile, profiled_steps
@@ -78,4 +77,3 @@ def test_an_attention_csv_without_kv_cache_save_loads(tmp_path):
     assert p.attention is not None and (p.attention["time_stats.attn_kv_cache_save.median"] == 0.0).all()
     decode = [s for s in profiled_steps(p, LAYERS) if s.regime == "decode"]
     assert decode and all(s.parts["attn_decode"] > 0 for s in decode)
-

@@ -12,9 +12,11 @@ from sim.config import ScenarioError, load_scenario
 A100 = Path(__file__).resolve().parents[1] / "data" / "profiles" / "a100" / "meta-llama" / "Meta-Llama-3-8B"
 
 
-WORKLOAD = ("workload:\n  generator:\n    arrivals: {process: poisson, rate: 1.0}\n    count: 2\n"
-            "    structure: {kind: unique, prompt: {dist: uniform, low: 60, high: 64}}\n"
-            "    output: {dist: uniform, low: 2, high: 4}\n")
+WORKLOAD = (
+    "workload:\n  generator:\n    arrivals: {process: poisson, rate: 1.0}\n    count: 2\n"
+    "    structure: {kind: unique, prompt: {dist: uniform, low: 60, high: 64}}\n"
+    "    output: {dist: uniform, low: 2, high: 4}\n"
+)
 
 
 def invoke(*args):
@@ -36,15 +38,15 @@ def test_fit_writes_overrides_a_scenario_includes(synthetic_profile, tmp_path):
     assert res.exit_code == 0, res.output
     doc = yaml.safe_load(out.read_text())
     assert doc["overrides"]["gemm_row_tile"] == TRUE.gemm_row_tile
-    check = invoke("timing", "check", synthetic_profile, "--hardware", "a100-80g", "--layers", "4",
-                   "--overrides", out, "--summary")
+    check = invoke(
+        "timing", "check", synthetic_profile, "--hardware", "a100-80g", "--layers", "4", "--overrides", out, "--summary"
+    )
     assert check.exit_code == 0, check.output
     assert "all" in check.output.splitlines()[-1]
     scenario = tmp_path / "s.yaml"
     scenario.write_text(
         "name: t\nclock: time\nmodel: {preset: llama-3.1-8b}\n"
-        "hardware: {preset: a100-80g, overrides_path: hw.yaml, overrides: {attn_floor_s: 0.0001}}\n"
-        + WORKLOAD
+        "hardware: {preset: a100-80g, overrides_path: hw.yaml, overrides: {attn_floor_s: 0.0001}}\n" + WORKLOAD
     )
     over = load_scenario(scenario).hardware.overrides
     assert over.gemm_row_tile == TRUE.gemm_row_tile  # from the file
@@ -56,8 +58,7 @@ def test_bad_overrides_file_names_file_and_key(tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(
         "name: t\nclock: time\nmodel: {preset: llama-3.1-8b}\n"
-        "hardware: {preset: a100-80g, overrides_path: hw.yaml}\n"
-        + WORKLOAD
+        "hardware: {preset: a100-80g, overrides_path: hw.yaml}\n" + WORKLOAD
     )
     try:
         load_scenario(scenario)

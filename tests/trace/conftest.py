@@ -10,15 +10,24 @@ from sim.trace.recorder import Recorder
 
 
 def event(kind: str, group: int, block_id: int, block_hash: int, request_id: str = "r0", cause: str = "cache"):
-    return SimpleNamespace(kind=kind, group=group, block_id=block_id, block_hash=block_hash,
-                           request_id=request_id, cause=cause)
+    return SimpleNamespace(
+        kind=kind, group=group, block_id=block_id, block_hash=block_hash, request_id=request_id, cause=cause
+    )
 
 
 def admit(rec: Recorder, request_id: str, hits, outcome: str = "ok", **kw) -> None:
-    rec.record_admission(request_id=request_id, prompt_tokens=kw.pop("prompt_tokens", 64), hits=hits,
-                         local_tokens=kw.pop("local_tokens", min(hits)), external_tokens=kw.pop("external_tokens", 0),
-                         hit_diverged=kw.pop("hit_diverged", False), fallback=kw.pop("fallback", False),
-                         policy=kw.pop("policy", "reconciled"), outcome=outcome, **kw)
+    rec.record_admission(
+        request_id=request_id,
+        prompt_tokens=kw.pop("prompt_tokens", 64),
+        hits=hits,
+        local_tokens=kw.pop("local_tokens", min(hits)),
+        external_tokens=kw.pop("external_tokens", 0),
+        hit_diverged=kw.pop("hit_diverged", False),
+        fallback=kw.pop("fallback", False),
+        policy=kw.pop("policy", "reconciled"),
+        outcome=outcome,
+        **kw,
+    )
 
 
 def build_recorder() -> Recorder:
@@ -27,14 +36,22 @@ def build_recorder() -> Recorder:
     for step in range(4):
         rec.set_clock(step, 0.25 * step)
         rec.record_kv_events(
-            [event("stored", 0, 10 + step, (1 << 63) + step, "r0"),
-             event("stored", 1, 20 + step, step, "r0")]
+            [event("stored", 0, 10 + step, (1 << 63) + step, "r0"), event("stored", 1, 20 + step, step, "r0")]
         )
-        rec.record_step(duration_s=0.25, running=1, waiting=step % 2, prefill_tokens=16, decode_tokens=step,
-                        free_blocks=50 - 2 * step, blocks_per_group=[step + 1, 1], cached_per_group=[step, 1])
+        rec.record_step(
+            duration_s=0.25,
+            running=1,
+            waiting=step % 2,
+            prefill_tokens=16,
+            decode_tokens=step,
+            free_blocks=50 - 2 * step,
+            blocks_per_group=[step + 1, 1],
+            cached_per_group=[step, 1],
+        )
     rec.set_clock(4, 1.0)
-    rec.record_kv_events([event("removed", 0, 10, 1 << 63, "r1", "evict_lru"),
-                          event("cleared", -1, -1, 0, "", "reset")])
+    rec.record_kv_events(
+        [event("removed", 0, 10, 1 << 63, "r1", "evict_lru"), event("cleared", -1, -1, 0, "", "reset")]
+    )
     rec.set_clock(3, 0.75)
     admit(rec, "ra", [32, 48], kind="first")
     admit(rec, "rb", [16, 16], outcome="not_admitted", reason="no blocks")
@@ -45,10 +62,19 @@ def build_recorder() -> Recorder:
     rec.set_clock(0, 0.0)
     rec.record_schedule("rz", "running", 0, 8, True)
     for rid, arrival in (("r2", 1.0), ("r1", 1.0), ("r0", 0.5)):
-        rec.record_request(request_id=rid, arrival_s=arrival, first_scheduled_s=arrival + 0.1,
-                           first_token_s=arrival + 0.2, finished_s=None if rid == "r2" else arrival + 1.0,
-                           prompt_tokens=64, output_tokens=3, local_hit_tokens=16, external_hit_tokens=0,
-                           preemptions=0, outcome="failed" if rid == "r2" else "ok")
+        rec.record_request(
+            request_id=rid,
+            arrival_s=arrival,
+            first_scheduled_s=arrival + 0.1,
+            first_token_s=arrival + 0.2,
+            finished_s=None if rid == "r2" else arrival + 1.0,
+            prompt_tokens=64,
+            output_tokens=3,
+            local_hit_tokens=16,
+            external_hit_tokens=0,
+            preemptions=0,
+            outcome="failed" if rid == "r2" else "ok",
+        )
     return rec
 
 

@@ -17,14 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support.cli import CRASHING, invoke
+
 from sim.trace.atomic import check_bundle, foreign_entries
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "tests" / "bad_input" / "base.yaml"
-
-
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -41,8 +39,20 @@ def old_bundle(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 
 def start(out: Path, pause: str, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "HYBRIDSIM_TEST_PAUSE": pause}
-    cmd = [sys.executable, "-m", "sim", "run", str(BASE), "-o", str(out), "--no-plots", "-q",
-           "--set", "name=newer", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sim",
+        "run",
+        str(BASE),
+        "-o",
+        str(out),
+        "--no-plots",
+        "-q",
+        "--set",
+        "name=newer",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stderr is not None
     line = proc.stderr.readline()
@@ -127,8 +137,21 @@ def _limit_file_size() -> None:
 def test_a_write_error_exits_1_in_one_line_and_keeps_the_old_bundle(old_bundle) -> None:
     """A real OS write error (RLIMIT_FSIZE: EFBIG, as ENOSPC would be) midway through the tables."""
     out, before = old_bundle
-    cmd = [sys.executable, "-m", "sim", "run", str(BASE), "-o", str(out), "--no-plots", "-q", "--format", "csv",
-           "--set", "workload.requests.0.max_tokens=400"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sim",
+        "run",
+        str(BASE),
+        "-o",
+        str(out),
+        "--no-plots",
+        "-q",
+        "--format",
+        "csv",
+        "--set",
+        "workload.requests.0.max_tokens=400",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, preexec_fn=_limit_file_size, timeout=120)
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: cannot write the result bundle") and "File too large" in done.stderr
@@ -211,7 +234,9 @@ def test_a_folder_with_user_files_is_refused_unless_force(tmp_path: Path) -> Non
     res = invoke("run", BASE, "-o", out, "--no-plots", "-q")
     assert res.exit_code == 2 and "requests.csv (and 1 more), which hybridsim did not write" in res.stderr
     assert len(res.stderr.splitlines()) == 1
-    assert (out / "requests.csv").read_text() == "my data\n" and (out / "summary.json").read_text() == '{"mine": true}\n'
+    assert (out / "requests.csv").read_text() == "my data\n" and (
+        out / "summary.json"
+    ).read_text() == '{"mine": true}\n'
     res = invoke("run", BASE, "-o", out, "--no-plots", "-q", "--force")
     assert res.exit_code == 0, res.output
     assert check_bundle(out).ok

@@ -11,16 +11,23 @@ SCENARIO = "name: demo\nseed: 7\n"
 
 
 def _write(path, recorder, fmt="parquet", **kw):
-    return write_result(path, scenario_yaml=SCENARIO, summary=kw.pop("summary", {"crash": None, "b": 1.5}),
-                        tables=tables_from_recorder(recorder), tables_format=fmt, **kw)
+    return write_result(
+        path,
+        scenario_yaml=SCENARIO,
+        summary=kw.pop("summary", {"crash": None, "b": 1.5}),
+        tables=tables_from_recorder(recorder),
+        tables_format=fmt,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_round_trip(tmp_path, recorder, fmt):
     _write(tmp_path / "run", recorder, fmt)
     files = sorted(p.name for p in (tmp_path / "run").iterdir())
-    assert files == sorted(["manifest.json", "scenario.resolved.yaml", "summary.json"]
-                          + [f"{n}.{fmt}" for n in TABLE_NAMES])
+    assert files == sorted(
+        ["manifest.json", "scenario.resolved.yaml", "summary.json"] + [f"{n}.{fmt}" for n in TABLE_NAMES]
+    )
     loaded = load_result(tmp_path / "run")
     expected = tables_from_recorder(recorder)
     for name in TABLE_NAMES:
@@ -94,8 +101,13 @@ def test_load_errors_and_missing_tables(tmp_path, recorder):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="summary.json is missing"):
         load_result(tmp_path / "empty")
-    write_result(tmp_path / "some", scenario_yaml="", summary={"groups": ["full_attention", "mamba"]},
-                 tables={"kv_events": tables_from_recorder(recorder)["kv_events"]}, tables_format="csv")
+    write_result(
+        tmp_path / "some",
+        scenario_yaml="",
+        summary={"groups": ["full_attention", "mamba"]},
+        tables={"kv_events": tables_from_recorder(recorder)["kv_events"]},
+        tables_format="csv",
+    )
     loaded = load_result(tmp_path / "some")
     assert len(loaded.kv_events) == 10 and loaded.admissions.empty
     assert loaded.group_kinds == ["full_attention", "mamba"]

@@ -15,15 +15,58 @@ from sim.trace.tables import (
 # DESIGN.md §6 column lists, written out literally (two groups), then the recorder's extensions.
 EXPECTED_COLUMNS = {
     "kv_events": ["seq", "step", "time_s", "kind", "group", "block_id", "block_hash", "request_id", "cause"],
-    "admissions": ["step", "time_s", "request_id", "prompt_tokens", "hit_g0", "hit_g1", "local_tokens",
-                   "external_tokens", "hit_diverged", "fallback", "policy", "outcome", "crash_reason",
-                   "kind", "reason", "num_computed_tokens", "tokens_lost", "taint_origin",
-                   "lookup_seq", "claimed_boundary", "connector_asked_at", "connector_answer"],
-    "requests": ["request_id", "arrival_s", "first_scheduled_s", "first_token_s", "finished_s", "prompt_tokens",
-                 "output_tokens", "local_hit_tokens", "external_hit_tokens", "preemptions", "outcome"],
+    "admissions": [
+        "step",
+        "time_s",
+        "request_id",
+        "prompt_tokens",
+        "hit_g0",
+        "hit_g1",
+        "local_tokens",
+        "external_tokens",
+        "hit_diverged",
+        "fallback",
+        "policy",
+        "outcome",
+        "crash_reason",
+        "kind",
+        "reason",
+        "num_computed_tokens",
+        "tokens_lost",
+        "taint_origin",
+        "lookup_seq",
+        "claimed_boundary",
+        "connector_asked_at",
+        "connector_answer",
+    ],
+    "requests": [
+        "request_id",
+        "arrival_s",
+        "first_scheduled_s",
+        "first_token_s",
+        "finished_s",
+        "prompt_tokens",
+        "output_tokens",
+        "local_hit_tokens",
+        "external_hit_tokens",
+        "preemptions",
+        "outcome",
+    ],
     "schedule": ["step", "request_id", "kind", "num_scheduled_tokens", "num_computed_tokens", "preempted"],
-    "steps": ["step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens",
-              "free_blocks", "blocks_g0", "blocks_g1", "cached_g0", "cached_g1"],
+    "steps": [
+        "step",
+        "time_s",
+        "duration_s",
+        "running",
+        "waiting",
+        "prefill_tokens",
+        "decode_tokens",
+        "free_blocks",
+        "blocks_g0",
+        "blocks_g1",
+        "cached_g0",
+        "cached_g1",
+    ],
 }
 
 
@@ -37,8 +80,16 @@ def test_columns_and_dtypes(recorder):
     for name, cols in EXPECTED_COLUMNS.items():
         assert list(t[name].columns) == cols, name
     assert _dtypes(t["kv_events"]) == {
-        "seq": "int64", "step": "int64", "time_s": "float64", "kind": "str", "group": "int64",
-        "block_id": "int64", "block_hash": "str", "request_id": "str", "cause": "str"}
+        "seq": "int64",
+        "step": "int64",
+        "time_s": "float64",
+        "kind": "str",
+        "group": "int64",
+        "block_id": "int64",
+        "block_hash": "str",
+        "request_id": "str",
+        "cause": "str",
+    }
     adm = _dtypes(t["admissions"])
     assert adm["hit_g1"] == "int64" and adm["hit_diverged"] == "bool" and adm["crash_reason"] == "str"
     req = _dtypes(t["requests"])
@@ -55,15 +106,22 @@ def test_deterministic_row_order(recorder):
     # requests: arrival then id
     assert t["requests"]["request_id"].tolist() == ["r0", "r1", "r2"]
     assert t["schedule"][["step", "request_id", "preempted"]].values.tolist() == [
-        [0, "rz", True], [1, "rc", False], [1, "ra", False]]
+        [0, "rz", True],
+        [1, "rc", False],
+        [1, "ra", False],
+    ]
     assert t["steps"]["step"].tolist() == [0, 1, 2, 3]
     assert all(t[n].index.equals(pd.RangeIndex(len(t[n]))) for n in TABLE_NAMES)
 
 
 def test_block_hash_hex_and_missing_values(recorder):
     kv = tables_from_recorder(recorder)["kv_events"]
-    assert kv["block_hash"].tolist()[:4] == ["8000000000000000", "0000000000000000",
-                                             "8000000000000001", "0000000000000001"]
+    assert kv["block_hash"].tolist()[:4] == [
+        "8000000000000000",
+        "0000000000000000",
+        "8000000000000001",
+        "0000000000000001",
+    ]
     cleared = kv[kv["kind"] == "cleared"].iloc[0]
     assert (cleared["group"], cleared["block_id"], cleared["request_id"]) == (-1, -1, "")
     req = tables_from_recorder(recorder)["requests"]
@@ -88,8 +146,16 @@ def test_empty_tables_have_columns_and_dtypes():
 
 def test_extension_column_backfilled_and_typed():
     rec = Recorder(num_groups=1)
-    kw = dict(duration_s=0.1, running=0, waiting=0, prefill_tokens=0, decode_tokens=0, free_blocks=5,
-              blocks_per_group=[0], cached_per_group=[0])
+    kw = dict(
+        duration_s=0.1,
+        running=0,
+        waiting=0,
+        prefill_tokens=0,
+        decode_tokens=0,
+        free_blocks=5,
+        blocks_per_group=[0],
+        cached_per_group=[0],
+    )
     rec.record_step(**kw)
     rec.set_clock(1, 0.1)
     rec.record_step(**kw, offload_bytes=4096)
@@ -115,9 +181,20 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
     import sim.trace.tables as tables
 
     rec = Recorder(num_groups=1)
-    rec.record_kv_events([KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset")])
-    rec.requests.append({**{c: 0 for c in EXPECTED_COLUMNS["requests"]}, "request_id": "r0", "outcome": "ok",
-                         "arrival_s": 0, "first_token_s": None, "first_scheduled_s": 1.5, "finished_s": None})
+    rec.record_kv_events(
+        [KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset")]
+    )
+    rec.requests.append(
+        {
+            **{c: 0 for c in EXPECTED_COLUMNS["requests"]},
+            "request_id": "r0",
+            "outcome": "ok",
+            "arrival_s": 0,
+            "first_token_s": None,
+            "first_scheduled_s": 1.5,
+            "finished_s": None,
+        }
+    )
     for source in (recorder, rec):
         fast = tables_from_recorder(source)
         monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)

@@ -75,8 +75,9 @@ def test_verify_bites_on_a_reversed_free_queue(vllm, monkeypatch, tmp_path):
 def test_what_if_option_is_not_verifiable(vllm, tmp_path):
     src = (ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml").read_text()
     path = tmp_path / "whatif.yaml"
-    path.write_text(src.replace("  retention_interval: null\n",
-                                "  retention_interval: null\n  corrected_mamba_accounting: true\n"))
+    path.write_text(
+        src.replace("  retention_interval: null\n", "  retention_interval: null\n  corrected_mamba_accounting: true\n")
+    )
     result = CliRunner().invoke(app, ["verify", str(path)])
     assert result.exit_code == 3, result.output
     assert "corrected_mamba_accounting" in result.output

@@ -9,16 +9,34 @@ from sim.verify.compare import first_difference, write_table
 
 
 def _trace():
-    adm = {"request": "r0", "kind": "first", "hits": [0, 0], "local": 0, "external": 0, "hit_diverged": False,
-           "fallback": False, "result": "admitted"}
+    adm = {
+        "request": "r0",
+        "kind": "first",
+        "hits": [0, 0],
+        "local": 0,
+        "external": 0,
+        "hit_diverged": False,
+        "fallback": False,
+        "result": "admitted",
+    }
     return {
         "steps": [
-            {"step": 0, "scheduled": [["r0", 32]], "preempted": [], "admissions": [adm],
-             "kv_events": [{"kind": "stored", "group": 0, "block_id": 1, "hash": 0},
-                           {"kind": "stored", "group": 1, "block_id": 2, "hash": 0}]},
+            {
+                "step": 0,
+                "scheduled": [["r0", 32]],
+                "preempted": [],
+                "admissions": [adm],
+                "kv_events": [
+                    {"kind": "stored", "group": 0, "block_id": 1, "hash": 0},
+                    {"kind": "stored", "group": 1, "block_id": 2, "hash": 0},
+                ],
+            },
             {"step": 3, "scheduled": [["r0", 1]], "preempted": [], "admissions": [], "kv_events": []},
         ],
-        "crash": None, "finished": {"r0": 2}, "num_steps": 4, "stopped": "",
+        "crash": None,
+        "finished": {"r0": 2},
+        "num_steps": 4,
+        "stopped": "",
     }
 
 
@@ -49,7 +67,12 @@ def test_admission_fields_come_before_events_and_a_missing_step_counts():
 def test_crash_in_the_differing_step_is_named():
     other = _trace()
     other["steps"][1]["scheduled"] = []
-    other["crash"] = {"step": 3, "request": "r0", "type": "ValueError", "message": "Cannot get 1 free blocks from the pool"}
+    other["crash"] = {
+        "step": 3,
+        "request": "r0",
+        "type": "ValueError",
+        "message": "Cannot get 1 free blocks from the pool",
+    }
     diff = first_difference(_trace(), other)
     assert diff.what == "crash" and diff.step == 3 and diff.ours is None and diff.theirs["type"] == "ValueError"
 
@@ -72,6 +95,10 @@ def test_table_has_one_row_per_item_and_marks_differences(tmp_path):
     path = write_table(tmp_path / "t.csv", _trace(), other)
     rows = list(csv.DictReader(path.open()))
     assert [(r["step"], r["item"], r["same"]) for r in rows[:5]] == [
-        ("0", "admissions", "True"), ("0", "scheduled", "True"), ("0", "kv_events", "True"),
-        ("0", "kv_events", "False"), ("3", "scheduled", "True")]
+        ("0", "admissions", "True"),
+        ("0", "scheduled", "True"),
+        ("0", "kv_events", "True"),
+        ("0", "kv_events", "False"),
+        ("3", "scheduled", "True"),
+    ]
     assert rows[-2]["item"] == "crash" and rows[-1]["item"] == "finished"

@@ -23,11 +23,18 @@ actions:
 """
 
 
-@pytest.mark.parametrize("outcome, reason, result", [
-    ("ok", "", "admitted"), ("recompute", "", "admitted"), ("corrupt", "", "admitted"), ("crash", "", "crash"),
-    ("not_admitted", "no_blocks", "no_blocks"), ("not_admitted", "connector_not_ready", "skipped"),
-    ("not_admitted", "no_aligned_chunk", "skipped"),
-])
+@pytest.mark.parametrize(
+    "outcome, reason, result",
+    [
+        ("ok", "", "admitted"),
+        ("recompute", "", "admitted"),
+        ("corrupt", "", "admitted"),
+        ("crash", "", "crash"),
+        ("not_admitted", "no_blocks", "no_blocks"),
+        ("not_admitted", "connector_not_ready", "skipped"),
+        ("not_admitted", "no_aligned_chunk", "skipped"),
+    ],
+)
 def test_admission_result(outcome, reason, result):
     assert admission_result(outcome, reason) == result
 
@@ -39,7 +46,9 @@ def test_admission_result_rejects_unknown_outcomes():
 
 def test_split_reason():
     assert split_reason("ValueError: Cannot get 1 free blocks from the pool") == (
-        "ValueError", "Cannot get 1 free blocks from the pool")
+        "ValueError",
+        "Cannot get 1 free blocks from the pool",
+    )
     assert split_reason("AssertionError") == ("AssertionError", "")
 
 

@@ -43,8 +43,13 @@ def test_layout_connector_and_actions_are_hybridsims():
     script = lower(_scenario())
     assert [g["type"] for g in script["groups"]] == ["full_attention", "mamba"]
     assert script["retention_interval"] is None and script["num_blocks"] == 64
-    assert script["connector"] == {"matched_tokens": {"b": 16}, "holds": {}, "load_async": {"b": True},
-                                   "async_load_steps": 2, "supports_divergent_local_hybrid_hits": False}
+    assert script["connector"] == {
+        "matched_tokens": {"b": 16},
+        "holds": {},
+        "load_async": {"b": True},
+        "async_load_steps": 2,
+        "supports_divergent_local_hybrid_hits": False,
+    }
     assert script["actions"] == [
         {"at_step": 4, "kind": "evict", "request": "a", "groups": [1], "block_indices": [0, 1]},
         {"at_step": 5, "kind": "reset_prefix_cache"},
@@ -80,7 +85,9 @@ def test_not_verifiable_reasons(override, needle):
 
 
 def test_time_clock_and_unmapped_connector_are_not_verifiable():
-    text = BASE.replace("connector: {type: scripted, matched_tokens: {b: 16}, load_async: {b: true}, async_load_steps: 2}",
-                        "connector: {type: offload, capacity_gb: 1}")
+    text = BASE.replace(
+        "connector: {type: scripted, matched_tokens: {b: 16}, load_async: {b: true}, async_load_steps: 2}",
+        "connector: {type: offload, capacity_gb: 1}",
+    )
     assert "connector.type" in not_verifiable_reason(_scenario(text))
     assert not_verifiable_reason(_scenario()) is None

@@ -12,7 +12,9 @@ from sim.workload import WorkloadSpec, build_requests
 def build(tmp_path):
     """Build a workload dict with seed 0 (paths relative to tmp_path)."""
 
-    def _build(workload: dict, *, seed: int = 0, clock: str = "time", hash_block_size=None, base_dir: Path | None = None):
+    def _build(
+        workload: dict, *, seed: int = 0, clock: str = "time", hash_block_size=None, base_dir: Path | None = None
+    ):
         spec = WorkloadSpec.model_validate(workload)
         return build_requests(
             spec,

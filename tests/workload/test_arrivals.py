@@ -60,7 +60,12 @@ def test_onoff_is_silent_when_off_and_poisson_when_on():
 def test_schedule_rates_per_piece_and_final_silence():
     spec = {
         "process": "schedule",
-        "pieces": [{"start": 0, "rate": 10}, {"start": 100, "rate": 0}, {"start": 150, "rate": 40}, {"start": 200, "rate": 0}],
+        "pieces": [
+            {"start": 0, "rate": 10},
+            {"start": 100, "rate": 0},
+            {"start": 150, "rate": 40},
+            {"start": 200, "rate": 0},
+        ],
     }
     t = times(spec, count=100000)  # the final zero-rate piece ends the process before the count
     assert t.max() < 200

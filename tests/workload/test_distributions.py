@@ -36,7 +36,9 @@ def test_lognormal_mean_and_clipping():
 
 
 def test_exponential_values():
-    x = sample_values(DIST.validate_python({"dist": "exponential", "mean": 2.5}), np.random.default_rng(1), 20000, Path("."))
+    x = sample_values(
+        DIST.validate_python({"dist": "exponential", "mean": 2.5}), np.random.default_rng(1), 20000, Path(".")
+    )
     assert x.mean() == pytest.approx(2.5, rel=0.03)
 
 

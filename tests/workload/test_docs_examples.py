@@ -17,8 +17,12 @@ BLOCKS = re.findall(r"```(yaml|json)\n(.*?)```", DOC.read_text(), re.S)
 def as_workload(block: dict) -> dict:
     if "workload" in block:
         return block["workload"]
-    generator = {"count": 20, "output": 8, "arrivals": {"process": "poisson", "rate": 1.0},
-                 "structure": {"kind": "unique", "prompt": 10}}
+    generator = {
+        "count": 20,
+        "output": 8,
+        "arrivals": {"process": "poisson", "rate": 1.0},
+        "structure": {"kind": "unique", "prompt": 10},
+    }
     generator.update(block)
     return {"generator": generator}
 

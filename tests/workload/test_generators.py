@@ -42,10 +42,19 @@ def test_unique_shares_nothing_and_is_sorted(build):
 
 
 def test_output_lengths_are_capped_by_max_tokens(build):
-    reqs = build(gen({"kind": "unique", "prompt": 10}, count=2000, output={"dist": "lognormal", "mean": 100, "sigma": 1.0}, max_tokens=150))
+    reqs = build(
+        gen(
+            {"kind": "unique", "prompt": 10},
+            count=2000,
+            output={"dist": "lognormal", "mean": 100, "sigma": 1.0},
+            max_tokens=150,
+        )
+    )
     assert all(r.max_tokens == 150 and 1 <= r.output_len <= 150 for r in reqs)
     assert any(r.output_len == 150 for r in reqs)
-    free = build(gen({"kind": "unique", "prompt": 10}, count=2000, output={"dist": "lognormal", "mean": 100, "sigma": 0.5}))
+    free = build(
+        gen({"kind": "unique", "prompt": 10}, count=2000, output={"dist": "lognormal", "mean": 100, "sigma": 0.5})
+    )
     assert all(r.max_tokens == r.output_len for r in free)
     assert np.mean([r.output_len for r in free]) == pytest.approx(100, rel=0.04)
 
@@ -111,7 +120,13 @@ def test_multi_turn_ideal_hits_include_the_previous_answer(build):
 
 
 def test_fanout_branches_share_the_context(build):
-    structure = {"kind": "fanout", "context_len": 200, "branches": {"dist": "uniform", "low": 2, "high": 5}, "branch_len": 30, "spacing": 0.5}
+    structure = {
+        "kind": "fanout",
+        "context_len": 200,
+        "branches": {"dist": "uniform", "low": 2, "high": 5},
+        "branch_len": 30,
+        "spacing": 0.5,
+    }
     reqs = build(gen(structure, count=20))
     tasks = {}
     for r in reqs:
@@ -148,10 +163,18 @@ def test_rag_picks_distinct_documents_in_random_order(build):
 
 
 def test_same_seed_same_workload_and_different_seed_differs(build):
-    structure = {"kind": "rag", "num_documents": 50, "doc_len": {"dist": "uniform", "low": 10, "high": 90}, "docs_per_prompt": 3, "zipf": 1.0, "query_len": 10}
+    structure = {
+        "kind": "rag",
+        "num_documents": 50,
+        "doc_len": {"dist": "uniform", "low": 10, "high": 90},
+        "docs_per_prompt": 3,
+        "zipf": 1.0,
+        "query_len": 10,
+    }
     a = build(gen(structure, count=50), seed=3)
     b = build(gen(structure, count=50), seed=3)
     c = build(gen(structure, count=50), seed=4)
+
     def key(reqs):
         return [(r.request_id, r.arrival_time, r.prompt, r.output_len) for r in reqs]
 

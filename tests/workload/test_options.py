@@ -20,8 +20,15 @@ def test_script_becomes_requests_in_arrival_then_source_order(build):
             "requests": [
                 {"id": "late", "at": 5, "prompt": [{"content": "doc", "tokens": 80}], "max_tokens": 4, "output_len": 9},
                 {"id": "b", "at": 0, "prompt": [{"content": "doc", "tokens": 80}], "max_tokens": 1, "priority": 2},
-                {"id": "a", "at": 0, "prompt": [{"content": "doc", "start": 8, "tokens": 8}, {"output_of": "b", "tokens": 1}],
-                 "max_tokens": 3, "output_len": 2, "lora": "x", "cache_salt": "s"},
+                {
+                    "id": "a",
+                    "at": 0,
+                    "prompt": [{"content": "doc", "start": 8, "tokens": 8}, {"output_of": "b", "tokens": 1}],
+                    "max_tokens": 3,
+                    "output_len": 2,
+                    "lora": "x",
+                    "cache_salt": "s",
+                },
             ]
         },
         clock="steps",
@@ -36,7 +43,10 @@ def test_script_becomes_requests_in_arrival_then_source_order(build):
 
 def test_steps_clock_needs_whole_step_numbers(build):
     with pytest.raises(WorkloadError, match=r"requests\[0\] \(id 'r0'\): at=0.5 is not a step number"):
-        build({"requests": [{"id": "r0", "at": 0.5, "prompt": [{"content": "d", "tokens": 4}], "max_tokens": 1}]}, clock="steps")
+        build(
+            {"requests": [{"id": "r0", "at": 0.5, "prompt": [{"content": "d", "tokens": 4}], "max_tokens": 1}]},
+            clock="steps",
+        )
     with pytest.raises(WorkloadError, match="clock must be one of time, steps"):
         build({"requests": script(1)}, clock="wall")
 
@@ -63,7 +73,14 @@ def test_sample_is_seeded_and_keeps_the_fraction(build):
 
 def test_generator_with_steps_clock_gives_integer_arrivals(build):
     reqs = build(
-        {"generator": {"arrivals": {"process": "constant", "rate": 0.4}, "count": 5, "structure": {"kind": "unique", "prompt": 8}, "output": 2}},
+        {
+            "generator": {
+                "arrivals": {"process": "constant", "rate": 0.4},
+                "count": 5,
+                "structure": {"kind": "unique", "prompt": 8},
+                "output": 2,
+            }
+        },
         clock="steps",
     )
     assert [r.arrival_time for r in reqs] == [2.0, 5.0, 7.0, 10.0, 12.0]

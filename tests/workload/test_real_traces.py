@@ -32,8 +32,10 @@ def test_trace_loads_and_hits_in_range(name, count, hit_range):
     assert all(r.num_prompt_tokens >= 1 and 1 <= r.output_len == r.max_tokens for r in reqs)
     assert [r.arrival_time for r in reqs] == sorted(r.arrival_time for r in reqs)
     stats = workload_stats(reqs, 512)
-    print(f"{name}: {stats['requests']} requests over {stats['duration']:.0f}s, "
-          f"ideal prefix-hit rate at block size 512 = {stats['ideal_prefix_hit_rate']:.3f}")
+    print(
+        f"{name}: {stats['requests']} requests over {stats['duration']:.0f}s, "
+        f"ideal prefix-hit rate at block size 512 = {stats['ideal_prefix_hit_rate']:.3f}"
+    )
     assert hit_range[0] < stats["ideal_prefix_hit_rate"] < hit_range[1]
 
 

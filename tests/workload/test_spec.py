@@ -119,8 +119,12 @@ def test_record_takes_exactly_one_prompt_form():
 def test_segments_serialize_as_their_own_kind_and_round_trip(recwarn):
     """The discriminator tags model instances too, so dumping an ``output_of`` or ``ids`` segment
     neither warns nor turns it into a content segment."""
-    record = {"id": "r1", "at": 0, "max_tokens": 1,
-              "prompt": [{"content": "doc", "tokens": 8}, {"output_of": "r0", "tokens": 2}, {"ids": [5, 6]}]}
+    record = {
+        "id": "r1",
+        "at": 0,
+        "max_tokens": 1,
+        "prompt": [{"content": "doc", "tokens": 8}, {"output_of": "r0", "tokens": 2}, {"ids": [5, 6]}],
+    }
     spec = RecordSpec.model_validate(record)
     dumped = spec.model_dump(exclude_defaults=True)
     assert dumped["prompt"] == [{"content": "doc", "tokens": 8}, {"output_of": "r0", "tokens": 2}, {"ids": [5, 6]}]

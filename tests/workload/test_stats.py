@@ -39,7 +39,9 @@ def test_a_hit_stops_at_the_first_miss_and_salt_and_lora_separate():
 def test_generated_tokens_are_cached_except_the_last():
     # a: 40 prompt + 9 output; it computes 40 + 9 - 1 = 48 tokens -> 3 cached blocks.
     a = req("a", 0.0, [("u", 0, 40)], out=9)
-    b = Request("b", [StreamSegment("u", 0, 40), StreamSegment(output_stream("a"), 0, 9), StreamSegment("v", 0, 30)], 1, 1.0)
+    b = Request(
+        "b", [StreamSegment("u", 0, 40), StreamSegment(output_stream("a"), 0, 9), StreamSegment("v", 0, 30)], 1, 1.0
+    )
     assert ideal_hit_tokens([a, b], 16) == [0, 48]
     a8 = req("a", 0.0, [("u", 0, 40)], out=8)  # 47 computed tokens -> only 2 full blocks
     assert ideal_hit_tokens([a8, b], 16) == [0, 32]

@@ -87,10 +87,22 @@ def test_merged_blocks_are_accepted_by_default(build, tmp_path):
     [
         ("{not json", "invalid JSON"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1}', "missing field 'hash_ids'"),
-        ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}', "1 hash_ids for input_length 600; expected ceil(600/512) = 2"),
-        ('{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}', "'timestamp' must be a finite number >= 0"),
-        ('{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}', "'input_length' must be an integer"),
-        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["x"]}', "'hash_ids' must hold integers"),
+        (
+            '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1]}',
+            "1 hash_ids for input_length 600; expected ceil(600/512) = 2",
+        ),
+        (
+            '{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}',
+            "'timestamp' must be a finite number >= 0",
+        ),
+        (
+            '{"timestamp": 0, "input_length": "10", "output_length": 1, "hash_ids": [1]}',
+            "'input_length' must be an integer",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["x"]}',
+            "'hash_ids' must hold integers",
+        ),
         ("[1, 2]", "expected a JSON object"),
     ],
 )
@@ -109,8 +121,26 @@ def test_missing_trace_file(build):
 
 
 QWEN = [
-    {"chat_id": 3, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 5, "type": "text", "turn": 1, "hash_ids": [10, 11, 12]},
-    {"chat_id": 9, "parent_chat_id": 3, "timestamp": 2.25, "input_length": 70, "output_length": 8, "type": "text", "turn": 2, "hash_ids": [10, 11, 13, 14, 15]},
+    {
+        "chat_id": 3,
+        "parent_chat_id": -1,
+        "timestamp": 0.5,
+        "input_length": 40,
+        "output_length": 5,
+        "type": "text",
+        "turn": 1,
+        "hash_ids": [10, 11, 12],
+    },
+    {
+        "chat_id": 9,
+        "parent_chat_id": 3,
+        "timestamp": 2.25,
+        "input_length": 70,
+        "output_length": 8,
+        "type": "text",
+        "turn": 2,
+        "hash_ids": [10, 11, 13, 14, 15],
+    },
 ]
 
 
@@ -156,8 +186,19 @@ def test_azure_csv(build, tmp_path):
 def test_own_jsonl_format_with_ids_and_segments(build, tmp_path):
     rows = [
         {"id": "a", "at": 1.0, "token_ids": list(range(48)), "max_tokens": 5, "output_len": 3},
-        {"id": "b", "at": 2.0, "prompt": [{"ids": list(range(32))}, {"content": "x", "tokens": 16}], "max_tokens": 2, "lora": "l1"},
-        {"id": 7, "at": 0.5, "prompt": [{"content": "x", "start": 4, "tokens": 8}, {"output_of": "a", "tokens": 3}], "max_tokens": 1},
+        {
+            "id": "b",
+            "at": 2.0,
+            "prompt": [{"ids": list(range(32))}, {"content": "x", "tokens": 16}],
+            "max_tokens": 2,
+            "lora": "l1",
+        },
+        {
+            "id": 7,
+            "at": 0.5,
+            "prompt": [{"content": "x", "start": 4, "tokens": 8}, {"output_of": "a", "tokens": 3}],
+            "max_tokens": 1,
+        },
     ]
     name = write_jsonl(tmp_path / "own.jsonl", rows)
     c, a, b = build({"trace": {"format": "requests", "path": name}})
@@ -179,7 +220,9 @@ def test_own_jsonl_format_with_ids_and_segments(build, tmp_path):
 
 def test_own_parquet_format(build, tmp_path):
     ids = pa.array([list(range(20)), list(range(10, 30))], type=pa.list_(pa.int32()))
-    table = pa.table({"id": ["p", "q"], "at": [0.0, 1.0], "max_tokens": [4, 4], "output_len": [2, None], "token_ids": ids})
+    table = pa.table(
+        {"id": ["p", "q"], "at": [0.0, 1.0], "max_tokens": [4, 4], "output_len": [2, None], "token_ids": ids}
+    )
     pq.write_table(table, tmp_path / "own.parquet")
     p, q = build({"trace": {"format": "requests", "path": "own.parquet"}})
     assert p.prompt == (IdsSegment(np.arange(20)),) and q.prompt == (IdsSegment(np.arange(10, 30)),)
@@ -194,17 +237,27 @@ def test_own_parquet_format(build, tmp_path):
 
 def test_merged_blocks_are_exact_when_allowed(build, tmp_path):
     """A hybrid model's 1040-token blocks span trace blocks; opting in gives exact content."""
-    name = write_jsonl(tmp_path / "mc.jsonl", [
-        {"timestamp": 0, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]},
-        {"timestamp": 1, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 6]},
-        {"timestamp": 2, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 7, 4, 5]},
-        {"timestamp": 3, "input_length": 2090, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]},
-    ])
-    a, b, c, d = build({"trace": {"format": "mooncake", "path": name, "allow_merged_blocks": True}}, hash_block_size=1040)
+    name = write_jsonl(
+        tmp_path / "mc.jsonl",
+        [
+            {"timestamp": 0, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]},
+            {"timestamp": 1, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 6]},
+            {"timestamp": 2, "input_length": 2100, "output_length": 1, "hash_ids": [1, 2, 7, 4, 5]},
+            {"timestamp": 3, "input_length": 2090, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]},
+        ],
+    )
+    a, b, c, d = build(
+        {"trace": {"format": "mooncake", "path": name, "allow_merged_blocks": True}}, hash_block_size=1040
+    )
     for r in (a, b, c, d):
         r.set_block_hasher(RequestBlockHasher(1040))
     # Block 0 = tokens [0, 1040) = mc:1, mc:2, mc:3[0:16]; block 1 = mc:3[16:512], mc:4, mc:5[0:32].
-    first = hash_block(None, block_content([StreamSegment("mc:1", 0, 512), StreamSegment("mc:2", 0, 512), StreamSegment("mc:3", 0, 16)], 0, 1040))
+    first = hash_block(
+        None,
+        block_content(
+            [StreamSegment("mc:1", 0, 512), StreamSegment("mc:2", 0, 512), StreamSegment("mc:3", 0, 16)], 0, 1040
+        ),
+    )
     assert a.block_hashes[0] == b.block_hashes[0] == first
     assert a.block_hashes[1] != b.block_hashes[1]  # tokens [2048, 2080) come from mc:5 vs mc:6
     assert d.block_hashes == a.block_hashes  # a shorter partial tail of the same ids: same 2 blocks

@@ -18,12 +18,19 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-from sim.core.kv.fastpath import LookupMemo, MambaReplicas
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
+from sim.core.kv.fastpath import LookupMemo, MambaReplicas
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
 from sim.core.kv.pool import BlockPool, KVCacheBlock
-from sim.core.kv.specs import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec, cdiv, check_modelled_layout
+from sim.core.kv.specs import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    cdiv,
+    check_modelled_layout,
+)
 from sim.core.request import Request
 
 
@@ -64,7 +71,9 @@ class KVCacheCoordinator:
         for gid, group in enumerate(kv_cache_config.groups):
             spec = group.spec
             cls = manager_class_for(spec)
-            kw: dict[str, Any] = dict(enable_caching=enable_caching, cache_hit_alignment_tokens=self.scheduler_block_size)
+            kw: dict[str, Any] = dict(
+                enable_caching=enable_caching, cache_hit_alignment_tokens=self.scheduler_block_size
+            )
             if isinstance(spec, SlidingWindowSpec):
                 kw["max_admission_blocks_per_request"] = spec.max_admission_blocks_per_request(in_flight, max_len)
             if cls is MambaManager:
@@ -97,16 +106,28 @@ class KVCacheCoordinator:
         replicas = self.replicas
         if replicas is not None and replicas.enabled:
             fast = replicas.get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+                prefill_end,
             )
             if fast is not None:
                 return fast
         total = 0
         for i, manager in enumerate(self.single_type_managers):
             total += manager.get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks[i], total_computed_tokens,
-                num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
+                request_id,
+                num_tokens,
+                new_computed_blocks[i],
+                total_computed_tokens,
+                num_local_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+                prefill_end,
             )
         return total
 
@@ -139,7 +160,9 @@ class KVCacheCoordinator:
         replicas = self.replicas
         if replicas is not None and replicas.enabled:
             return replicas.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
-        return tuple([m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers])
+        return tuple(
+            [m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers]
+        )
 
     # ---------------------------------------------------------------- caching
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
@@ -152,7 +175,11 @@ class KVCacheCoordinator:
         retention = self.retention_interval
         cacheable = self.get_num_cacheable_tokens(num_computed_tokens)
         replicas = self.replicas
-        if replicas is not None and replicas.enabled and replicas.cache_blocks(request, cacheable, retention, boundaries):
+        if (
+            replicas is not None
+            and replicas.enabled
+            and replicas.cache_blocks(request, cacheable, retention, boundaries)
+        ):
             return
         for manager in self.single_type_managers:
             if manager.enable_caching:

@@ -128,8 +128,14 @@ class PolicyBlockPool(BlockPool):
         span = range(num_cached_blocks, max(num_cached_blocks, num_full_blocks))
         uncached = [i for i in span if blocks[i].block_hash is None]
         super().cache_full_blocks(
-            request_id, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size,
-            kv_cache_group_id, block_mask,
+            request_id,
+            blocks,
+            block_hashes,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask,
         )
         policy = self.policy
         for i in uncached:
@@ -208,10 +214,17 @@ def make_block_pool(
 ) -> BlockPool:
     """The plain vLLM pool for ``policy=None`` (``lru``), else a :class:`PolicyBlockPool`."""
     if policy is None or not enable_caching:
-        return BlockPool(config.num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=config.hash_block_size)
+        return BlockPool(
+            config.num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=config.hash_block_size
+        )
     return PolicyBlockPool(
-        config.num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=config.hash_block_size,
-        policy=policy, config=config, context=context or EvictionContext(),
+        config.num_blocks,
+        enable_caching,
+        enable_kv_cache_events,
+        hash_block_size=config.hash_block_size,
+        policy=policy,
+        config=config,
+        context=context or EvictionContext(),
     )
 
 

@@ -95,8 +95,10 @@ class QuietHorizons:
         self._groups = tuple(groups)
         #: While ``replicas`` is on, a follower's horizon is its leader's (same shape), so it is not asked.
         self._replicas = replicas
-        self._lead_groups = self._groups if replicas is None else tuple(
-            g for g in self._groups if not any(g is f for f in replicas.followers)
+        self._lead_groups = (
+            self._groups
+            if replicas is None
+            else tuple(g for g in self._groups if not any(g is f for f in replicas.followers))
         )
         self.enabled = (
             enabled
@@ -173,7 +175,7 @@ class QuietHorizons:
         horizons = self._horizons
         decode_cap = self.max_model_len - 1
         taken = 0
-        for request in running[start:start + limit]:
+        for request in running[start : start + limit]:
             computed = request.num_computed_tokens
             if computed + 1 != request.num_prompt_tokens + request.num_output_tokens or computed >= decode_cap:
                 break
@@ -208,8 +210,13 @@ class LookupMemo:
         self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int]] = {}
 
     def find_longest_cache_hit(
-        self, cls: type[SingleTypeKVCacheManager], block_hashes: Sequence[int], max_length: int,
-        group_ids: Sequence[int], spec: Any, alignment_tokens: int,
+        self,
+        cls: type[SingleTypeKVCacheManager],
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        spec: Any,
+        alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
         pool = self._pool
@@ -321,8 +328,14 @@ class MambaReplicas:
             if gid in followers:
                 continue
             count = manager.get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks[gid], total_computed_tokens,
-                num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
+                request_id,
+                num_tokens,
+                new_computed_blocks[gid],
+                total_computed_tokens,
+                num_local_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+                prefill_end,
             )
             if manager is leader:
                 lead_count = count
@@ -522,8 +535,10 @@ class MambaReplicas:
                 and not retained
                 and tail_pos != request.shared_prefix_boundary
             )
-        elif 0 < num_tokens and num_tokens % hbs == 0 and num_tokens == prefill_checkpoint_position(
-            request.num_prompt_tokens, hbs
+        elif (
+            0 < num_tokens
+            and num_tokens % hbs == 0
+            and num_tokens == prefill_checkpoint_position(request.num_prompt_tokens, hbs)
         ):
             idx = -(-num_tokens // bs) - 1
             if idx < len(table):

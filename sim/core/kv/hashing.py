@@ -34,9 +34,7 @@ BlockHash = int
 _U64 = struct.Struct("<Q")
 
 #: Parent of block 0 (vLLM's ``NONE_HASH`` from a fixed seed).
-NONE_HASH: BlockHash = int.from_bytes(
-    hashlib.blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little"
-)
+NONE_HASH: BlockHash = int.from_bytes(hashlib.blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little")
 
 
 @functools.lru_cache(maxsize=1 << 12)

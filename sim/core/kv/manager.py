@@ -11,9 +11,9 @@ from typing import Iterable, Sequence
 
 from sim.core.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy
+from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.managers import MambaManager
 from sim.core.kv.pool import KVCacheBlock, KVEvent
-from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.core.request import Request, RequestStatus
 
@@ -94,8 +94,11 @@ class KVCacheManager:
             watermark_blocks=self.watermark_blocks,
             # A chunk longer than the alignment may export a Mamba prefill checkpoint.
             max_tokens=min(
-                (m.cache_hit_alignment_tokens for m in managers
-                 if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks),
+                (
+                    m.cache_hit_alignment_tokens
+                    for m in managers
+                    if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks
+                ),
                 default=self.max_model_len,
             ),
             enabled=fast_paths,
@@ -202,8 +205,15 @@ class KVCacheManager:
         ):
             return self.allocate_running_slots(request, num_new_tokens)
         return self._allocate_slots_full(
-            request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, num_lookahead_tokens,
-            num_external_computed_tokens, delay_cache_blocks, full_sequence_must_fit, reserved_blocks,
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+            reserved_blocks,
             has_scheduled_reqs,
         )
 
@@ -340,7 +350,6 @@ class KVCacheManager:
         return tuple(pool.num_cached_entries(g) for g in range(self.num_kv_cache_groups))
 
 
-
 def check_invariants(manager: KVCacheManager) -> None:
     """Raise ``AssertionError("<invariant>: details")`` if the pool or a table is inconsistent.
 
@@ -379,7 +388,9 @@ def check_invariants(manager: KVCacheManager) -> None:
             raise AssertionError(f"negative ref count: block {b.block_id} has ref_cnt={b.ref_cnt}")
         expected = holders.get(b.block_id, 0)
         if b.ref_cnt != expected:
-            raise AssertionError(f"ref count: block {b.block_id} ref_cnt={b.ref_cnt} but held by {expected} table slots")
+            raise AssertionError(
+                f"ref count: block {b.block_id} ref_cnt={b.ref_cnt} but held by {expected} table slots"
+            )
         if (b.block_id in free_ids) != (b.ref_cnt == 0):
             raise AssertionError(
                 f"free xor owned: block {b.block_id} ref_cnt={b.ref_cnt}, in free queue={b.block_id in free_ids}"

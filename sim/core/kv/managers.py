@@ -164,7 +164,9 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_computed_blocks)
         self.num_cached_block[request_id] = len(req_blocks)
 
-    def num_external_blocks(self, num_table_blocks: int, num_local_computed_tokens: int, num_external_computed_tokens: int) -> int:
+    def num_external_blocks(
+        self, num_table_blocks: int, num_local_computed_tokens: int, num_external_computed_tokens: int
+    ) -> int:
         """Blocks :meth:`allocate_external_computed_blocks` takes for a table of ``num_table_blocks``."""
         total = num_local_computed_tokens + num_external_computed_tokens
         skipped = self.get_num_skipped_tokens(total)
@@ -459,7 +461,13 @@ class MambaManager(SingleTypeKVCacheManager):
     """
 
     def __init__(
-        self, spec: MambaSpec, block_pool: BlockPool, kv_cache_group_id: int, *, corrected_mamba_accounting: bool = False, **kw: Any
+        self,
+        spec: MambaSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        *,
+        corrected_mamba_accounting: bool = False,
+        **kw: Any,
     ) -> None:
         super().__init__(spec, block_pool, kv_cache_group_id, **kw)
         self.mamba_cache_mode = spec.mamba_cache_mode
@@ -581,8 +589,14 @@ class MambaManager(SingleTypeKVCacheManager):
             return self.block_pool.num_gpu_blocks + 1
         if not self._align:
             return super().get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                num_local_computed_tokens, num_tokens_main_model, apply_admission_cap, prefill_end,
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                num_tokens_main_model,
+                apply_admission_cap,
+                prefill_end,
             )
         num_tokens = num_tokens_main_model
         bs = self.block_size
@@ -592,7 +606,9 @@ class MambaManager(SingleTypeKVCacheManager):
         extra = 0
         if self.corrected_mamba_accounting and table_len == 0 and total_computed_tokens > num_local_computed_tokens:
             skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
-            after_local = max(skipped_blocks, len(new_computed_blocks)) if skipped_blocks > 0 else len(new_computed_blocks)
+            after_local = (
+                max(skipped_blocks, len(new_computed_blocks)) if skipped_blocks > 0 else len(new_computed_blocks)
+            )
             extra = self.num_external_blocks(
                 after_local, num_local_computed_tokens, total_computed_tokens - num_local_computed_tokens
             )

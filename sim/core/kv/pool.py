@@ -334,9 +334,7 @@ class BlockPool:
         self._insert(block, block_hash, kv_cache_group_id, num_tokens, request_id, "cache")
         return block.block_hash
 
-    def _insert(
-        self, blk: KVCacheBlock, h: BlockHash, gid: int, num_tokens: int, request_id: str, cause: str
-    ) -> None:
+    def _insert(self, blk: KVCacheBlock, h: BlockHash, gid: int, num_tokens: int, request_id: str, cause: str) -> None:
         key = blk.block_hash
         if key is not None:
             if key[0] == h and key[1] == gid:

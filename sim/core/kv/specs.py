@@ -224,7 +224,9 @@ def _resolve_mamba_mode(mode: str | None, enable_prefix_caching: bool) -> MambaC
     return mode
 
 
-def _validate_retention(retention_interval: int | None, scheduler_block_size: int, groups: Sequence[KVCacheGroupSpec]) -> None:
+def _validate_retention(
+    retention_interval: int | None, scheduler_block_size: int, groups: Sequence[KVCacheGroupSpec]
+) -> None:
     """vLLM ``_validate_prefix_cache_retention_interval``."""
     if retention_interval is None:
         return
@@ -306,7 +308,9 @@ def check_modelled_layout(config: KVCacheConfig) -> None:
 GroupItem = Union[str, Mapping[str, object]]
 
 
-def _parse_group(item: GroupItem, index: int, block_size: int, mamba_mode: MambaCacheMode, max_model_len: int) -> KVCacheSpec:
+def _parse_group(
+    item: GroupItem, index: int, block_size: int, mamba_mode: MambaCacheMode, max_model_len: int
+) -> KVCacheSpec:
     where = f"cache.groups[{index}]"
     if isinstance(item, str):
         item = {"type": item}

@@ -74,7 +74,10 @@ class BaseEvictionPolicy:
 
 
 _REGISTRY: Registry[BaseEvictionPolicy] = Registry(
-    BaseEvictionPolicy, ENTRY_POINT_GROUP, "cache.eviction_policy", "eviction policy",
+    BaseEvictionPolicy,
+    ENTRY_POINT_GROUP,
+    "cache.eviction_policy",
+    "eviction policy",
     options_key="cache.eviction_options",
 )
 
@@ -247,9 +250,7 @@ class ChainIndex:
             if parent is not None and not has(gid, parent):
                 return True
             return (
-                self.fa_tail_rule
-                and (gid, h) not in self._children
-                and not any(has(m, h) for m in self.mamba_groups)
+                self.fa_tail_rule and (gid, h) not in self._children and not any(has(m, h) for m in self.mamba_groups)
             )
         # Mamba
         for other in self.fa_groups + self.swa_groups + self.mamba_groups:

@@ -166,9 +166,7 @@ def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any
     ``num_tokens - 1``; ``None`` when prefix-cache reads are off for the request."""
     if not kv_manager.prefix_cache_lookup_enabled(request):
         return None
-    blocks, hits = kv_manager.coordinator.find_longest_cache_hit_per_group(
-        request.block_hashes, request.num_tokens - 1
-    )
+    blocks, hits = kv_manager.coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)
     return tuple(list(b) for b in blocks), tuple(hits)
 
 
@@ -242,7 +240,7 @@ class TrimToMinPolicy(_PerGroupPolicy):
         groups = kv_manager.kv_cache_config.groups
         local = min(hits[g] for g, group in enumerate(groups) if group.spec.kind == "full_attention")
         for lst, group in zip(blocks, groups):
-            del lst[local // group.spec.block_size:]
+            del lst[local // group.spec.block_size :]
         return local
 
 

@@ -60,8 +60,10 @@ def _read_azure(path: Path) -> list[RequestDraft]:
         header = [h.strip() for h in header]
         missing = [c for c in COLUMNS if c not in header]
         if missing:
-            raise WorkloadError(f"{path}:1: missing column(s) {', '.join(missing)}; the header has "
-                                f"{len(header)} other column(s); expected {','.join(COLUMNS)}")
+            raise WorkloadError(
+                f"{path}:1: missing column(s) {', '.join(missing)}; the header has "
+                f"{len(header)} other column(s); expected {','.join(COLUMNS)}"
+            )
         index = {c: header.index(c) for c in COLUMNS}
         for line, row in enumerate(reader, start=2):
             if not row or not any(cell.strip() for cell in row):
@@ -75,8 +77,9 @@ def _read_azure(path: Path) -> list[RequestDraft]:
                 if not abs(stamp) <= 1e12:  # also NaN and inf
                     raise ValueError("out of range")
             except (ValueError, OverflowError):
-                raise WorkloadError(f"{loc}: TIMESTAMP: cannot parse {excerpt(fields['TIMESTAMP'])} "
-                                    "(a datetime or a number of seconds)") from None
+                raise WorkloadError(
+                    f"{loc}: TIMESTAMP: cannot parse {excerpt(fields['TIMESTAMP'])} (a datetime or a number of seconds)"
+                ) from None
             numbers = {}
             for c in COLUMNS[1:]:
                 try:
@@ -92,8 +95,6 @@ def _read_azure(path: Path) -> list[RequestDraft]:
         return []
     origin = min(r[1] for r in rows)
     return [
-        RequestDraft(
-            f"az{line}", stamp - origin, (StreamSegment(f"az:{line}", 0, context),), out, out, order=i
-        )
+        RequestDraft(f"az{line}", stamp - origin, (StreamSegment(f"az:{line}", 0, context),), out, out, order=i)
         for i, (line, stamp, context, out) in enumerate(rows)
     ]

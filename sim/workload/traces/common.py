@@ -92,8 +92,9 @@ def time_field(obj: dict[str, Any], key: str, loc: str) -> float:
     from sim.limits import MAX_TIME_S
 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TIME_S * 1000:
-        raise WorkloadError(f"{loc}: '{key}' must be a finite number >= 0 (and <= {MAX_TIME_S * 1000:g}), "
-                            f"got {excerpt(value)}")
+        raise WorkloadError(
+            f"{loc}: '{key}' must be a finite number >= 0 (and <= {MAX_TIME_S * 1000:g}), got {excerpt(value)}"
+        )
     return float(value)
 
 

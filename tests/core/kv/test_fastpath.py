@@ -6,11 +6,11 @@ end to end by ``tests/test_fastpath_differential.py``.)
 
 from __future__ import annotations
 
+from support.kv import ids, make_manager, make_request
+
 from sim.core.kv.fastpath import LookupMemo
 from sim.core.kv.managers import FullAttentionManager
 from sim.core.request import RequestStatus
-
-from support.kv import ids, make_manager, make_request
 
 
 def _cache_prompt(m, rid: str, stream: str, tokens: int):

@@ -10,8 +10,8 @@ for the last prompt token stores block 8 again under the same hash.
 
 from __future__ import annotations
 
-from sim.config.load import scenario_from_text
 from sim.api import run_scenario
+from sim.config.load import scenario_from_text
 
 SCENARIO = """
 name: rekey

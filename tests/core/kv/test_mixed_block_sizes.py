@@ -11,13 +11,12 @@ the fine hash at their last hash boundary, hits are aligned down to the LCM.
 from __future__ import annotations
 
 import pytest
+from support.kv import ids, make_manager, make_request
 
 from sim.core.kv.hash_view import BlockHashesAtBlockSize, block_hashes_at
 from sim.core.kv.manager import KVCacheManager, check_invariants
 from sim.core.kv.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec, kv_cache_config_from_groups
 from sim.core.request import RequestStatus
-
-from support.kv import ids, make_manager, make_request
 
 SWA32 = {"type": "sliding_window", "window": 64, "block_size": 32}
 FA32 = {"type": "full_attention", "block_size": 32}
@@ -55,7 +54,9 @@ def test_per_group_block_size_key_gives_lcm_scheduler_and_gcd_hash_block():
     c = kv_cache_config_from_groups([FA32, {"type": "mamba", "block_size": 16}], block_size=8, num_blocks=30)
     assert [g.spec for g in c.groups] == [FullAttentionSpec(32), MambaSpec(16)]
     assert (c.scheduler_block_size, c.hash_block_size, c.partial_hash_hits_enabled) == (32, 16, False)
-    c = kv_cache_config_from_groups(["full_attention", SWA32], block_size=16, num_blocks=30, enable_prefix_caching=False)
+    c = kv_cache_config_from_groups(
+        ["full_attention", SWA32], block_size=16, num_blocks=30, enable_prefix_caching=False
+    )
     assert c.hash_block_size == 32
 
 
@@ -63,7 +64,9 @@ def test_layouts_vllm_would_give_fine_grained_hits_are_rejected():
     """FA 16 + Mamba 32 (align): hash block 16 < Mamba block and both managers
     support fine-grained lookups, so vLLM 0.33 turns on partial hash hits."""
     with pytest.raises(ValueError, match=r"cache.groups: block sizes \(full_attention=16, mamba=32\).*fine-grained"):
-        kv_cache_config_from_groups(["full_attention", {"type": "mamba", "block_size": 32}], block_size=16, num_blocks=30)
+        kv_cache_config_from_groups(
+            ["full_attention", {"type": "mamba", "block_size": 32}], block_size=16, num_blocks=30
+        )
     # A sliding-window group at a block size other than the GCD keeps vLLM on LCM-aligned hits.
     c = kv_cache_config_from_groups(
         ["full_attention", SWA32, {"type": "mamba", "block_size": 64}], block_size=16, num_blocks=30
@@ -76,7 +79,10 @@ def test_layouts_vllm_would_give_fine_grained_hits_are_rejected():
 @pytest.mark.parametrize(
     "item, message",
     [
-        ({"type": "full_attention", "block_size": 0}, r"cache.groups\[1\].block_size: must be a positive integer, got 0"),
+        (
+            {"type": "full_attention", "block_size": 0},
+            r"cache.groups\[1\].block_size: must be a positive integer, got 0",
+        ),
         ({"type": "sliding_window", "window": 8, "block_size": "16"}, r"cache.groups\[1\].block_size"),
         ({"type": "full_attention", "block": 16}, r"unknown key\(s\) \['block'\].*valid: \['block_size', 'type'\]"),
     ],
@@ -89,7 +95,10 @@ def test_bad_group_block_size_names_the_key(item, message):
 def test_mamba_block_size_without_prefix_caching_is_rejected():
     with pytest.raises(ValueError, match=r"cache.groups\[1\].block_size: a Mamba group without prefix caching"):
         kv_cache_config_from_groups(
-            ["full_attention", {"type": "mamba", "block_size": 32}], block_size=16, num_blocks=30, enable_prefix_caching=False
+            ["full_attention", {"type": "mamba", "block_size": 32}],
+            block_size=16,
+            num_blocks=30,
+            enable_prefix_caching=False,
         )
 
 

@@ -62,8 +62,15 @@ def test_cached_prefix_is_the_per_block_lookup_up_to_the_first_miss():
             out += found
         return out
 
-    for hashes, limit, gid in (([1, 2, 3, 4], 9, 0), ([1, 2, 3], 2, 0), ([1, 5, 3], 3, 0), ([9], 1, 0), ([9], 1, 1),
-                               ([9], 1, 3), ([], 4, 0)):
+    for hashes, limit, gid in (
+        ([1, 2, 3, 4], 9, 0),
+        ([1, 2, 3], 2, 0),
+        ([1, 5, 3], 3, 0),
+        ([9], 1, 0),
+        ([9], 1, 1),
+        ([9], 1, 3),
+        ([], 4, 0),
+    ):
         assert pool.get_cached_prefix(hashes, limit, gid) == per_block(hashes, limit, gid)
     assert pool.get_cached_prefix([1, 2, 3], 3, 0) == [a, b, c]
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support.kv import ids, make_manager, make_request
 
 from sim.core.kv.manager import check_invariants
 from sim.core.kv.pool import KVEvent
-
-from support.kv import ids, make_manager, make_request
 
 
 def test_prefill_full_attention_ids_free_order_and_eviction():
@@ -16,7 +15,12 @@ def test_prefill_full_attention_ids_free_order_and_eviction():
     blocks, hit, boundary = m.get_computed_blocks(req0)
     assert (hit, boundary) == (0, 0) and blocks is m.empty_kv_cache_blocks
     assert ids(m.allocate_slots(req0, 55, 0, blocks)) == ([1, 2, 3, 4],)
-    assert [b.block_hash_num_tokens for b in m.coordinator.single_type_managers[0].req_to_blocks["0"]] == [16, 32, 48, None]
+    assert [b.block_hash_num_tokens for b in m.coordinator.single_type_managers[0].req_to_blocks["0"]] == [
+        16,
+        32,
+        48,
+        None,
+    ]
     stored = m.take_events()
     assert [(e.kind, e.block_id, e.request_id) for e in stored] == [("stored", i, "0") for i in (1, 2, 3)]
 
@@ -63,7 +67,10 @@ def test_full_prompt_hit_is_capped_one_token_short():
 
 
 def test_prefill_hybrid_sliding_window():
-    m = make_manager(["full_attention", {"type": "sliding_window", "window": 32}] * 1 + [{"type": "sliding_window", "window": 32}], num_blocks=21)
+    m = make_manager(
+        ["full_attention", {"type": "sliding_window", "window": 32}] * 1 + [{"type": "sliding_window", "window": 32}],
+        num_blocks=21,
+    )
     req0 = make_request("0", ("common", 48), ("u0", 7))
     blocks, hit, _ = m.get_computed_blocks(req0)
     assert hit == 0
@@ -125,10 +132,13 @@ def test_hybrid_mamba_seed_ids_and_free_order():
     check_invariants(m)
 
 
-@pytest.mark.parametrize("evict,hits,reconciled,boundary", [
-    ({5, 7, 4, 6}, (32, 64), 16, 32),  # FA blocks 2-3 and Mamba blocks 1-2 evicted
-    ({4, 6, 8}, (64, 16), 16, 64),  # Mamba blocks 1-3 evicted
-])
+@pytest.mark.parametrize(
+    "evict,hits,reconciled,boundary",
+    [
+        ({5, 7, 4, 6}, (32, 64), 16, 32),  # FA blocks 2-3 and Mamba blocks 1-2 evicted
+        ({4, 6, 8}, (64, 16), 16, 64),  # Mamba blocks 1-3 evicted
+    ],
+)
 def test_pr48425_divergence_cache_manager_part(evict, hits, reconciled, boundary):
     m = make_manager(["full_attention", "mamba"], num_blocks=100)
     _seed_hybrid_mamba(m)
@@ -187,7 +197,9 @@ def test_external_tokens_undercount_raises_like_vllm_and_corrected_refuses():
                 m.allocate_slots(req, 16, 0, None, num_external_computed_tokens=64, full_sequence_must_fit=True)
             assert m.get_block_ids("r") == ([1, 2, 3, 4, 6], [0, 0, 0, 5])
         else:
-            assert m.allocate_slots(req, 16, 0, None, num_external_computed_tokens=64, full_sequence_must_fit=True) is None
+            assert (
+                m.allocate_slots(req, 16, 0, None, num_external_computed_tokens=64, full_sequence_must_fit=True) is None
+            )
             check_invariants(m)
 
 
@@ -244,7 +256,9 @@ def test_no_prefix_cache_never_hits_and_mamba_none_takes_one_block():
 
 @pytest.mark.parametrize("checkpoints", [True, False])
 def test_mamba_prefill_checkpoint_block_holds_replay_state(checkpoints):
-    m = make_manager(["full_attention", {"type": "mamba", "prefill_checkpoints": checkpoints}], num_blocks=40, retention_interval=0)
+    m = make_manager(
+        ["full_attention", {"type": "mamba", "prefill_checkpoints": checkpoints}], num_blocks=40, retention_interval=0
+    )
     req = make_request("r0", ("doc", 100))
     m.allocate_slots(req, 100, full_sequence_must_fit=True)
     stored = [(e.group, e.block_id) for e in m.take_events() if e.kind == "stored"]

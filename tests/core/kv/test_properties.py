@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.kv import make_manager, make_request
 
 from sim.core.kv.eviction import EvictionContext, PolicyBlockPool
 from sim.core.kv.manager import check_invariants
 from sim.core.policy.eviction import ChainIndex, create_eviction_policy
 from sim.core.request import RequestStatus
-
-from support.kv import make_manager, make_request
 
 LAYOUTS = [
     ["full_attention", "mamba"],
@@ -73,9 +72,7 @@ def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, o
     name, options = policy if isinstance(policy, tuple) else (policy, {})
     ctx = EvictionContext(connector_attached=name == "connector", prefill_flops=lambda p: float(p * p))
     pol = create_eviction_policy("group_coherent" if name == "connector" else name, options)
-    m = make_manager(
-        layout, num_blocks=40, retention_interval=retention, eviction_policy=pol, eviction_context=ctx
-    )
+    m = make_manager(layout, num_blocks=40, retention_interval=retention, eviction_policy=pol, eviction_context=ctx)
     assert (pol is None) != isinstance(m.block_pool, PolicyBlockPool)
     fa_block = m.kv_cache_config.groups[0].spec.block_size  # group 0 is full attention
     waiting, running = [], []

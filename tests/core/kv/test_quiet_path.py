@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.kv import make_manager, make_request
 
 from sim.core.kv.manager import check_invariants
 from sim.core.kv.managers import MambaManager
 from sim.core.request import RequestStatus
-
-from support.kv import make_manager, make_request
 
 LAYOUTS = [
     ["full_attention", "mamba"],
@@ -29,8 +28,12 @@ LAYOUTS = [
 #: Identical Mamba groups (decided once: sim.core.kv.fastpath.MambaReplicas), one of them after the attention group.
 REPLICA_LAYOUTS = [
     ["full_attention", "mamba", "mamba"],
-    [{"type": "mamba", "prefill_checkpoints": True}, {"type": "mamba", "prefill_checkpoints": True},
-     "full_attention", {"type": "mamba", "prefill_checkpoints": True}],
+    [
+        {"type": "mamba", "prefill_checkpoints": True},
+        {"type": "mamba", "prefill_checkpoints": True},
+        "full_attention",
+        {"type": "mamba", "prefill_checkpoints": True},
+    ],
 ]
 
 op = st.one_of(
@@ -177,7 +180,7 @@ def test_replica_groups_rekey_their_own_prompt_boundary_state():
                 m.evict_blocks([m.get_block_ids("r")[1][1]])  # group 1's state at 32
         events.append([tuple(e) for e in m.take_events()])
     assert events[0] == events[1]
-    assert [(e[0], e[1]) for e in events[0] if e[5] == "cache" and e[3] == make_request("x", ("a", 40)).block_hashes[1]] == [
-        ("stored", 1)
-    ]
+    assert [
+        (e[0], e[1]) for e in events[0] if e[5] == "cache" and e[3] == make_request("x", ("a", 40)).block_hashes[1]
+    ] == [("stored", 1)]
     assert _state(fast) == _state(ref)

@@ -78,10 +78,14 @@ def test_pure_attention_single_group():
 def test_explicit_groups_and_validation():
     cfg = kv_cache_config_from_groups(
         ["full_attention", {"type": "sliding_window", "window": 64}, {"type": "mamba", "prefill_checkpoints": True}],
-        block_size=16, num_blocks=100, retention_interval=32,
+        block_size=16,
+        num_blocks=100,
+        retention_interval=32,
     )
     assert [g.spec for g in cfg.groups] == [
-        FullAttentionSpec(16), SlidingWindowSpec(16, 64), MambaSpec(16, "align", True)
+        FullAttentionSpec(16),
+        SlidingWindowSpec(16, 64),
+        MambaSpec(16, "align", True),
     ]
     assert cfg.scheduler_block_size == cfg.hash_block_size == 16
     with pytest.raises(ValueError, match=r"multiple of the scheduler block size \(16\)"):

@@ -157,13 +157,17 @@ def test_names_options_and_verifiability():
     assert ev.eviction_not_verifiable_reason("lru") is None
     assert "what-if" in (ev.eviction_not_verifiable_reason("marconi") or "")
     assert ev.GroupCoherentPolicy.mirrors_vllm is False and ev.MarconiPolicy.mirrors_vllm is False
-    with pytest.raises(ValueError, match=r"cache.eviction_policy: unknown eviction policy 'fifo'; valid: group_coherent, lru"):
+    with pytest.raises(
+        ValueError, match=r"cache.eviction_policy: unknown eviction policy 'fifo'; valid: group_coherent, lru"
+    ):
         ev.create_eviction_policy("fifo")
     with pytest.raises(ValueError, match="cache.eviction_options: lru takes no options"):
         ev.create_eviction_policy("lru", {"window": 3})
     with pytest.raises(ValueError, match=r"cache.eviction_options.beta: unknown option \(valid: alpha, window\)"):
         ev.create_eviction_policy("marconi", {"beta": 1})
-    with pytest.raises(ValueError, match="cache.eviction_options: group_coherent: option window must be a positive integer"):
+    with pytest.raises(
+        ValueError, match="cache.eviction_options: group_coherent: option window must be a positive integer"
+    ):
         ev.create_eviction_policy("group_coherent", {"window": 0})
     with pytest.raises(ValueError, match="marconi: option alpha must be a non-negative number"):
         ev.create_eviction_policy("marconi", {"alpha": -1})

@@ -23,8 +23,11 @@ def _req(rid: str, tokens: int) -> Request:
 
 def _cache(groups=("full_attention", "mamba"), fa_blocks=(), mamba_states=()) -> KVCacheManager:
     """A pool where the document's FA blocks ``fa_blocks`` and Mamba states ``mamba_states`` are cached."""
-    kv = KVCacheManager(kv_cache_config_from_groups(list(groups), block_size=B, num_blocks=40,
-                                                    mamba_cache_mode="align", retention_interval=None))
+    kv = KVCacheManager(
+        kv_cache_config_from_groups(
+            list(groups), block_size=B, num_blocks=40, mamba_cache_mode="align", retention_interval=None
+        )
+    )
     hashes = _req("probe", 80).block_hashes
     pool = kv.block_pool
     cached = {0: set(fa_blocks), 1: set(mamba_states)}

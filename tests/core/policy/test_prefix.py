@@ -46,7 +46,9 @@ def test_builtins_are_registered_and_sorted():
 
 
 def test_unknown_policy_names_the_key_and_valid_names():
-    with pytest.raises(ValueError, match=r"scheduler.prefix_policy: unknown policy 'nope'; valid: .*pr48425.*reconciled"):
+    with pytest.raises(
+        ValueError, match=r"scheduler.prefix_policy: unknown policy 'nope'; valid: .*pr48425.*reconciled"
+    ):
         get_prefix_policy("nope")
 
 
@@ -103,7 +105,12 @@ def test_only_the_policies_that_are_vllms_decisions_are_marked_verifiable():
 
     builtins = ("pr48425", "max_per_group", "reconciled", "trim_to_min", "pr48425_requery")
     marks = {name: get_prefix_policy(name).mirrors_vllm for name in builtins}
-    assert marks == {"pr48425": True, "max_per_group": True, "reconciled": False, "trim_to_min": False,
-                     "pr48425_requery": False}
+    assert marks == {
+        "pr48425": True,
+        "max_per_group": True,
+        "reconciled": False,
+        "trim_to_min": False,
+        "pr48425_requery": False,
+    }
     assert get_prefix_policy("pr48425_requery").requery_after_fallback
     assert not get_prefix_policy("pr48425").requery_after_fallback
