@@ -22,6 +22,9 @@ from sim.api import RunOptions, run_scenario
 from sim.config import load_scenario, scenario_from_text
 from sim.trace.golden import GOLDEN_SCENARIOS
 
+#: Not in the unit tier (`make test-fast`): differential: whole scenarios run both ways.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted(
     {ROOT / "scenarios" / rel for rel in GOLDEN_SCENARIOS}

@@ -114,6 +114,7 @@ def _edit_once(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
+@pytest.mark.slow
 def test_exported_tests_pass_against_vllm_and_fail_when_edited(
     tmp_path: Path, crash_scenario, values_scenario, fuzz_scenario
 ) -> None:

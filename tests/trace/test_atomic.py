@@ -21,6 +21,9 @@ from support.cli import CRASHING, invoke
 
 from sim.trace.atomic import check_bundle, foreign_entries
 
+#: Not in the unit tier (`make test-fast`): end to end: runs in subprocesses interrupted by real signals.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "tests" / "bad_input" / "base.yaml"
 

@@ -19,6 +19,9 @@ from sim.cli import app
 from sim.config import ScenarioError, load_scenario
 from sim.verify.run import EXIT_IDENTICAL, fuzz_command, verify_scenario
 
+#: Not in the unit tier (`make test-fast`): differential: whole scenarios against the real vLLM 0.33.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted(p for p in (ROOT / "scenarios").rglob("*.yaml"))
 
