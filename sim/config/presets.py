@@ -493,33 +493,61 @@ def _llama_31_8b() -> ModelPreset:
     (SwiGLU); vocab_size 128256; tie_word_embeddings false;
     max_position_embeddings 131072.
     """
-    h, n, heads, kv, inter, vocab = 4096, 32, 32, 8, 14336, 128256
-    hd = h // heads
-    attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
-    dense = n * (_attention_params(h, heads, kv, hd) + _mlp_params(h, inter, gated=True) + 2 * h) + h
-    return ModelPreset(
-        name="llama-3.1-8b",
+    return dense_transformer_preset(
+        "llama-3.1-8b",
         hf_repo="meta-llama/Llama-3.1-8B",
-        shape=ModelShape("llama-3.1-8b", (attn,) * n, max_model_len=131072),
-        hidden_size=h,
+        hidden=4096,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        intermediate=14336,
+        vocab=128256,
+        max_model_len=131072,
+    )
+
+
+def dense_transformer_preset(
+    name: str,
+    *,
+    hf_repo: str,
+    hidden: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    max_model_len: int,
+    gated: bool = True,
+) -> ModelPreset:
+    """A plain transformer (every layer full attention + MLP, untied LM head): Llama-style presets and
+    the shapes of a Vidur profile (``sim.timing.profiles``)."""
+    hd = hidden // heads
+    attn = AttentionLayerShape(num_kv_heads=kv_heads, head_size=hd)
+    per_layer = _attention_params(hidden, heads, kv_heads, hd) + _mlp_params(hidden, intermediate, gated=gated)
+    return ModelPreset(
+        name=name,
+        hf_repo=hf_repo,
+        shape=ModelShape(name, (attn,) * layers, max_model_len=max_model_len),
+        hidden_size=hidden,
         vocab_size=vocab,
-        num_decoder_layers=n,
-        num_attention_layers=n,
+        num_decoder_layers=layers,
+        num_attention_layers=layers,
         num_mamba_layers=0,
-        num_mlp_layers=n,
+        num_mlp_layers=layers,
         num_moe_layers=0,
         num_attention_heads=heads,
-        num_kv_heads=kv,
+        num_kv_heads=kv_heads,
         head_dim=hd,
-        mlp_intermediate_size=inter,
+        mlp_intermediate_size=intermediate,
         moe_intermediate_size=0,
         shared_expert_intermediate_size=0,
         num_experts=0,
         experts_per_token=0,
-        embedding_params=vocab * h,
-        lm_head_params=vocab * h,
-        dense_params=dense,
+        embedding_params=vocab * hidden,
+        lm_head_params=vocab * hidden,
+        dense_params=layers * (per_layer + 2 * hidden) + hidden,
         expert_params=0,
+        mlp_gated=gated,
     )
 
 

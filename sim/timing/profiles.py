@@ -27,8 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.config.presets import ModelPreset
-from sim.core.kv.shapes import AttentionLayerShape, ModelShape
+from sim.config.presets import ModelPreset, dense_transformer_preset
 
 MLP_OPS = (
     "input_layernorm",
@@ -78,35 +77,17 @@ class Profile:
 
     def model(self, layers: int, name: str = "profile") -> ModelPreset:
         """A plain transformer with the profile's shapes and ``layers`` decoder layers (the CSVs do not say)."""
-        h, heads, kv, inter, vocab = self.hidden, self.heads, self.kv_heads, self.intermediate, self.vocab
-        hd = h // heads
-        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-        mlp = (3 if self.gated else 2) * h * inter
-        dense = layers * (attn + mlp + 2 * h) + h
-        return ModelPreset(
-            name=name,
+        return dense_transformer_preset(
+            name,
             hf_repo="-",
-            shape=ModelShape(name, (AttentionLayerShape(kv, hd),) * layers, 1 << 20),
-            hidden_size=h,
-            vocab_size=vocab,
-            num_decoder_layers=layers,
-            num_attention_layers=layers,
-            num_mamba_layers=0,
-            num_mlp_layers=layers,
-            num_moe_layers=0,
-            num_attention_heads=heads,
-            num_kv_heads=kv,
-            head_dim=hd,
-            mlp_intermediate_size=inter,
-            moe_intermediate_size=0,
-            shared_expert_intermediate_size=0,
-            num_experts=0,
-            experts_per_token=0,
-            embedding_params=vocab * h,
-            lm_head_params=vocab * h,
-            dense_params=dense,
-            expert_params=0,
-            mlp_gated=self.gated,
+            hidden=self.hidden,
+            layers=layers,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            intermediate=self.intermediate,
+            vocab=self.vocab,
+            max_model_len=1 << 20,
+            gated=self.gated,
         )
 
 
