@@ -143,6 +143,14 @@ class _PlannedFault:
 class FaultyConnector(KVConnector):
     name = "faulty"
 
+    #: The fault options in force (set from the constructor, changed by ``connector_fault`` actions).
+    load_failure_prob: float
+    partial_load_prob: float
+    partial_fraction: float
+    mamba_drop_prob: float
+    slow_prob: float
+    slowdown: float
+
     def __init__(
         self,
         wraps: Mapping[str, Any] | KVConnector | None = None,
@@ -163,8 +171,6 @@ class FaultyConnector(KVConnector):
         spec = wraps if wraps is not None else inner
         assert spec is not None  # exactly one was given (checked above)
         self.inner = spec if isinstance(spec, KVConnector) else _build_inner(spec)
-        self.load_failure_prob = self.partial_load_prob = self.mamba_drop_prob = self.slow_prob = 0.0
-        self.partial_fraction = self.slowdown = 0.0
         self.fail_loads: set[str] = set()
         self.partial_loads: dict[str, float] = {}
         self.drop_mamba: set[str] = set()

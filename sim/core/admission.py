@@ -75,10 +75,9 @@ class AdmissionAttempt:
     def hit_diverged(self) -> bool:
         return self.lookup is not None and self.lookup.hit_diverged
 
-    def stop(self, end: AttemptEnd, reason: str) -> AttemptEnd:
+    def stop(self, end: AttemptEnd, reason: str) -> None:
         """End the attempt without admitting: outcome ``not_admitted`` for ``reason``."""
         self.end, self.outcome, self.reason = end, "not_admitted", reason
-        return end
 
 
 #: Classifies a successful allocation: returns ``(outcome, tokens_lost, taint_origin)``. It reads the

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import sim
 from sim.cli import app
+from sim.trace.atomic import BundleError
 
 HEAD = """
 name: sessions
@@ -193,7 +194,7 @@ def test_session_tables_are_written_to_the_bundle_and_load_back(tmp_path, fmt):
         assert list(got["session"].astype(str)) == list(want["session"].astype(str))
     assert list(loaded.session_tables["turns"]["reusable_tokens"]) == [0, 32, 48]
     (out / "sessions" / f"turns.{fmt}").write_bytes(b"tampered")
-    with pytest.raises(Exception, match="turns"):
+    with pytest.raises(BundleError, match="turns"):
         sim.load_result(out)
 
 
