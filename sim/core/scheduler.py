@@ -53,7 +53,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Literal, NoReturn, TypeVar
+from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
 
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
@@ -86,6 +86,11 @@ class EngineCrash(Exception):
 def _crash_reason(exc: BaseException) -> str:
     message = str(exc)
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+#: Batches in flight at once: vLLM's ``VllmConfig.max_concurrent_batches`` is the
+#: pipeline-parallel size, or 2 with async scheduling; hybridsim models neither, so 1.
+MAX_CONCURRENT_BATCHES: Final = 1
 
 
 @dataclass(frozen=True)
@@ -121,16 +126,12 @@ class SchedulerConfig:
         if not (isinstance(self.watermark, (int, float)) and 0.0 <= self.watermark < 1.0):
             raise ValueError(f"scheduler.watermark: expected a fraction in [0, 1), got {self.watermark!r}")
 
-    #: Batches in flight at once: vLLM's ``VllmConfig.max_concurrent_batches`` is the
-    #: pipeline-parallel size, or 2 with async scheduling; hybridsim models neither, so 1.
-    max_concurrent_batches: ClassVar[int] = 1
-
     @property
     def max_in_flight_tokens(self) -> int:
         """Tokens scheduled but not yet settled (vLLM ``VllmConfig.max_in_flight_tokens``):
         concurrent batches x ``max_num_batched_tokens``. The kv manager sizes the
         sliding-window admission cap with it."""
-        return self.max_concurrent_batches * self.max_num_batched_tokens
+        return MAX_CONCURRENT_BATCHES * self.max_num_batched_tokens
 
 
 @dataclass

@@ -86,6 +86,10 @@ class KVCacheCoordinator:
         self.lookups = LookupMemo(self.block_pool, enabled=fast_paths)
         #: Identical Mamba groups decided once (a fast path: sim.core.kv.fastpath), or None.
         self.replicas = MambaReplicas.find(managers, enabled=fast_paths and enable_caching)
+        self._init_layout()
+
+    def _init_layout(self) -> None:
+        """Subclass hook: the group layout's own state, after the managers exist."""
 
     # ------------------------------------------------------------- accounting
     def get_num_blocks_to_allocate(
@@ -227,9 +231,6 @@ class KVCacheCoordinator:
 
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
-    def __init__(self, kv_cache_config: KVCacheConfig, **kw: Any) -> None:
-        super().__init__(kv_cache_config, enable_caching=False, **kw)
-
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> tuple[BlockLists, int, int]:
@@ -237,8 +238,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 
 
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
-    def __init__(self, kv_cache_config: KVCacheConfig, **kw: Any) -> None:
-        super().__init__(kv_cache_config, enable_caching=True, **kw)
+    def _init_layout(self) -> None:
         assert len(self.single_type_managers) == 1
         manager = self.single_type_managers[0]
         self._spec = manager.kv_cache_spec
@@ -256,8 +256,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
-    def __init__(self, kv_cache_config: KVCacheConfig, **kw: Any) -> None:
-        super().__init__(kv_cache_config, enable_caching=True, **kw)
+    def _init_layout(self) -> None:
         self.attention_groups: list[SpecGroup] = []
         for gid, manager in enumerate(self.single_type_managers):
             spec = manager.kv_cache_spec
@@ -337,10 +336,31 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
 
 
-def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, **kw: Any) -> KVCacheCoordinator:
+def get_kv_cache_coordinator(
+    kv_cache_config: KVCacheConfig,
+    *,
+    enable_kv_cache_events: bool = True,
+    max_in_flight_tokens: int | None = None,
+    corrected_mamba_accounting: bool = False,
+    fast_paths: bool = True,
+    eviction_policy: EvictionPolicy | None = None,
+    eviction_context: EvictionContext | None = None,
+) -> KVCacheCoordinator:
     """vLLM's choice: caching off → no-cache; one group → unitary; else hybrid."""
+    cls: type[KVCacheCoordinator]
     if not kv_cache_config.enable_prefix_caching:
-        return KVCacheCoordinatorNoPrefixCache(kv_cache_config, **kw)
-    if len(kv_cache_config.groups) == 1:
-        return UnitaryKVCacheCoordinator(kv_cache_config, **kw)
-    return HybridKVCacheCoordinator(kv_cache_config, **kw)
+        cls = KVCacheCoordinatorNoPrefixCache
+    elif len(kv_cache_config.groups) == 1:
+        cls = UnitaryKVCacheCoordinator
+    else:
+        cls = HybridKVCacheCoordinator
+    return cls(
+        kv_cache_config,
+        enable_caching=kv_cache_config.enable_prefix_caching,
+        enable_kv_cache_events=enable_kv_cache_events,
+        max_in_flight_tokens=max_in_flight_tokens,
+        corrected_mamba_accounting=corrected_mamba_accounting,
+        fast_paths=fast_paths,
+        eviction_policy=eviction_policy,
+        eviction_context=eviction_context,
+    )

@@ -26,7 +26,7 @@ R-SWA, boundary-state offload hand-offs, worker zeroing lists.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import ClassVar, Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import BlockHash
@@ -95,7 +95,7 @@ class SingleTypeKVCacheManager:
     #: Whether a lookup's answer is also the answer for any ``max_length`` between its hit
     #: and the ``max_length`` it was given (same hashes, same cache map); read by the
     #: lookup memo (:class:`sim.core.kv.fastpath.LookupMemo`).
-    hit_kept_for_shorter_lookups: bool = False
+    hit_kept_for_shorter_lookups: ClassVar[bool] = False
 
     @classmethod
     def find_longest_cache_hit(
@@ -351,8 +351,24 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
-    def __init__(self, spec: SlidingWindowSpec, block_pool: BlockPool, kv_cache_group_id: int, **kw: Any) -> None:
-        super().__init__(spec, block_pool, kv_cache_group_id, **kw)
+    def __init__(
+        self,
+        spec: SlidingWindowSpec,
+        block_pool: BlockPool,
+        kv_cache_group_id: int,
+        *,
+        enable_caching: bool,
+        cache_hit_alignment_tokens: int,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        super().__init__(
+            spec,
+            block_pool,
+            kv_cache_group_id,
+            enable_caching=enable_caching,
+            cache_hit_alignment_tokens=cache_hit_alignment_tokens,
+            max_admission_blocks_per_request=max_admission_blocks_per_request,
+        )
         self.sliding_window = spec.window
 
     @classmethod
@@ -466,10 +482,17 @@ class MambaManager(SingleTypeKVCacheManager):
         block_pool: BlockPool,
         kv_cache_group_id: int,
         *,
+        enable_caching: bool,
+        cache_hit_alignment_tokens: int,
         corrected_mamba_accounting: bool = False,
-        **kw: Any,
     ) -> None:
-        super().__init__(spec, block_pool, kv_cache_group_id, **kw)
+        super().__init__(
+            spec,
+            block_pool,
+            kv_cache_group_id,
+            enable_caching=enable_caching,
+            cache_hit_alignment_tokens=cache_hit_alignment_tokens,
+        )
         self.mamba_cache_mode = spec.mamba_cache_mode
         self._align = spec.mamba_cache_mode == "align"
         assert self.mamba_cache_mode == "align" or not self.enable_caching, "Mamba prefix caching requires align mode"
