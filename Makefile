@@ -11,7 +11,7 @@ EXTRAS ?= test,dev
 # What `ruff format --check` enforces (the whole code base).
 FORMATTED ?= sim tests benchmarks
 
-.PHONY: venv venv-extras vllm-env run test test-fast lint bench golden eviction-study clean
+.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden eviction-study clean
 
 # --no-compile: byte-compile only what runs, on first import (saves ~20 s of CPU on a fresh install).
 PIP_INSTALL ?= $(PY) -m pip install -q --no-compile
@@ -43,6 +43,15 @@ $(VENV)/.vllm-installed: $(VENV)/.installed $(VLLM_REQ)
 
 vllm-env: $(VENV)/.vllm-installed
 
+# The compiled core (docs/native.md): mypyc compiles sim/core into C extensions beside the sources (about a
+# minute, once; again only after a core source changes). Runs use it when it matches the sources.
+$(VENV)/.installed-native: $(VENV)/.installed
+	$(PIP_INSTALL) -e '.[native]'
+	touch $@
+
+native: $(VENV)/.installed-native
+	$(VENV)/bin/hybridsim native build --if-stale
+
 run: venv
 	$(VENV)/bin/hybridsim run $(SCENARIO) -o $(OUT)
 
@@ -57,7 +66,7 @@ lint: venv-extras
 	$(PY) -m mypy
 	$(if $(FORMATTED),$(PY) -m ruff format --check $(FORMATTED))
 
-bench: venv
+bench: native
 	$(PY) benchmarks/bench.py
 
 golden: venv
@@ -81,4 +90,5 @@ eviction-study: venv
 	    results/sweep-eviction-conversation-wide results/sweep-eviction-synthetic-wide --figure docs/images/eviction-gap.png
 
 clean:
+	-$(VENV)/bin/hybridsim native clean
 	rm -rf $(VENV) results/demo-pressure

@@ -19,8 +19,11 @@ imports are not timed (vLLM's import takes about 10 s). Times are CPU seconds
 of the process (``time.process_time``: on a shared machine wall time mostly
 measures the neighbours), the best of ``--repeat`` runs; the wall time of that
 run is printed too. Without vLLM the vLLM columns say so and only the
-hybridsim figures are printed. ``--plain`` times hybridsim without its fast
-paths (``RunOptions(fast_paths=False)``), for comparison.
+hybridsim figures are printed. The first line says which core hybridsim runs:
+the compiled one (``make native``, docs/native.md; ``make bench`` builds it) or
+the interpreted one. ``--interpreted`` times the interpreted core even when a
+compiled build exists, and ``--plain`` times hybridsim without its fast paths
+(``RunOptions(fast_paths=False)``), for comparison.
 """
 
 from __future__ import annotations
@@ -71,7 +74,10 @@ def work_hybridsim(path: str, overrides: list[str], repeat: int, plain: bool) ->
         best = took if best is None else min(best, took)
     assert best is not None
     summary = result.summary
+    from sim import native
+
     return {
+        "core": native.status().reason,
         "cpu_s": best[0],
         "wall_s": best[1],
         "clock": scenario.clock,
@@ -114,9 +120,11 @@ def work_vllm(path: str, repeat: int, check: bool) -> dict:
 # --------------------------------------------------------------------------- driver
 
 
-def _spawn(args: list[str]) -> dict:
+def _spawn(args: list[str], interpreted: bool = False) -> dict:
     """Run one worker in a fresh interpreter; its last stdout line is the JSON result."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+    if interpreted:
+        env["HYBRIDSIM_NATIVE"] = "0"
     proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -138,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true", help="Skip the vLLM side.")
     parser.add_argument("--no-check", action="store_true", help="Skip the identical-decisions check.")
     parser.add_argument("--plain", action="store_true", help="Time hybridsim without its fast paths.")
+    parser.add_argument(
+        "--interpreted", action="store_true", help="Time hybridsim's interpreted core even if a compiled one is built."
+    )
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -156,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeat: expected an integer >= 1, got {args.repeat}")
     plain = "plain" if args.plain else "fast"
     label = "hybridsim" + (" (plain)" if args.plain else "")
+    cores: set[str] = set()
 
     if args.only in (None, "step"):
         print(
@@ -165,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in STEP_WORKLOADS:
             path = str(SCENARIOS / f"{name}.yaml")
-            ours = _spawn(["hybridsim", path, str(args.repeat), plain])
+            ours = _spawn(["hybridsim", path, str(args.repeat), plain], args.interpreted)
             theirs = (
                 {"missing": "skipped (--no-vllm)"}
                 if args.no_vllm
@@ -174,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in ours:
                 print(f"{name:<28} hybridsim {ours['error']}")
                 continue
+            cores.add(ours["core"])
             head = f"{name:<28} {ours['requests']:>8} {ours['steps']:>6}  {_fmt_s(ours):>24}"
             if "cpu_s" not in theirs:
                 print(
@@ -215,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     for name, path, overrides in runs:
-        r = _spawn(["hybridsim", str(path), "1", plain, *overrides])
+        r = _spawn(["hybridsim", str(path), "1", plain, *overrides], args.interpreted)
         if "error" in r:
             print(f"{name:<34} {r['error']}")
             continue
+        cores.add(r["core"])
         unit = "s" if r["clock"] == "time" else "steps"
         x_real = f"{r['simulated_s'] / r['cpu_s']:>10.0f}x" if unit == "s" else f"{'-':>11}"
         print(
@@ -226,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['simulated_s']:>9.0f} {unit:<1} {x_real} {r['peak_rss_mb']:>9.0f}",
             flush=True,
         )
+    print(f"\nhybridsim core: {'; '.join(sorted(cores)) or 'no run finished'}")
     return 0
 
 

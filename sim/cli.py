@@ -57,6 +57,10 @@ golden_app = typer.Typer(
     no_args_is_help=True, help="Golden traces: re-run the golden scenarios and check or rewrite them."
 )
 app.add_typer(golden_app, name="golden")
+native_app = typer.Typer(
+    no_args_is_help=True, help="The compiled core (mypyc): build it, see whether this process runs it, remove it."
+)
+app.add_typer(native_app, name="native")
 
 _state = {"debug": False}
 
@@ -688,6 +692,45 @@ def golden_regenerate(
     from sim.sweep import golden
 
     golden.regenerate(scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs)
+
+
+@native_app.command("build")
+def native_build(
+    opt_level: str = typer.Option("3", "--opt-level", help="C optimisation level for the compiler (0-3)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show mypyc's and the compiler's output."),
+    if_stale: bool = typer.Option(False, "--if-stale", help="Do nothing if the compiled build matches the sources."),
+) -> None:
+    """Compile the core with mypyc (about a minute); until it finishes every run is interpreted."""
+    from sim import native
+    from sim.native.build import NativeBuildError, build
+
+    if opt_level not in ("0", "1", "2", "3"):
+        _fail(f"--opt-level: expected 0, 1, 2 or 3, got {opt_level!r}")
+    if if_stale and native.decide(native.read_manifest(), env={}).compiled:
+        typer.echo("the compiled build matches the sources")
+        return
+    try:
+        done = build(opt_level=opt_level, echo=verbose)
+    except NativeBuildError as exc:
+        _fail(str(exc), code=1)
+    typer.echo(f"compiled {done.modules} modules in {done.seconds} s (mypyc {done.mypyc})")
+
+
+@native_app.command("status")
+def native_status() -> None:
+    """Say whether runs in this environment use the compiled core, and why."""
+    from sim import native
+
+    typer.echo(native.status().reason)
+
+
+@native_app.command("clean")
+def native_clean() -> None:
+    """Remove the compiled core (its extensions and manifest); runs are interpreted again."""
+    from sim.native.build import clean
+
+    for path in clean():
+        typer.echo(f"removed {path}")
 
 
 @app.command("divergence-table")
