@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config.scenario import Scenario
+from sim.engine.collector import collector_paused
 from sim.engine.run import RunOptions, build_run
 
 __all__ = ["RunOptions", "RunResult", "run", "run_scenario"]
@@ -22,8 +23,9 @@ def run_scenario(
 ) -> RunResult:
     """Run ``scenario`` (a Scenario or a YAML path); write the bundle (and plots) to ``out_dir`` if given."""
     options = options or RunOptions()
-    run = build_run(scenario, options)
-    result = finalize(run.execute())
+    with collector_paused():
+        run = build_run(scenario, options)
+        result = finalize(run.execute())
     if out_dir is not None:
         plots = run.scenario.outputs.plots if options.write_plots is None else options.write_plots
         fmt = options.plot_format
