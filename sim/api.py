@@ -18,16 +18,22 @@ __all__ = ["RunOptions", "RunResult", "run", "run_scenario"]
 from sim.results import RunResult, finalize, write_bundle
 
 
+def _simulate(scenario: Scenario | str | Path, options: RunOptions) -> tuple[RunResult, bool]:
+    """Build, execute and finalize; the run's state is dropped on return (before the collector resumes,
+    which then has only the result left to look at)."""
+    run = build_run(scenario, options)
+    return finalize(run.execute()), run.scenario.outputs.plots
+
+
 def run_scenario(
     scenario: Scenario | str | Path, out_dir: str | Path | None = None, *, options: RunOptions | None = None
 ) -> RunResult:
     """Run ``scenario`` (a Scenario or a YAML path); write the bundle (and plots) to ``out_dir`` if given."""
     options = options or RunOptions()
     with collector_paused():
-        run = build_run(scenario, options)
-        result = finalize(run.execute())
+        result, plots_wanted = _simulate(scenario, options)
     if out_dir is not None:
-        plots = run.scenario.outputs.plots if options.write_plots is None else options.write_plots
+        plots = plots_wanted if options.write_plots is None else options.write_plots
         fmt = options.plot_format
 
         def draw(res: RunResult, plots_dir: Path) -> list[Path]:
