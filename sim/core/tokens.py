@@ -181,7 +181,13 @@ def _runs_from(
         lo = (start if start > offset else offset) - offset
         hi = (end if end < seg_end else seg_end) - offset
         if type(seg) is StreamSegment:
-            _append_stream(runs, seg.stream, seg.start + lo, hi - lo)
+            stream = seg.stream
+            piece_start = seg.start + lo
+            prev = runs[-1] if runs else None
+            if type(prev) is tuple and prev[0] == stream and prev[1] + prev[2] == piece_start:
+                runs[-1] = (stream, prev[1], prev[2] + hi - lo)
+            else:
+                runs.append((stream, piece_start, hi - lo))
         elif type(seg) is StreamBlocksSegment:
             block = seg.block
             pos = lo
@@ -209,6 +215,24 @@ def _runs_from(
     return runs, index, offset
 
 
+def _encode_blocks(seg: StreamBlocksSegment, start: int, end: int) -> bytes:
+    """Canonical bytes of tokens ``[start, end)`` of ``seg`` (positions relative to its first token)."""
+    block, prefix, ids = seg.block, seg.prefix, seg.ids
+    k = start // block
+    pos = start - k * block
+    if pos + end - start <= block:  # inside one block of the run: a single run
+        return b"S" + f"{prefix}{ids[k]}".encode() + b"\x00" + _POS.pack(pos, end - start)
+    parts: list[bytes] = []
+    while start < end:
+        k = start // block
+        piece_end = (k + 1) * block
+        if piece_end > end:
+            piece_end = end
+        parts.append(b"S" + f"{prefix}{ids[k]}".encode() + b"\x00" + _POS.pack(start - k * block, piece_end - start))
+        start = piece_end
+    return b"".join(parts)
+
+
 def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> Iterator[bytes]:
     """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
     index = offset = 0
@@ -226,13 +250,10 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
             yield b"S" + seg.stream.encode() + b"\x00" + _POS.pack(seg.start + lo - offset, block_size)
             continue
         if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
-            rel = lo - offset
-            k = rel // seg.block
-            pos = rel - k * seg.block
-            if pos + block_size <= seg.block:
-                # The block lies inside one block of the run: a single canonical run too.
-                yield b"S" + f"{seg.prefix}{seg.ids[k]}".encode() + b"\x00" + _POS.pack(pos, block_size)
-                continue
+            # The block lies inside one run of blocks: one canonical run per block of the run it
+            # touches. They never merge: each after the first starts at position 0 of its stream.
+            yield _encode_blocks(seg, lo - offset, hi - offset)
+            continue
         runs, index, offset = _runs_from(segments, index, offset, lo, hi)
         yield _encode_runs(runs)
 
