@@ -308,3 +308,41 @@ def test_merged_blocks_are_exact_when_allowed(build, tmp_path):
     assert c.block_hashes[0] != first
     with pytest.raises(Exception, match="allow_merged_blocks applies to the mooncake and qwen formats"):
         build({"trace": {"format": "azure", "path": "x.csv", "allow_merged_blocks": True}})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": [1, 2.5, "x\\u00e9"], "b": null}\n',
+        '{"k": "caf\u00e9 \u2603"}\n'.encode(),
+        b'{"k": "\xed\xa0\x80"}\n',  # an encoded lone surrogate: json.loads of bytes lets it through
+        b'{"k": "\xff"}\n',  # not UTF-8
+        b"\xef\xbb\xbf" + b'{"k": 1}\n',  # UTF-8 BOM
+        '{"k": 2}\n'.encode("utf-16-le"),
+        '{"k": 3}'.encode("utf-32-be"),
+        b"{",
+        b'{"k": 1} x\n',
+        b"[1]\n",
+    ],
+)
+def test_jsonl_lines_parse_as_json_loads_of_the_bytes(tmp_path, raw):
+    """The line decoding shortcut gives json.loads(raw)'s object, or an error where json.loads raises."""
+    import io
+
+    from sim.workload.traces.common import jsonl_objects
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(raw)
+    want = []
+    try:  # the reference: json.loads of each line's bytes, the lines as a binary file splits them
+        for line_no, line in enumerate(io.BytesIO(raw), start=1):
+            if line.strip():
+                want.append((line_no, json.loads(line)))
+        ok = all(isinstance(obj, dict) for _, obj in want)
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if ok:
+        assert list(jsonl_objects(path)) == want
+    else:
+        with pytest.raises(WorkloadError, match=r"t.jsonl:\d+: "):
+            list(jsonl_objects(path))

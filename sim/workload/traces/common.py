@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sim.core.tokens import StreamBlocksSegment
+from sim.limits import MAX_TIME_S
 from sim.workload.errors import WorkloadError
 
 
@@ -53,7 +54,12 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                if raw.startswith(b"{") and raw[1:2] != b"\x00":
+                    # Such a line has no BOM and is not UTF-16/32, so json.loads(raw) would detect UTF-8 and
+                    # decode it just so; its detection costs about as much as the parse.
+                    obj = json.loads(raw.decode("utf-8", "surrogatepass"))
+                else:
+                    obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
             except UnicodeDecodeError as exc:
@@ -91,8 +97,6 @@ def time_field(obj: dict[str, Any], key: str, loc: str) -> float:
     if key not in obj:
         raise WorkloadError(f"{loc}: missing field '{key}'")
     value = obj[key]
-    from sim.limits import MAX_TIME_S
-
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TIME_S * 1000:
         raise WorkloadError(
             f"{loc}: '{key}' must be a finite number >= 0 (and <= {MAX_TIME_S * 1000:g}), got {excerpt(value)}"
@@ -136,7 +140,7 @@ def expand_hash_blocks(
             f"ceil({input_length}/{trace_block}) = {expected}"
         )
     ids = tuple(hash_ids)
-    if not all(type(h) is int for h in ids):  # JSON gives exact ints; a bool or float is refused
+    if not set(map(type, ids)) <= {int}:  # JSON gives exact ints; a bool or float is refused
         bad = next(h for h in ids if type(h) is not int)
         raise WorkloadError(f"{loc}: 'hash_ids' must hold integers, got {bad!r}")
     return (StreamBlocksSegment(prefix, ids, trace_block, input_length),)
