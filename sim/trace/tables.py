@@ -302,8 +302,9 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
 
     Only the common case is handled here: every value already has the column's
     Python type (ints, floats or None for floats, bools, strs, 64-bit hash ints
-    or None). Anything else goes through :func:`_coerce`, which gives the same
-    result or the same error.
+    or None; a str column may hold str subclasses, whose text is taken as is).
+    Anything else goes through :func:`_coerce`, which gives the same result or
+    the same error.
     """
     if dtype in (_INT, _FLOAT) and values:
         # One C pass, no dtype discovery: array.array takes ints (and bools, numpy ints) for 'q',
@@ -331,6 +332,16 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
         if array.dtype.kind not in "if":
             array = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
         return pd.Series(array.astype(np.float64, copy=False), copy=False)
+    if dtype == _STR and _ARROW_STR and values:
+        # pyarrow infers its string type only when every value is a str (None gives a null, bytes make
+        # it binary, anything else raises), so its inference doubles as the type check.
+        try:
+            inferred = pa.array(values)
+        except (TypeError, ValueError, OverflowError, pa.ArrowException):
+            return None
+        if inferred.type != pa.string() or inferred.null_count:
+            return None
+        return _arrow_str_series(inferred.cast(pa.large_string()))
     types = set(map(type, values))
     if dtype == _STR:
         return _str_series(values) if types <= {str} else None
@@ -356,8 +367,11 @@ _ARROW_STR = getattr(_STR_DTYPE, "storage", None) == "pyarrow"
 def _str_series(values: Sequence[str]) -> pd.Series:
     if not _ARROW_STR:
         return pd.Series(values, dtype=_STR)
-    array = pa.chunked_array([pa.array(values, type=pa.large_string())])
-    return pd.Series(pd.arrays.ArrowStringArray(array, dtype=_STR_DTYPE))
+    return _arrow_str_series(pa.array(values, type=pa.large_string()))
+
+
+def _arrow_str_series(array: pa.LargeStringArray) -> pd.Series:
+    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE))
 
 
 def _hex_series(values: Sequence[int]) -> pd.Series | None:

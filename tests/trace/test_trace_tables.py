@@ -222,11 +222,17 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
         ("arrival_s", [0.5, None, 3]),
         ("arrival_s", [1.0, "2"]),
         ("arrival_s", [1e308, -0.0, float("inf")]),
+        ("outcome", ["ok", "", "caf\u00e9"]),
+        ("outcome", ["ok", None]),
+        ("outcome", ["ok", b"ok"]),  # bytes: the general path's text is "b'ok'"
+        ("outcome", ["ok", 1]),
+        ("outcome", ["ok", float("nan")]),
+        ("outcome", [np.str_("ok"), "x"]),
     ],
 )
-def test_fast_numeric_columns_equal_the_general_path(monkeypatch, column, values):
-    """Any mix of values in a recorder's int or float column: the one-pass conversion or its fallback gives
-    the general path's column (values and dtype) or its error."""
+def test_fast_columns_equal_the_general_path(monkeypatch, column, values):
+    """Any mix of values in a recorder's int, float or str column: the one-pass conversion or its fallback
+    gives the general path's column (values and dtype) or its error."""
     import sim.trace.tables as tables
 
     frame = {
