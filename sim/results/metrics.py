@@ -79,7 +79,9 @@ def _distribution(values: pd.Series) -> dict[str, float | None]:
     v = values.dropna().to_numpy(dtype=float)
     if len(v) == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES}}
+    # One call for all the percentiles: each is computed as a call of its own would (same order statistics).
+    points = np.percentile(v, PERCENTILES)
+    return {"mean": float(v.mean()), **{f"p{p}": float(x) for p, x in zip(PERCENTILES, points)}}
 
 
 def _counts(values: pd.Series) -> dict[str, int]:
@@ -136,7 +138,7 @@ def _full_attention_rate(first: pd.DataFrame, group_kinds: Sequence[str], prompt
     fa = [f"hit_g{i}" for i, kind in enumerate(group_kinds) if kind == FULL_ATTENTION]
     if not fa:
         return None
-    return _ratio(first[fa].min(axis=1).sum(), prompt)
+    return _ratio(int(first[fa].to_numpy(dtype=np.int64).min(axis=1).sum()), prompt)
 
 
 def run_summary(

@@ -133,7 +133,7 @@ def _pandas_reference(tables, group_kinds):
     first = admitted.drop_duplicates("request_id", keep="first")
     fa = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k == "full_attention"]
     other = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k != "full_attention"]
-    if admitted.empty:
+    if not fa or not other or admitted.empty:
         divergences = {"mamba_deeper": 0, "fa_deeper": 0}
     else:
         fa_hit = admitted[fa].min(axis=1)
@@ -155,10 +155,16 @@ def _pandas_reference(tables, group_kinds):
         },
         "divergences": divergences,
         "evictions": {"total": int(len(removed)), "by_group": by_group},
+        "full_attention_hit_rate": (
+            float(first[fa].min(axis=1).sum()) / float(first["prompt_tokens"].sum())
+            if fa and first["prompt_tokens"].sum() > 0
+            else None
+        ),
     }
 
 
-def test_counts_equal_the_pandas_definitions_on_random_tables(tables):
+@pytest.mark.parametrize("kinds", [KINDS, ["full_attention", "full_attention"], ["mamba", "full_attention"]])
+def test_counts_equal_the_pandas_definitions_on_random_tables(tables, kinds):
     """Random resamplings of the hand tables: the column-wise counts equal frame filters and groupbys."""
     import numpy as np
 
@@ -182,8 +188,8 @@ def test_counts_equal_the_pandas_definitions_on_random_tables(tables):
         kv["cause"] = rng.choice(["evict_lru", "evict_forced", "cache", "free"], len(kv))
         t["admissions"] = normalize_table("admissions", adm)
         t["kv_events"] = normalize_table("kv_events", kv)
-        want = _pandas_reference(t, KINDS)
-        s = run_summary(t, group_kinds=KINDS)
+        want = _pandas_reference(t, kinds)
+        s = run_summary(t, group_kinds=kinds)
         a = s["admissions"]
         got = {
             "first": first_admissions(t["admissions"])[["step", "request_id", "hit_g0", "hit_g1"]].values.tolist(),
@@ -192,6 +198,7 @@ def test_counts_equal_the_pandas_definitions_on_random_tables(tables):
             "by_policy": a["by_policy"],
             "divergences": a["divergences"],
             "evictions": s["evictions"],
+            "full_attention_hit_rate": s["cache"]["full_attention_hit_rate"],
         }
         assert got == want
         assert list(got["by_policy"]) == list(want["by_policy"])  # the same key order in summary.json
