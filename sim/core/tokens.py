@@ -4,7 +4,10 @@ A prompt is a sequence of *segments*. A :class:`StreamSegment` names a token
 stream and a half-open range of positions in it: the token at position ``p`` of
 stream ``s`` is a fixed function of ``(s, p)``, so two prompts that use the same
 stream range hold the same tokens and therefore share prefix blocks. An
-:class:`IdsSegment` holds explicit token ids (for traces that carry them).
+:class:`IdsSegment` holds explicit token ids (for traces that carry them). A
+:class:`StreamBlocksSegment` is a compact spelling of many consecutive
+``StreamSegment(prefix + str(id), 0, block)`` (a trace's hash blocks): it holds
+exactly those tokens, and :func:`basic_segments` spells it out again.
 
 Invariants:
 
@@ -17,14 +20,15 @@ Invariants:
 * :func:`block_content` returns a *canonical* byte string for a token range:
   adjacent runs of the same stream at consecutive positions are merged, and
   adjacent explicit-id runs are concatenated, so equal tokens give equal bytes
-  however the segments were cut.
+  however the segments were cut (or whether hash blocks are spelled as one
+  :class:`StreamBlocksSegment` or one :class:`StreamSegment` each).
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Sequence, Union
+from typing import Iterator, Sequence, Union, cast
 
 import numpy as np
 
@@ -61,7 +65,48 @@ class IdsSegment:
         return isinstance(other, IdsSegment) and np.array_equal(self.ids, other.ids)
 
 
-Segment = Union[StreamSegment, IdsSegment]
+@dataclass(frozen=True, slots=True)
+class StreamBlocksSegment:
+    """Consecutive blocks of distinct streams, one object for a whole run of trace hash blocks.
+
+    Block ``k`` holds tokens ``0 .. block - 1`` of stream ``prefix + str(ids[k])``,
+    except the last, which holds the first ``length - (len(ids) - 1) * block``
+    (between 1 and ``block``). The tokens, and so the canonical block bytes, are
+    exactly those of the ``StreamSegment`` per block that :meth:`pieces` returns.
+    """
+
+    prefix: str
+    ids: tuple[int, ...]
+    block: int
+    length: int
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        if self.block < 1 or n < 1 or not (n - 1) * self.block < self.length <= n * self.block:
+            raise ValueError(f"blocks {self.prefix!r}: {n} ids of {self.block} tokens cannot hold {self.length} tokens")
+
+    def pieces(self) -> tuple[StreamSegment, ...]:
+        """The same tokens as one ``StreamSegment`` per block."""
+        prefix, block = self.prefix, self.block
+        out = [StreamSegment(f"{prefix}{h}", 0, block) for h in self.ids]
+        tail = self.length - (len(self.ids) - 1) * block
+        if tail != block:
+            out[-1] = StreamSegment(f"{prefix}{self.ids[-1]}", 0, tail)
+        return tuple(out)
+
+
+Segment = Union[StreamSegment, IdsSegment, StreamBlocksSegment]
+
+
+def basic_segments(segments: Sequence[Segment]) -> tuple[Union[StreamSegment, IdsSegment], ...]:
+    """``segments`` with every :class:`StreamBlocksSegment` spelled out as its per-block pieces (same tokens)."""
+    out: list[Union[StreamSegment, IdsSegment]] = []
+    for seg in segments:
+        if type(seg) is StreamBlocksSegment:
+            out.extend(seg.pieces())
+        else:
+            out.append(seg)  # type: ignore[arg-type]  # not a StreamBlocksSegment
+    return tuple(out)
 
 
 def output_stream(request_id: str) -> str:
@@ -102,6 +147,15 @@ def slice_runs(segments: Sequence[Segment], start: int, end: int) -> list[Segmen
     ]
 
 
+def _append_stream(runs: list[_Run], stream: str, start: int, length: int) -> None:
+    """Append stream tokens ``stream[start : start + length]`` to ``runs``, merging with a run they continue."""
+    prev = runs[-1] if runs else None
+    if type(prev) is tuple and prev[0] == stream and prev[1] + prev[2] == start:
+        runs[-1] = (stream, prev[1], prev[2] + length)
+    else:
+        runs.append((stream, start, length))
+
+
 def _runs_from(
     segments: Sequence[Segment], index: int, offset: int, start: int, end: int
 ) -> tuple[list[_Run], int, int]:
@@ -126,16 +180,27 @@ def _runs_from(
             break
         lo = (start if start > offset else offset) - offset
         hi = (end if end < seg_end else seg_end) - offset
-        prev = runs[-1] if runs else None
         if type(seg) is StreamSegment:
             stream = seg.stream
             piece_start = seg.start + lo
+            prev = runs[-1] if runs else None
             if type(prev) is tuple and prev[0] == stream and prev[1] + prev[2] == piece_start:
                 runs[-1] = (stream, prev[1], prev[2] + hi - lo)
             else:
                 runs.append((stream, piece_start, hi - lo))
+        elif type(seg) is StreamBlocksSegment:
+            block = seg.block
+            pos = lo
+            while pos < hi:  # one piece per block touched, as the per-block segments would give
+                k = pos // block
+                piece_end = (k + 1) * block
+                if piece_end > hi:
+                    piece_end = hi
+                _append_stream(runs, f"{seg.prefix}{seg.ids[k]}", pos - k * block, piece_end - pos)
+                pos = piece_end
         else:
-            ids = seg.ids[lo:hi]  # type: ignore[union-attr]  # `type(seg) is StreamSegment` failed above
+            ids = cast(IdsSegment, seg).ids[lo:hi]  # neither stream kind: an IdsSegment
+            prev = runs[-1] if runs else None
             if prev is not None and type(prev) is not tuple:
                 runs[-1] = np.concatenate([prev, ids])
             else:
@@ -148,6 +213,24 @@ def _runs_from(
     if covered != end - start:
         raise ValueError(f"token range [{start}, {end}) is beyond the content ({offset} tokens)")
     return runs, index, offset
+
+
+def _encode_blocks(seg: StreamBlocksSegment, start: int, end: int) -> bytes:
+    """Canonical bytes of tokens ``[start, end)`` of ``seg`` (positions relative to its first token)."""
+    block, prefix, ids = seg.block, seg.prefix, seg.ids
+    k = start // block
+    pos = start - k * block
+    if pos + end - start <= block:  # inside one block of the run: a single run
+        return b"S" + f"{prefix}{ids[k]}".encode() + b"\x00" + _POS.pack(pos, end - start)
+    parts: list[bytes] = []
+    while start < end:
+        k = start // block
+        piece_end = (k + 1) * block
+        if piece_end > end:
+            piece_end = end
+        parts.append(b"S" + f"{prefix}{ids[k]}".encode() + b"\x00" + _POS.pack(start - k * block, piece_end - start))
+        start = piece_end
+    return b"".join(parts)
 
 
 def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> Iterator[bytes]:
@@ -165,6 +248,11 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
         if type(seg) is StreamSegment and offset + seg.length >= hi:
             # The block lies inside one stream segment: it is a single canonical run.
             yield b"S" + seg.stream.encode() + b"\x00" + _POS.pack(seg.start + lo - offset, block_size)
+            continue
+        if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
+            # The block lies inside one run of blocks: one canonical run per block of the run it
+            # touches. They never merge: each after the first starts at position 0 of its stream.
+            yield _encode_blocks(seg, lo - offset, hi - offset)
             continue
         runs, index, offset = _runs_from(segments, index, offset, lo, hi)
         yield _encode_runs(runs)

@@ -29,7 +29,7 @@ from typing import Any
 
 import sim
 from sim.config.scenario import Scenario
-from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
+from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment, basic_segments
 from sim.engine.build import build_components
 from sim.verify import vllm_side
 from sim.verify.lower import TOKEN_STRIDE, lower, not_verifiable_reason
@@ -230,7 +230,7 @@ def export_vllm_test(scenario: Scenario, source: str) -> str:
         raise ExportError(f"{source}: cannot export a vLLM test: {reason}")
     components = build_components(scenario)
     assert components is not None  # None only for a dry run
-    segments = {r.request_id: r.prompt for r in components.requests}
+    segments = {r.request_id: basic_segments(r.prompt) for r in components.requests}
     script = lower(scenario, components)
     expected = expectation(hybridsim_trace(scenario, script["max_steps"]))
     consts, script_src = _script_source(script, scenario, segments)

@@ -79,11 +79,31 @@ def _distribution(values: pd.Series) -> dict[str, float | None]:
     v = values.dropna().to_numpy(dtype=float)
     if len(v) == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
-    return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in PERCENTILES}}
+    # One call for all the percentiles: each is computed as a call of its own would (same order statistics).
+    points = np.percentile(v, PERCENTILES)
+    return {"mean": float(v.mean()), **{f"p{p}": float(x) for p, x in zip(PERCENTILES, points)}}
 
 
 def _counts(values: pd.Series) -> dict[str, int]:
     return {str(k): int(n) for k, n in sorted(values.value_counts().items())}
+
+
+def _coded(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, uniques)`` of a column, to count many subsets of it without filtering frames; NA is code -1."""
+    codes, uniques = pd.factorize(values)
+    return codes, np.asarray(uniques, dtype=object)
+
+
+def _coded_counts(codes: np.ndarray, uniques: np.ndarray, mask: np.ndarray) -> dict[str, int]:
+    """:func:`_counts` of the rows in ``mask`` of a :func:`_coded` column (NA left out, as value_counts does)."""
+    picked = codes[mask]
+    counts = np.bincount(picked[picked >= 0], minlength=len(uniques))
+    return {str(k): int(n) for k, n in sorted((uniques[i], counts[i]) for i in np.flatnonzero(counts))}
+
+
+def _admitted_mask(admissions: pd.DataFrame) -> np.ndarray:
+    """Rows whose outcome admitted the request."""
+    return (admissions["outcome"] != NOT_ADMITTED).to_numpy(dtype=bool)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -92,21 +112,24 @@ def _ratio(num: float, den: float) -> float | None:
 
 def first_admissions(admissions: pd.DataFrame) -> pd.DataFrame:
     """Each request's first admitted row, in table order (see module docstring)."""
-    admitted = admissions[admissions["outcome"] != NOT_ADMITTED]
-    return admitted.drop_duplicates("request_id", keep="first")
+    admitted = np.flatnonzero(_admitted_mask(admissions))
+    again = admissions["request_id"].iloc[admitted].duplicated(keep="first").to_numpy(dtype=bool)
+    return admissions.iloc[admitted[~again]]
 
 
 def divergence_counts(admissions: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, int]:
     """``mamba_deeper`` / ``fa_deeper`` counts over admitted rows (module docstring)."""
-    admitted = admissions[admissions["outcome"] != NOT_ADMITTED]
+    admitted = _admitted_mask(admissions)
     fa = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k == FULL_ATTENTION]
     other = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k != FULL_ATTENTION]
-    if not fa or not other or admitted.empty:
+    if not fa or not other or not admitted.any():
         return {"mamba_deeper": 0, "fa_deeper": 0}
-    fa_hit = admitted[fa].min(axis=1)
+    # Hit columns are int64 (no NA), so numpy's row minimum equals pandas'.
+    fa_hit = admissions[fa].to_numpy(dtype=np.int64)[admitted].min(axis=1)
+    other_hits = admissions[other].to_numpy(dtype=np.int64)[admitted]
     return {
-        "mamba_deeper": int((fa_hit < admitted[other].max(axis=1)).sum()),
-        "fa_deeper": int((fa_hit > admitted[other].min(axis=1)).sum()),
+        "mamba_deeper": int((fa_hit < other_hits.max(axis=1)).sum()),
+        "fa_deeper": int((fa_hit > other_hits.min(axis=1)).sum()),
     }
 
 
@@ -115,7 +138,7 @@ def _full_attention_rate(first: pd.DataFrame, group_kinds: Sequence[str], prompt
     fa = [f"hit_g{i}" for i, kind in enumerate(group_kinds) if kind == FULL_ATTENTION]
     if not fa:
         return None
-    return _ratio(first[fa].min(axis=1).sum(), prompt)
+    return _ratio(int(first[fa].to_numpy(dtype=np.int64).min(axis=1).sum()), prompt)
 
 
 def run_summary(
@@ -225,13 +248,15 @@ def _cache_section(first: pd.DataFrame, group_kinds: Sequence[str], num_groups: 
 
 
 def _admission_section(adm: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, Any]:
-    admitted = adm[adm["outcome"] != NOT_ADMITTED]
-    by_policy = sorted(adm.groupby("policy"), key=lambda x: str(x[0]))
+    outcomes, outcome_values = _coded(adm["outcome"])
+    policies, policy_values = _coded(adm["policy"])
+    every = np.ones(len(adm), dtype=bool)
+    by_policy = sorted(range(len(policy_values)), key=lambda i: str(policy_values[i]))
     return {
         "attempts": int(len(adm)),
-        "admitted": int(len(admitted)),
-        "by_outcome": _counts(adm["outcome"]),
-        "by_policy": {str(p): _counts(rows["outcome"]) for p, rows in by_policy},
+        "admitted": int(_admitted_mask(adm).sum()),
+        "by_outcome": _coded_counts(outcomes, outcome_values, every),
+        "by_policy": {str(policy_values[i]): _coded_counts(outcomes, outcome_values, policies == i) for i in by_policy},
         "crash_reasons": _counts(adm.loc[adm["crash_reason"] != "", "crash_reason"]),
         "fallbacks": int(adm["fallback"].sum()),
         "hit_diverged": int(adm["hit_diverged"].sum()),
@@ -241,12 +266,15 @@ def _admission_section(adm: pd.DataFrame, group_kinds: Sequence[str]) -> dict[st
 
 
 def _eviction_section(kv: pd.DataFrame, num_groups: int) -> dict[str, Any]:
-    removed = kv[kv["kind"] == "removed"]
+    # Column by column: filtering the whole (large) kv_events frame would copy every column.
+    removed = (kv["kind"] == "removed").to_numpy(dtype=bool)
+    groups = kv["group"].to_numpy()
+    causes, cause_values = _coded(kv["cause"])
     by_group = {}
     for g in range(num_groups):
-        of_group = removed[removed["group"] == g]
-        by_group[f"g{g}"] = {"total": int(len(of_group)), "by_cause": _counts(of_group["cause"])}
-    return {"total": int(len(removed)), "by_group": by_group}
+        of_group = removed & (groups == g)
+        by_group[f"g{g}"] = {"total": int(of_group.sum()), "by_cause": _coded_counts(causes, cause_values, of_group)}
+    return {"total": int(removed.sum()), "by_group": by_group}
 
 
 def add_ideal_hit_rate(summary: dict[str, Any], tables: ResultSource, requests: Sequence[Any], block_size: int) -> None:

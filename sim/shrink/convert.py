@@ -23,7 +23,7 @@ from typing import Any
 
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, SlidingWindowSpec
 from sim.core.request import Request
-from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment
+from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment, basic_segments
 
 
 def _segment(seg: Any) -> dict | None:
@@ -36,7 +36,7 @@ def _segment(seg: Any) -> dict | None:
 
 def request_entry(step: int, request: Request) -> dict | None:
     """The script entry of ``request`` arriving at ``step`` (``None`` if its prompt holds explicit ids)."""
-    prompt = [_segment(s) for s in request.prompt if s.length > 0]
+    prompt = [_segment(s) for s in basic_segments(request.prompt) if s.length > 0]
     if any(p is None for p in prompt):
         return None
     entry: dict[str, Any] = {"id": request.request_id, "at": step, "prompt": prompt, "max_tokens": request.max_tokens}

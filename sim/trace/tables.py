@@ -27,6 +27,7 @@ float. :func:`hash_to_hex` / :func:`hex_to_hash` convert.
 from __future__ import annotations
 
 import re
+from array import array as c_array
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -301,24 +302,46 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
 
     Only the common case is handled here: every value already has the column's
     Python type (ints, floats or None for floats, bools, strs, 64-bit hash ints
-    or None). Anything else goes through :func:`_coerce`, which gives the same
-    result or the same error.
+    or None; a str column may hold str subclasses, whose text is taken as is).
+    Anything else goes through :func:`_coerce`, which gives the same result or
+    the same error.
     """
+    if dtype in (_INT, _FLOAT) and values:
+        # One C pass, no dtype discovery: array.array takes ints (and bools, numpy ints) for 'q',
+        # and any real number for 'd', exactly the values the two columns hold; None, a str, a float
+        # in an int column or an int beyond 64 bits raise, and take the inferring path below.
+        try:
+            packed = c_array("q" if dtype == _INT else "d", values)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            return pd.Series(np.frombuffer(packed, dtype=np.int64 if dtype == _INT else np.float64), copy=False)
     if dtype in (_INT, _BOOL, _FLOAT):
         # NumPy infers int64 / bool / float64 only from values of those kinds
         # (None or a str gives an object array, a huge int float64 or object).
         array = np.array(values) if values else None
         if array is None or array.ndim != 1:
             return None
+        # copy=False: the array is ours alone (pandas would otherwise copy it).
         if dtype == _INT:
-            return pd.Series(array) if array.dtype == np.int64 else None
+            return pd.Series(array, copy=False) if array.dtype == np.int64 else None
         if dtype == _BOOL:
-            return pd.Series(array) if array.dtype == np.bool_ else None
+            return pd.Series(array, copy=False) if array.dtype == np.bool_ else None
         if array.dtype.kind not in "if" and not set(map(type, values)) <= {float, int, type(None)}:
             return None
         if array.dtype.kind not in "if":
             array = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        return pd.Series(array.astype(np.float64, copy=False))
+        return pd.Series(array.astype(np.float64, copy=False), copy=False)
+    if dtype == _STR and _ARROW_STR and values:
+        # pyarrow infers its string type only when every value is a str (None gives a null, bytes make
+        # it binary, anything else raises), so its inference doubles as the type check.
+        try:
+            inferred = pa.array(values)
+        except (TypeError, ValueError, OverflowError, pa.ArrowException):
+            return None
+        if inferred.type != pa.string() or inferred.null_count:
+            return None
+        return _arrow_str_series(inferred.cast(pa.large_string()))
     types = set(map(type, values))
     if dtype == _STR:
         return _str_series(values) if types <= {str} else None
@@ -344,8 +367,11 @@ _ARROW_STR = getattr(_STR_DTYPE, "storage", None) == "pyarrow"
 def _str_series(values: Sequence[str]) -> pd.Series:
     if not _ARROW_STR:
         return pd.Series(values, dtype=_STR)
-    array = pa.chunked_array([pa.array(values, type=pa.large_string())])
-    return pd.Series(pd.arrays.ArrowStringArray(array, dtype=_STR_DTYPE))
+    return _arrow_str_series(pa.array(values, type=pa.large_string()))
+
+
+def _arrow_str_series(array: pa.LargeStringArray) -> pd.Series:
+    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE))
 
 
 def _hex_series(values: Sequence[int]) -> pd.Series | None:
@@ -413,8 +439,9 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
         assert df is not None  # a column off the fast path means the frame was built
         dtype = column_dtype(table, col) or _infer_dtype(df[col])
         out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col)
-    # From the columns' arrays: every column has a default 0..n-1 index, so nothing needs aligning.
-    result = pd.DataFrame({col: out[col].array for col in order}, columns=order)
+    # From the columns' arrays: every column has a default 0..n-1 index, so nothing needs aligning;
+    # copy=False keeps one block per column instead of copying same-dtype columns into 2-D blocks.
+    result = pd.DataFrame({col: out[col].array for col in order}, columns=order, copy=False)
     keys = list(SORT_KEYS[table])
     if len(result) > 1 and not _is_sorted(result, keys):
         result = result.sort_values(keys, kind="mergesort", na_position="last")

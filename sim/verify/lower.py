@@ -24,7 +24,7 @@ from typing import Any
 from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
 from sim.core.kv.specs import MambaSpec, SlidingWindowSpec
-from sim.core.tokens import IdsSegment, StreamSegment, is_reserved_stream, output_stream
+from sim.core.tokens import IdsSegment, StreamSegment, basic_segments, is_reserved_stream, output_stream
 from sim.engine.build import Components, build_components
 from sim.verify.vllm_side import (
     SCRIPT_VERSION,
@@ -81,7 +81,7 @@ class NotVerifiable(ValueError):
 def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
     """Token ids of ``request``'s prompt; ``stream_base`` holds every stream's first id (grown here)."""
     ids: list[int] = []
-    for seg in request.prompt:
+    for seg in basic_segments(request.prompt):
         if isinstance(seg, StreamSegment):
             if seg.stream not in stream_base:
                 if is_reserved_stream(seg.stream):

@@ -42,7 +42,7 @@ from typing import Iterable, Mapping, TypedDict, cast
 
 import numpy as np
 
-from sim.core.tokens import StreamSegment
+from sim.core.tokens import StreamSegment, basic_segments
 from sim.workload.distributions import sample_values
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
@@ -80,7 +80,8 @@ def infer_mooncake_parents(drafts: Iterable[RequestDraft], min_shared_blocks: in
     """Set ``metadata['parent']`` of Mooncake drafts from shared hash-id prefixes (module docstring)."""
     trie: dict = {}
     for draft in sorted(drafts, key=lambda d: (d.arrival, d.order)):
-        ids = [s.stream for s in draft.prompt if isinstance(s, StreamSegment)]
+        prompt = basic_segments(draft.prompt)  # one StreamSegment per trace block
+        ids = [s.stream for s in prompt if isinstance(s, StreamSegment)]
         # Only requests with >= min_shared_blocks full blocks are marked, so any mark found is deep enough.
         node: dict | None = trie
         best = None
@@ -90,7 +91,7 @@ def infer_mooncake_parents(drafts: Iterable[RequestDraft], min_shared_blocks: in
                 break
             best = node.get("#", best)
         draft.metadata["parent"] = best
-        full = [s.stream for s in draft.prompt if isinstance(s, StreamSegment) and s.length == MOONCAKE_BLOCK]
+        full = [s.stream for s in prompt if isinstance(s, StreamSegment) and s.length == MOONCAKE_BLOCK]
         if len(full) >= min_shared_blocks:
             at = trie
             for key in full:

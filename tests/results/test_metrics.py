@@ -120,3 +120,85 @@ def test_ideal_hit_rate_and_missed_reuse(tables):
     # b 160 tokens (10 blocks), a 200: a hits all 10 -> 160 ideal, 24 more than the 136 reused.
     add_ideal_hit_rate(s, tables, [req("b", 0.0, 160), req("a", 1.0, 200)], 16)
     assert (s["cache"]["ideal_hit_tokens"], s["cache"]["missed_reuse_tokens"]) == (160, 24)
+
+
+def _pandas_reference(tables, group_kinds):
+    """The admission, cache and eviction counts by their pandas definitions (frame filters and groupbys)."""
+
+    def counts(values):
+        return {str(k): int(n) for k, n in sorted(values.value_counts().items())}
+
+    adm, kv = tables["admissions"], tables["kv_events"]
+    admitted = adm[adm["outcome"] != "not_admitted"]
+    first = admitted.drop_duplicates("request_id", keep="first")
+    fa = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k == "full_attention"]
+    other = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k != "full_attention"]
+    if not fa or not other or admitted.empty:
+        divergences = {"mamba_deeper": 0, "fa_deeper": 0}
+    else:
+        fa_hit = admitted[fa].min(axis=1)
+        divergences = {
+            "mamba_deeper": int((fa_hit < admitted[other].max(axis=1)).sum()),
+            "fa_deeper": int((fa_hit > admitted[other].min(axis=1)).sum()),
+        }
+    removed = kv[kv["kind"] == "removed"]
+    by_group = {}
+    for g in range(len(group_kinds)):
+        of_group = removed[removed["group"] == g]
+        by_group[f"g{g}"] = {"total": int(len(of_group)), "by_cause": counts(of_group["cause"])}
+    return {
+        "first": first[["step", "request_id", "hit_g0", "hit_g1"]].values.tolist(),
+        "admitted": int(len(admitted)),
+        "by_outcome": counts(adm["outcome"]),
+        "by_policy": {
+            str(p): counts(rows["outcome"]) for p, rows in sorted(adm.groupby("policy"), key=lambda x: str(x[0]))
+        },
+        "divergences": divergences,
+        "evictions": {"total": int(len(removed)), "by_group": by_group},
+        "full_attention_hit_rate": (
+            float(first[fa].min(axis=1).sum()) / float(first["prompt_tokens"].sum())
+            if fa and first["prompt_tokens"].sum() > 0
+            else None
+        ),
+    }
+
+
+@pytest.mark.parametrize("kinds", [KINDS, ["full_attention", "full_attention"], ["mamba", "full_attention"]])
+def test_counts_equal_the_pandas_definitions_on_random_tables(tables, kinds):
+    """Random resamplings of the hand tables: the column-wise counts equal frame filters and groupbys."""
+    import numpy as np
+
+    from sim.trace.tables import normalize_table
+
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        t = dict(tables)
+        adm = (
+            tables["admissions"].sample(int(rng.integers(0, 30)), replace=True, random_state=rng).reset_index(drop=True)
+        )
+        adm["request_id"] = [f"r{i}" for i in rng.integers(0, 6, len(adm))]
+        adm["outcome"] = rng.choice(["ok", "not_admitted", "crash", "corrupt", "recompute"], len(adm))
+        adm["policy"] = rng.choice(["reconciled", "max_per_group", "pr48425"], len(adm))
+        adm["hit_g0"] = rng.integers(0, 5, len(adm)) * 16
+        adm["hit_g1"] = rng.integers(0, 5, len(adm)) * 16
+        kv = tables["kv_events"].sample(int(rng.integers(0, 60)), replace=True, random_state=rng).reset_index(drop=True)
+        kv["seq"] = range(len(kv))
+        kv["kind"] = rng.choice(["stored", "removed"], len(kv))
+        kv["group"] = rng.integers(0, 2, len(kv))
+        kv["cause"] = rng.choice(["evict_lru", "evict_forced", "cache", "free"], len(kv))
+        t["admissions"] = normalize_table("admissions", adm)
+        t["kv_events"] = normalize_table("kv_events", kv)
+        want = _pandas_reference(t, kinds)
+        s = run_summary(t, group_kinds=kinds)
+        a = s["admissions"]
+        got = {
+            "first": first_admissions(t["admissions"])[["step", "request_id", "hit_g0", "hit_g1"]].values.tolist(),
+            "admitted": a["admitted"],
+            "by_outcome": a["by_outcome"],
+            "by_policy": a["by_policy"],
+            "divergences": a["divergences"],
+            "evictions": s["evictions"],
+            "full_attention_hit_rate": s["cache"]["full_attention_hit_rate"],
+        }
+        assert got == want
+        assert list(got["by_policy"]) == list(want["by_policy"])  # the same key order in summary.json

@@ -92,3 +92,17 @@ workload:
     # Same layout; explicit groups carry no page bytes (DESIGN.md §6: no page-size unification there).
     assert [g.spec for g in explicit.groups] == [replace(g.spec, page_size_bytes=None) for g in config.groups]
     assert explicit.num_blocks == config.num_blocks
+
+
+def test_hash_block_prompts_convert_to_per_block_content():
+    """A trace prompt held as one StreamBlocksSegment becomes one content entry per trace block."""
+    from sim.core.request import Request
+    from sim.core.tokens import StreamBlocksSegment
+    from sim.shrink.convert import request_entry
+
+    entry = request_entry(3, Request("r", [StreamBlocksSegment("mc:", (7, 8), 16, 20)], 2))
+    assert entry is not None
+    assert entry["prompt"] == [
+        {"content": "mc:7", "start": 0, "tokens": 16},
+        {"content": "mc:8", "start": 0, "tokens": 4},
+    ]

@@ -1,3 +1,4 @@
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -205,3 +206,52 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
             assert fast[name].equals(general[name]), name
     assert tables_from_recorder(rec)["kv_events"]["block_hash"].tolist() == ["ffffffffffffffff", "0000000000000000"]
     assert tables_from_recorder(rec)["kv_events"]["seq"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "column,values",
+    [
+        ("prompt_tokens", [3, 2**62, -1]),
+        ("prompt_tokens", [1, True, np.int64(7)]),  # bools and numpy ints are ints to both paths
+        ("prompt_tokens", [True, False]),
+        ("prompt_tokens", [1, 2.0]),  # an integral float: the general path takes it
+        ("prompt_tokens", [1, 2.5]),  # refused by both
+        ("prompt_tokens", [1, 2**64]),  # beyond int64
+        ("prompt_tokens", [1, None]),
+        ("arrival_s", [0, 1.5, np.float64(2.25), True]),
+        ("arrival_s", [0.5, None, 3]),
+        ("arrival_s", [1.0, "2"]),
+        ("arrival_s", [1e308, -0.0, float("inf")]),
+        ("outcome", ["ok", "", "caf\u00e9"]),
+        ("outcome", ["ok", None]),
+        ("outcome", ["ok", b"ok"]),  # bytes: the general path's text is "b'ok'"
+        ("outcome", ["ok", 1]),
+        ("outcome", ["ok", float("nan")]),
+        ("outcome", [np.str_("ok"), "x"]),
+    ],
+)
+def test_fast_columns_equal_the_general_path(monkeypatch, column, values):
+    """Any mix of values in a recorder's int, float or str column: the one-pass conversion or its fallback
+    gives the general path's column (values and dtype) or its error."""
+    import sim.trace.tables as tables
+
+    frame = {
+        c: [v] * len(values)
+        for c, v in zip(EXPECTED_COLUMNS["requests"], ["r", 0.0, 0.0, 0.0, 1.0, 1, 1, 0, 0, 0, "ok"])
+    }
+    frame[column] = list(values)
+
+    def build():
+        try:
+            return normalize_table("requests", {k: list(v) for k, v in frame.items()})
+        except (ValueError, TypeError, OverflowError) as exc:
+            return type(exc)
+
+    fast = build()
+    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+    general = build()
+    if isinstance(general, type):
+        assert fast is general
+    else:
+        assert _dtypes(fast) == _dtypes(general)
+        assert fast.equals(general)

@@ -91,3 +91,19 @@ def test_time_clock_and_unmapped_connector_are_not_verifiable():
     )
     assert "connector.type" in not_verifiable_reason(_scenario(text))
     assert not_verifiable_reason(_scenario()) is None
+
+
+def test_hash_block_prompts_lower_as_their_per_block_segments():
+    """A trace prompt held as one StreamBlocksSegment lowers to the ids of its per-block StreamSegments."""
+    from sim.core.request import Request
+    from sim.core.tokens import StreamBlocksSegment
+    from sim.verify.lower import _token_ids
+
+    run = StreamBlocksSegment("mc:", (7, 8, 7), 16, 40)
+    compact = Request("r", [run], 1)
+    spelled = Request("r", list(run.pieces()), 1)
+    ids = _token_ids(compact, {})
+    assert ids == _token_ids(spelled, {})
+    assert len(ids) == 40
+    assert ids[32:] == ids[:8]  # the third block (8 tokens) repeats the first block's id: the same tokens
+    assert not set(ids[16:32]) & set(ids[:16])  # another id: other tokens

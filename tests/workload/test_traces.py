@@ -7,9 +7,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sim.core.kv.hashing import RequestBlockHasher, hash_block
-from sim.core.tokens import IdsSegment, StreamSegment, block_content
+from sim.core.kv.hashing import RequestBlockHasher, extend_block_hashes, hash_block
+from sim.core.tokens import IdsSegment, StreamBlocksSegment, StreamSegment, basic_segments, block_content
 from sim.workload import WorkloadError
+from sim.workload.traces.common import expand_hash_blocks
 
 MOONCAKE = [
     {"timestamp": 0, "input_length": 1300, "output_length": 10, "hash_ids": [1, 2, 3]},
@@ -43,14 +44,57 @@ def test_mooncake_fields_and_order(build, tmp_path):
     assert [r.request_id for r in reqs] == ["mc1", "mc3", "mc2"]
     assert [r.arrival_time for r in reqs] == [0.0, 0.25, 1.5]
     a, c, b = reqs
-    assert a.prompt == (
+    assert a.prompt == (StreamBlocksSegment("mc:", (1, 2, 3), 512, 1300),)  # one object for all the blocks
+    assert basic_segments(a.prompt) == (
         StreamSegment("mc:1", 0, 512),
         StreamSegment("mc:2", 0, 512),
         StreamSegment("mc:3", 0, 276),
     )
     assert (a.num_prompt_tokens, a.max_tokens, a.output_len) == (1300, 10, 10)
     assert (b.max_tokens, b.output_len) == (1, 1)  # output_length 0: at least one token
-    assert c.prompt == (StreamSegment("mc:5", 0, 512),)
+    assert basic_segments(c.prompt) == (StreamSegment("mc:5", 0, 512),)
+
+
+def _per_block_expansion(prefix, hash_ids, input_length, trace_block):
+    """The expansion by definition: one StreamSegment per hash block, the last cut to the input length."""
+    segments = [StreamSegment(f"{prefix}{h}", 0, trace_block) for h in hash_ids]
+    tail = input_length - (len(hash_ids) - 1) * trace_block
+    segments[-1] = StreamSegment(f"{prefix}{hash_ids[-1]}", 0, tail)
+    return segments
+
+
+def test_hash_block_expansion_hashes_equal_the_per_block_expansion():
+    """Random traces: the compact expansion has the per-block expansion's tokens, so its block hashes."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        trace_block = int(rng.choice([4, 16, 512]))
+        n = int(rng.integers(1, 12))
+        hash_ids = [int(h) for h in rng.integers(0, 6, size=n)]  # repeats, as in a conversation trace
+        input_length = int(rng.integers((n - 1) * trace_block + 1, n * trace_block + 1))
+        compact = expand_hash_blocks("mc:", hash_ids, input_length, trace_block, "t.jsonl:1")
+        spelled = _per_block_expansion("mc:", hash_ids, input_length, trace_block)
+        assert basic_segments(compact) == tuple(spelled)
+        out = (StreamSegment("\x00out:r", 0, int(rng.integers(1, 40))),)  # the output follows the prompt
+        for bs in {1, 3, 16, 48, 528, 1040}:  # divisors, non-divisors, blocks spanning several trace blocks
+            want: list = []
+            got: list = []
+            total = input_length + out[0].length
+            assert extend_block_hashes(want, [*spelled, *out], total, bs, "lora", "salt") == total // bs
+            extend_block_hashes(got, compact + out, total, bs, "lora", "salt")
+            assert got == want
+            # Incrementally too (the engine extends a request's hashes as it decodes).
+            inc: list = []
+            for upto in (input_length, total):
+                extend_block_hashes(inc, compact + out, upto, bs)
+            plain: list = []
+            extend_block_hashes(plain, [*spelled, *out], total, bs)
+            assert inc == plain
+
+
+def test_hash_ids_must_be_integers():
+    for bad in ([1, True], [1, 2.0], [1, "2"]):
+        with pytest.raises(WorkloadError, match=r"t.jsonl:1: 'hash_ids' must hold integers, got"):
+            expand_hash_blocks("mc:", bad, 600, 512, "t.jsonl:1")
 
 
 @pytest.mark.parametrize("bs", [16, 64, 256, 512])
@@ -151,7 +195,7 @@ def test_qwen_blocks_parents_and_refusal(build, tmp_path):
     assert child.arrival_time == 2.25
     assert child.metadata == {"chat_id": 9, "parent": "q3", "turn": 2, "type": "text"}
     assert root.metadata["parent"] is None
-    assert child.prompt[-1] == StreamSegment("qw:15", 0, 6)
+    assert basic_segments(child.prompt)[-1] == StreamSegment("qw:15", 0, 6)
     root.set_block_hasher(RequestBlockHasher(16))
     child.set_block_hasher(RequestBlockHasher(16))
     assert len(root.block_hashes) == 2 and len(child.block_hashes) == 4  # 40 // 16, 70 // 16
@@ -264,3 +308,41 @@ def test_merged_blocks_are_exact_when_allowed(build, tmp_path):
     assert c.block_hashes[0] != first
     with pytest.raises(Exception, match="allow_merged_blocks applies to the mooncake and qwen formats"):
         build({"trace": {"format": "azure", "path": "x.csv", "allow_merged_blocks": True}})
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": [1, 2.5, "x\\u00e9"], "b": null}\n',
+        '{"k": "caf\u00e9 \u2603"}\n'.encode(),
+        b'{"k": "\xed\xa0\x80"}\n',  # an encoded lone surrogate: json.loads of bytes lets it through
+        b'{"k": "\xff"}\n',  # not UTF-8
+        b"\xef\xbb\xbf" + b'{"k": 1}\n',  # UTF-8 BOM
+        '{"k": 2}\n'.encode("utf-16-le"),
+        '{"k": 3}'.encode("utf-32-be"),
+        b"{",
+        b'{"k": 1} x\n',
+        b"[1]\n",
+    ],
+)
+def test_jsonl_lines_parse_as_json_loads_of_the_bytes(tmp_path, raw):
+    """The line decoding shortcut gives json.loads(raw)'s object, or an error where json.loads raises."""
+    import io
+
+    from sim.workload.traces.common import jsonl_objects
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(raw)
+    want = []
+    try:  # the reference: json.loads of each line's bytes, the lines as a binary file splits them
+        for line_no, line in enumerate(io.BytesIO(raw), start=1):
+            if line.strip():
+                want.append((line_no, json.loads(line)))
+        ok = all(isinstance(obj, dict) for _, obj in want)
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if ok:
+        assert list(jsonl_objects(path)) == want
+    else:
+        with pytest.raises(WorkloadError, match=r"t.jsonl:\d+: "):
+            list(jsonl_objects(path))

@@ -2,9 +2,11 @@
 
 Hash-block expansion (shared/traces/README.md): a trace that gives one id per
 ``trace_block`` prompt tokens is turned into token content without any
-per-token work. Block ``k`` with id ``h`` becomes ``StreamSegment(prefix + h,
-0, trace_block)``; the last block may be partial and then covers only the
-first ``input_length - k * trace_block`` positions of its stream. Equal ids give
+per-token work. Block ``k`` with id ``h`` holds the tokens of
+``StreamSegment(prefix + h, 0, trace_block)``; the last block may be partial and
+then covers only the first ``input_length - k * trace_block`` positions of its
+stream. A request's blocks are held by one ``StreamBlocksSegment``
+(:mod:`sim.core.tokens`), which has exactly those tokens. Equal ids give
 equal streams, so blocks shared in the trace stay shared at every hash block
 size. A size that does not divide ``trace_block`` is refused unless the trace
 spec sets ``allow_merged_blocks: false`` (default true; the README asks to refuse merging trace
@@ -18,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-from sim.core.tokens import StreamSegment
+from sim.core.tokens import StreamBlocksSegment
+from sim.limits import MAX_TIME_S
 from sim.workload.errors import WorkloadError
 
 
@@ -51,7 +54,12 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                if raw.startswith(b"{") and raw[1:2] != b"\x00":
+                    # Such a line has no BOM and is not UTF-16/32, so json.loads(raw) would detect UTF-8 and
+                    # decode it just so; its detection costs about as much as the parse.
+                    obj = json.loads(raw.decode("utf-8", "surrogatepass"))
+                else:
+                    obj = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
             except UnicodeDecodeError as exc:
@@ -89,8 +97,6 @@ def time_field(obj: dict[str, Any], key: str, loc: str) -> float:
     if key not in obj:
         raise WorkloadError(f"{loc}: missing field '{key}'")
     value = obj[key]
-    from sim.limits import MAX_TIME_S
-
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TIME_S * 1000:
         raise WorkloadError(
             f"{loc}: '{key}' must be a finite number >= 0 (and <= {MAX_TIME_S * 1000:g}), got {excerpt(value)}"
@@ -119,8 +125,12 @@ def check_hash_block_size(path: Path, fmt: str, trace_block: int, hash_block_siz
 
 def expand_hash_blocks(
     prefix: str, hash_ids: Any, input_length: int, trace_block: int, loc: str
-) -> tuple[StreamSegment, ...]:
-    """Prompt segments of a request given as trace hash ids (see the module docstring)."""
+) -> tuple[StreamBlocksSegment]:
+    """Prompt segments of a request given as trace hash ids (see the module docstring).
+
+    One :class:`StreamBlocksSegment` holds all the blocks: the same tokens as one
+    ``StreamSegment`` per block, without an object (and a stream name) per block.
+    """
     if not isinstance(hash_ids, list):
         raise WorkloadError(f"{loc}: 'hash_ids' must be a list of integers")
     expected = -(-input_length // trace_block)
@@ -129,11 +139,8 @@ def expand_hash_blocks(
             f"{loc}: {len(hash_ids)} hash_ids for input_length {input_length}; expected "
             f"ceil({input_length}/{trace_block}) = {expected}"
         )
-    for h in hash_ids:
-        if not isinstance(h, int) or isinstance(h, bool):
-            raise WorkloadError(f"{loc}: 'hash_ids' must hold integers, got {h!r}")
-    segments = [StreamSegment(f"{prefix}{h}", 0, trace_block) for h in hash_ids]
-    tail = input_length - (expected - 1) * trace_block
-    if tail != trace_block:
-        segments[-1] = StreamSegment(f"{prefix}{hash_ids[-1]}", 0, tail)
-    return tuple(segments)
+    ids = tuple(hash_ids)
+    if not set(map(type, ids)) <= {int}:  # JSON gives exact ints; a bool or float is refused
+        bad = next(h for h in ids if type(h) is not int)
+        raise WorkloadError(f"{loc}: 'hash_ids' must hold integers, got {bad!r}")
+    return (StreamBlocksSegment(prefix, ids, trace_block, input_length),)
