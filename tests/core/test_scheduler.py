@@ -7,6 +7,7 @@ compares the ``schedule`` / ``admissions`` rows the recorder got.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from support.scheduler import Harness, req
 
@@ -375,3 +376,63 @@ def test_divergence_fa_deeper_with_external_tokens_crashes_only_opted_in_pr48425
     _evict(safe, {1: [1, 2, 3]})
     safe.add(req("r", 80, content="doc"))
     assert safe.run_step().num_computed_tokens_before["r"] == 32
+
+
+# --------------------------------------------------------------------------- the parked loop's active positions
+
+
+def _actives_run(fast: bool, groups: tuple[str, ...]) -> tuple[Harness, dict[str, int]]:
+    """Requests arriving over time under block pressure (preemptions), some aborted while parked or
+    running, one budget squeeze that cuts the parked loop. With the fast path the scheduler's
+    incrementally kept active positions are checked against a scan of ``running`` after every step."""
+    import dataclasses
+
+    from sim.core.request import RequestStatus
+
+    rng = np.random.default_rng(11)
+    h = Harness(groups=groups, num_blocks=60, max_num_batched_tokens=96, max_num_seqs=12, fast_paths=fast)
+    pending = [
+        req(f"r{i}", int(rng.integers(8, 80)), max_tokens=int(rng.integers(5, 60)), content=f"c{i % 5}-{i}")
+        for i in range(40)
+    ]
+    seen = {"members": 0, "preemptions": 0, "aborted_parked": 0, "unparked_due": 0}
+    step = 0
+    while pending or h.sched.has_unfinished_requests():
+        if pending and step % 3 == 0:
+            h.add(pending.pop(0), pending.pop(0)) if len(pending) > 1 else h.add(pending.pop(0))
+        if step == 30:
+            h.sched.config = dataclasses.replace(h.sched.config, max_num_batched_tokens=4)
+        if step == 34:
+            h.sched.config = dataclasses.replace(h.sched.config, max_num_batched_tokens=96)
+        if step in (20, 45, 70):
+            members = h.sched.cohort.members
+            victims = [r.request_id for r in h.sched.running[::3]]
+            seen["aborted_parked"] += sum(rid in members for rid in victims)
+            h.sched.finish_requests(victims, RequestStatus.FINISHED_ABORTED)
+        before = len(h.sched.cohort.members)
+        h.run_step()
+        step += 1
+        members = h.sched.cohort.members
+        seen["members"] = max(seen["members"], len(members))
+        seen["unparked_due"] += before > len(members)
+        expected = [i for i, r in enumerate(h.sched.running) if r.request_id not in members]
+        if fast:
+            assert h.sched._active_positions == expected, step
+        assert step < 2000
+    seen["preemptions"] = h.sched.num_preemptions
+    h.sched.settle()
+    if fast:
+        assert h.sched._active_positions == list(range(len(h.sched.running)))
+    return h, seen
+
+
+@pytest.mark.parametrize("groups", [("full_attention",), ("full_attention", "mamba")])
+def test_parked_loop_active_positions_follow_running_and_match_the_plain_path(groups):
+    fast, seen = _actives_run(True, groups)
+    plain, _ = _actives_run(False, groups)
+    assert fast.schedule_rows() == plain.schedule_rows()
+    assert fast.admission_rows() == plain.admission_rows()
+    assert fast.finished == plain.finished
+    # the run went through every way the positions change
+    assert seen["members"] >= 3 and seen["preemptions"] > 0 and seen["aborted_parked"] > 0, seen
+    assert seen["unparked_due"] > 0, seen
