@@ -978,38 +978,46 @@ class Scheduler:
         the next boundary when it starts mid-block.
         """
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        num_tokens = request.num_prompt_tokens + request.num_output_tokens
+        prefill_end = num_tokens - 1 if num_tokens - 1 > request.num_prompt_tokens else request.num_prompt_tokens
         if start >= prefill_end:
             return num_new_tokens
         bs = self.mamba_block_size
         # vLLM aligns the checkpoint to the scheduler block size (the hash block only with
         # fine-grained partial hits, which we do not model).
-        last_cache_position = prefill_checkpoint_position(request.num_tokens, self.block_size)
+        block_size = self.block_size
         end = start + num_new_tokens
         use_internal_checkpoint = (
             self.mamba_has_prefill_checkpoints
             and end >= prefill_end
             and prefill_checkpoint_valid(
-                start, end, prefill_checkpoint_position(prefill_end, self.block_size), self.hash_block_size, bs
+                start, end, prefill_checkpoint_position(prefill_end, block_size), self.hash_block_size, bs
             )
         )
-        if use_internal_checkpoint:
-            last_cache_position = 0
         if end < prefill_end:
-            max_prefill = self.config.max_num_batched_tokens
-            if self.config.long_prefill_token_threshold > 0:
-                max_prefill = min(max_prefill, self.config.long_prefill_token_threshold)
+            config = self.config
+            max_prefill = config.max_num_batched_tokens
+            if 0 < config.long_prefill_token_threshold < max_prefill:
+                max_prefill = config.long_prefill_token_threshold
             aligned_end = end // bs * bs
             if aligned_end > start or bs <= max_prefill:
                 end = aligned_end
+        # The chunk ends at the nearest of these stops strictly inside (start, end).
         junction = request.shared_prefix_boundary
-        stops = (
-            (start // bs + 1) * bs if start % bs and not use_internal_checkpoint else 0,
-            last_cache_position,
-            start + (junction - start) // bs * bs if start < junction < end else 0,
-        )
-        end = min((s for s in stops if start < s < end), default=end)
-        return max(end - start, 0)
+        junction_inside = start < junction < end
+        if not use_internal_checkpoint:
+            if start % bs:
+                next_boundary = (start // bs + 1) * bs  # > start
+                if next_boundary < end:
+                    end = next_boundary
+            last_cache_position = prefill_checkpoint_position(num_tokens, block_size)
+            if start < last_cache_position < end:
+                end = last_cache_position
+        if junction_inside:
+            junction_stop = start + (junction - start) // bs * bs
+            if start < junction_stop < end:
+                end = junction_stop
+        return end - start if end > start else 0
 
     def _inflight_prefill_reserved_blocks(self) -> int:
         """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""

@@ -274,6 +274,72 @@ def test_mamba_split_zero_stops_admission_for_the_step():
     ]
 
 
+def _split_oracle(sched, request, n, local, ext):
+    """The split as the stop list it is specified by: the nearest stop strictly inside (start, end)."""
+    from sim.core.kv.specs import prefill_checkpoint_position, prefill_checkpoint_valid
+
+    start = request.num_computed_tokens + local + ext
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if start >= prefill_end:
+        return n
+    bs = sched.mamba_block_size
+    last = prefill_checkpoint_position(request.num_tokens, sched.block_size)
+    end = start + n
+    internal = (
+        sched.mamba_has_prefill_checkpoints
+        and end >= prefill_end
+        and prefill_checkpoint_valid(
+            start, end, prefill_checkpoint_position(prefill_end, sched.block_size), sched.hash_block_size, bs
+        )
+    )
+    if internal:
+        last = 0
+    if end < prefill_end:
+        thr = sched.config.long_prefill_token_threshold
+        max_prefill = min(sched.config.max_num_batched_tokens, thr) if thr > 0 else sched.config.max_num_batched_tokens
+        if end // bs * bs > start or bs <= max_prefill:
+            end = end // bs * bs
+    junction = request.shared_prefix_boundary
+    stops = (
+        (start // bs + 1) * bs if start % bs and not internal else 0,
+        last,
+        start + (junction - start) // bs * bs if start < junction < end else 0,
+    )
+    return max(min((s for s in stops if start < s < end), default=end) - start, 0)
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_mamba_split_equals_its_stop_list_on_random_states(checkpoints):
+    import dataclasses
+
+    groups = ("full_attention", {"type": "mamba", "prefill_checkpoints": True}) if checkpoints else MAMBA
+    h = Harness(groups=groups, max_num_batched_tokens=64)
+    sched = h.sched
+    rng = np.random.default_rng(5)
+    configs = [
+        dataclasses.replace(sched.config, max_num_batched_tokens=budget, long_prefill_token_threshold=threshold)
+        for budget in (8, 64, 2048)
+        for threshold in (0, 10, 96)
+    ]
+    for i in range(4000):
+        r = req(f"r{i}", int(rng.integers(1, 300)), max_tokens=50)
+        r.num_output_tokens = int(rng.integers(0, 3))
+        r.num_computed_tokens = int(rng.integers(0, r.num_tokens + 1))
+        # a junction before, inside or past the chunk (also past the prompt)
+        r.shared_prefix_boundary = int(rng.choice([0, int(rng.integers(0, r.num_tokens + 1)), r.num_tokens + 7]))
+        sched.mamba_block_size = int(rng.choice([4, 16, 48, 64, 100]))
+        sched.config = configs[int(rng.integers(0, len(configs)))]
+        n = int(rng.integers(1, 200))
+        local, ext = (int(x) for x in rng.integers(0, 40, size=2) * rng.integers(0, 2, size=2))
+        args = (r, n, local, ext)
+        assert sched._mamba_block_aligned_split(*args) == _split_oracle(sched, *args), (i, args)
+    # a junction right past the chunk's end is no stop
+    sched.mamba_block_size, sched.config = 16, configs[0]
+    r = req("j", 12, max_tokens=5)
+    r.shared_prefix_boundary = 17
+    assert sched._mamba_block_aligned_split(r, 17) == _split_oracle(sched, r, 17, 0, 0) == 17
+
+
 # --------------------------------------------------- PR #48425 divergence tests
 def _divergence_harness(policy, connector):
     """vLLM's ``_create_hybrid_mamba_connector_scheduler``: FA + Mamba, block 16, 100 blocks.
