@@ -281,18 +281,20 @@ class EngineLoop:
         self._idle = not (output.num_scheduled_tokens or output.num_parked_decodes or output.preempted_req_ids)
         self.num_finished += len(finished)
         running, waiting = sched.get_request_counts()
-        extra = self.step_columns() if self.step_columns is not None else {}
-        rec.record_step(
-            duration_s=duration,
-            running=running,
-            waiting=waiting,
-            prefill_tokens=output.prefill_tokens,
-            decode_tokens=output.decode_tokens,
-            free_blocks=kv.num_free_blocks(),
-            blocks_per_group=kv.num_blocks_per_group(),
-            cached_per_group=kv.num_cached_per_group(),
-            **extra,
+        row = (
+            duration,
+            running,
+            waiting,
+            output.prefill_tokens,
+            output.decode_tokens,
+            kv.num_free_blocks(),
+            kv.num_blocks_per_group(),
+            kv.num_cached_per_group(),
         )
+        if self.step_columns is None:
+            rec.record_step(*row)
+        else:
+            rec.record_step(*row, **self.step_columns())
         if self.check_invariants is not None:
             try:
                 self.check_invariants()

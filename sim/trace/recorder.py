@@ -259,7 +259,6 @@ class Recorder:
 
     def record_step(
         self,
-        *,
         duration_s: float,
         running: int,
         waiting: int,
@@ -270,7 +269,7 @@ class Recorder:
         cached_per_group: Sequence[int],
         **extra,
     ) -> None:
-        """One engine step; ``extra`` fills extension columns added with ``add_column``."""
+        """One engine step (values in column order); ``extra`` fills extension columns added with ``add_column``."""
         if extra or self._num_step_columns != len(self.steps.names):
             self._check_step_extras(extra)
         a = self._step_appends

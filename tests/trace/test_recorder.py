@@ -94,3 +94,10 @@ def test_kv_events_from_named_tuples_and_from_other_objects_give_the_same_rows()
         (1, 2, "removed"),
         (2, 3, "stored"),
     ]
+
+
+def test_positional_step_rows_equal_keyword_ones():
+    by_name, by_position = Recorder(num_groups=2), Recorder(num_groups=2)
+    by_name.record_step(**STEP, blocks_per_group=(10, 11), cached_per_group=(20, 21), offload_bytes=3)
+    by_position.record_step(*STEP.values(), (10, 11), (20, 21), offload_bytes=3)
+    assert _rows(by_name.steps) == _rows(by_position.steps)
