@@ -51,6 +51,7 @@ windows, fine-grained partial Mamba hits (``prefix_match_unit``), the
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
@@ -282,6 +283,13 @@ class Scheduler:
         #: table on, the parked members' rows are written in ``running`` order
         #: (:meth:`_record_schedule_with_parked`).
         self.cohort = DecodeCohort(enabled=kv_manager.quiet.enabled and not self.priority and on_crash == "stop")
+        #: Positions in ``running`` of the requests that are not parked in the cohort, ascending,
+        #: kept up to date (only while the cohort is enabled) by every change of ``running`` and of
+        #: the cohort's membership, so the parked running loop visits them without scanning
+        #: ``running``. Invariant between scheduler calls: it equals
+        #: ``[i for i, r in enumerate(running) if r.request_id not in cohort.members]``.
+        self._active_positions: list[int] = []
+        self._track_actives = self.cohort.enabled
         self.step = 0
         # Counters.
         self.num_preemptions = 0
@@ -336,7 +344,8 @@ class Scheduler:
 
         cohort = self.cohort
         if cohort.members:
-            cohort.materialize_due()
+            for request in cohort.materialize_due():
+                insort(self._active_positions, self.running.index(request))
         if cohort.members:
             budget = self._schedule_running_parked(out, budget, threshold, preempted)
         else:
@@ -417,7 +426,8 @@ class Scheduler:
     ) -> int:
         """:meth:`_schedule_running` with parked decodes (:class:`DecodeCohort`) in ``running``.
 
-        Only the other (*active*) requests are visited, in ``running`` order; the
+        Only the other (*active*) requests are visited, in ``running`` order (their
+        positions are kept in ``_active_positions``: no scan of ``running``); the
         parked ones between them take one token of the budget each, as the plain
         loop would give them, without being touched. Positions in ``running`` are
         stable during the loop: only preemption (which pops from the end; a parked
@@ -428,8 +438,7 @@ class Scheduler:
         step: they are unparked with their counters as they are.
         """
         running = self.running
-        members = self.cohort.members
-        actives = [(i, r) for i, r in enumerate(running) if r.request_id not in members]
+        actives = [(i, running[i]) for i in self._active_positions]
         allocate_slots = self.kv.allocate_running_slots
         scheduled_running = out.scheduled_running_reqs
         num_scheduled = out.num_scheduled_tokens
@@ -473,6 +482,8 @@ class Scheduler:
             materialize = self.cohort.materialize
             for request in running[cut:]:
                 materialize(request.request_id)
+            positions = self._active_positions
+            positions[bisect_left(positions, cut) :] = range(cut, len(running))
         return budget
 
     def _allocation_crash(self, request: Request, exc: BaseException) -> KVCacheBlocks | None:
@@ -519,6 +530,9 @@ class Scheduler:
                     budget += out.num_scheduled_tokens.pop(victim.request_id)
             else:
                 victim = self.running.pop()
+                positions = self._active_positions
+                if self._track_actives and positions and positions[-1] == len(self.running):
+                    positions.pop()
             self._preempt_request(victim)
             preempted.append(victim)
             if victim is request:
@@ -749,6 +763,8 @@ class Scheduler:
         """An admitted request joins ``running`` with its tokens scheduled; returns them."""
         request, n = attempt.request, attempt.num_new_tokens
         rid = request.request_id
+        if self._track_actives:
+            self._active_positions.append(len(self.running))
         self.running.append(request)
         if request.status == RequestStatus.WAITING:
             out.scheduled_new_reqs.append(request)
@@ -963,38 +979,46 @@ class Scheduler:
         the next boundary when it starts mid-block.
         """
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        num_tokens = request.num_prompt_tokens + request.num_output_tokens
+        prefill_end = num_tokens - 1 if num_tokens - 1 > request.num_prompt_tokens else request.num_prompt_tokens
         if start >= prefill_end:
             return num_new_tokens
         bs = self.mamba_block_size
         # vLLM aligns the checkpoint to the scheduler block size (the hash block only with
         # fine-grained partial hits, which we do not model).
-        last_cache_position = prefill_checkpoint_position(request.num_tokens, self.block_size)
+        block_size = self.block_size
         end = start + num_new_tokens
         use_internal_checkpoint = (
             self.mamba_has_prefill_checkpoints
             and end >= prefill_end
             and prefill_checkpoint_valid(
-                start, end, prefill_checkpoint_position(prefill_end, self.block_size), self.hash_block_size, bs
+                start, end, prefill_checkpoint_position(prefill_end, block_size), self.hash_block_size, bs
             )
         )
-        if use_internal_checkpoint:
-            last_cache_position = 0
         if end < prefill_end:
-            max_prefill = self.config.max_num_batched_tokens
-            if self.config.long_prefill_token_threshold > 0:
-                max_prefill = min(max_prefill, self.config.long_prefill_token_threshold)
+            config = self.config
+            max_prefill = config.max_num_batched_tokens
+            if 0 < config.long_prefill_token_threshold < max_prefill:
+                max_prefill = config.long_prefill_token_threshold
             aligned_end = end // bs * bs
             if aligned_end > start or bs <= max_prefill:
                 end = aligned_end
+        # The chunk ends at the nearest of these stops strictly inside (start, end).
         junction = request.shared_prefix_boundary
-        stops = (
-            (start // bs + 1) * bs if start % bs and not use_internal_checkpoint else 0,
-            last_cache_position,
-            start + (junction - start) // bs * bs if start < junction < end else 0,
-        )
-        end = min((s for s in stops if start < s < end), default=end)
-        return max(end - start, 0)
+        junction_inside = start < junction < end
+        if not use_internal_checkpoint:
+            if start % bs:
+                next_boundary = (start // bs + 1) * bs  # > start
+                if next_boundary < end:
+                    end = next_boundary
+            last_cache_position = prefill_checkpoint_position(num_tokens, block_size)
+            if start < last_cache_position < end:
+                end = last_cache_position
+        if junction_inside:
+            junction_stop = start + (junction - start) // bs * bs
+            if start < junction_stop < end:
+                end = junction_stop
+        return end - start if end > start else 0
 
     def _inflight_prefill_reserved_blocks(self) -> int:
         """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""
@@ -1069,32 +1093,39 @@ class Scheduler:
             status = self._stop_status(request)
             if status is not None:
                 request.status = status
-                self.running.remove(request)
+                self._remove_running(request)
                 self._free_request(request)
                 finished.append(request)
-        if cohort.enabled:
-            self._park_quiet_decodes(out.sampling_reqs)
+        if cohort.enabled and self._park_quiet_decodes(out.sampling_reqs):
+            members = cohort.members
+            running = self.running
+            self._active_positions = [i for i in self._active_positions if running[i].request_id not in members]
         self._drain_events()
         self.step += 1
         return finished
 
-    def _park_quiet_decodes(self, sampled: list[Request]) -> None:
+    def _park_quiet_decodes(self, sampled: list[Request]) -> bool:
         """Park each request that just sampled and whose next steps are quiet decodes
-        (:meth:`DecodeCohort.quiet_steps`, at least two of them)."""
+        (:meth:`DecodeCohort.quiet_steps`, at least two of them); True if it parked any."""
         cohort = self.cohort
         horizons = self.kv.quiet
         running_status = RequestStatus.RUNNING
         max_model_len = self.max_model_len
+        parked = False
         for request in sampled:
             if request.status is not running_status:
                 continue
             steps = cohort.quiet_steps(request, horizons.get(request.request_id), max_model_len)
             if steps >= 2:
                 cohort.park(request, steps)
+                parked = True
+        return parked
 
     def settle(self) -> None:
         """Write every parked decode's counters back (the run ends; tables read requests)."""
         self.cohort.materialize_all()
+        if self._track_actives:
+            self._active_positions = list(range(len(self.running)))
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         """vLLM ``check_stop`` order: EOS (here: the workload's ``output_len``), then length caps."""
@@ -1135,10 +1166,24 @@ class Scheduler:
     def _remove_from_queues(self, request: Request) -> None:
         if request.status == RequestStatus.RUNNING:
             self.cohort.materialize(request.request_id)
-            self.running.remove(request)
+            self._remove_running(request)
         else:
             self.waiting.remove({request})
             self.kv_holding_waiting.remove({request})
+
+    def _remove_running(self, request: Request) -> None:
+        """Take a request that is not parked in the cohort out of ``running`` (keeping the active positions)."""
+        running = self.running
+        if not self._track_actives:
+            running.remove(request)
+            return
+        pos = running.index(request)
+        del running[pos]
+        positions = self._active_positions
+        j = bisect_left(positions, pos)
+        if j < len(positions) and positions[j] == pos:
+            del positions[j]
+        positions[j:] = [i - 1 for i in positions[j:]]
 
     def _fail_request(self, request: Request) -> None:
         """``on_crash="record"``: the crashing request fails, the engine goes on."""

@@ -182,7 +182,7 @@ class EngineLoop:
     def _run(self):
         env = self.env
         while True:
-            if not self._due_now() and not self._counting_loads() and (self._idle or not self._has_work()):
+            if (self._idle or not self._has_work()) and not self._due_now() and not self._counting_loads():
                 nxt = self._next_wakeup()
                 if nxt is None and not self._transfers_pending():
                     if self._has_work():
@@ -221,11 +221,16 @@ class EngineLoop:
         env = self.env
         sched = self.scheduler
         rec = self.recorder
+        kv = self.kv_manager
         rec.set_clock(self.step, float(env.now))
         sched.step = self.step
-        self._apply_actions()
-        self._admit_arrivals()
-        self._record_kv_events()  # the actions' events belong to this step
+        if self._actions_by_step or self._timed_actions:
+            self._apply_actions()
+        if self._next_request < len(self.requests):
+            self._admit_arrivals()
+        events = kv.take_events()  # the actions' events belong to this step
+        if events:
+            rec.record_kv_events(events)
         if self.transfers is not None:
             self.transfers.advance(self.step)
         if self.connector is not None:
@@ -276,18 +281,20 @@ class EngineLoop:
         self._idle = not (output.num_scheduled_tokens or output.num_parked_decodes or output.preempted_req_ids)
         self.num_finished += len(finished)
         running, waiting = sched.get_request_counts()
-        extra = self.step_columns() if self.step_columns is not None else {}
-        rec.record_step(
-            duration_s=duration,
-            running=running,
-            waiting=waiting,
-            prefill_tokens=output.prefill_tokens,
-            decode_tokens=output.decode_tokens,
-            free_blocks=self.kv_manager.num_free_blocks(),
-            blocks_per_group=self.kv_manager.num_blocks_per_group(),
-            cached_per_group=self.kv_manager.num_cached_per_group(),
-            **extra,
+        row = (
+            duration,
+            running,
+            waiting,
+            output.prefill_tokens,
+            output.decode_tokens,
+            kv.num_free_blocks(),
+            kv.num_blocks_per_group(),
+            kv.num_cached_per_group(),
         )
+        if self.step_columns is None:
+            rec.record_step(*row)
+        else:
+            rec.record_step(*row, **self.step_columns())
         if self.check_invariants is not None:
             try:
                 self.check_invariants()

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -345,6 +345,8 @@ class StepTimeModel:
         "_state_bytes",
         "_state_flops",
         "_tile",
+        "_token_memo",
+        "_request_memo",
         "_windows",
         "hardware",
         "model",
@@ -424,6 +426,10 @@ class StepTimeModel:
             (name, tuple((g.count,) + self._gemm_coefficients(g) for g in gs)) for name, gs in self._gemms
         )
         self._lm_consts = self._gemm_coefficients(self._lm_head) if self._lm_head is not None else None
+        #: ``t -> (GEMMs + MoE seconds, small-op seconds)`` and ``r -> LM-head seconds`` of
+        #: :meth:`_gpu_seconds`: pure functions of one total, computed once per distinct value.
+        self._token_memo: dict[float, tuple[float, float]] = {}
+        self._request_memo: dict[int, float] = {}
 
     def _gemm_coefficients(self, gemm: Gemm) -> tuple[float, float, float]:
         """``(compute s per computed row, memory s fixed, memory s per row)`` of one GEMM kernel."""
@@ -736,7 +742,35 @@ class StepTimeModel:
         """The sum of :meth:`_terms` without building the dict (the engine's once-per-step path).
 
         Same expressions as :meth:`_terms`, GEMM loop inlined; equal to the sum of
-        the breakdown up to float rounding of the summation order.
+        the breakdown up to float rounding of the summation order. The terms that
+        depend on ``t`` alone (GEMMs, routed experts, small ops) or on ``r`` alone
+        (LM head) are memoized per value (:meth:`_token_terms`, :meth:`_lm_head_time`),
+        and the running sum adds them in the same order as without the memo, so
+        the result is bit for bit the same.
+        """
+        memo = self._token_memo.get(t)
+        gemms, small = memo if memo is not None else self._token_terms(t)
+        total = gemms
+        if self._mamba_layers:
+            total += self._state_time(r, t)
+        if self._attn_layers:
+            decode, prefill = self._attention(r, t, ctx, nc, nn1, dr, dctx, windowed)
+            total += decode + prefill
+        total += small
+        if self._lm_consts is not None:
+            lm = self._request_memo.get(r)
+            total += lm if lm is not None else self._lm_head_time(r)
+        return total
+
+    #: Entries kept per memo; past it a memo starts over (the engine sees at most
+    #: ``max_num_batched_tokens`` distinct token totals, far fewer in practice).
+    _MEMO_LIMIT: ClassVar[int] = 1 << 16
+
+    def _token_terms(self, t: float) -> tuple[float, float]:
+        """``(GEMMs + routed experts, small ops)`` seconds over ``t`` token rows, memoized.
+
+        The first is the running sum ``0.0 + gemm_1 + ... + gemm_n (+ moe)`` in
+        :meth:`_gpu_seconds`'s original order.
         """
         k, inv_k, floor = self._k, self._inv_k, self.params.kernel_floor_s
         tile = self._tile
@@ -748,15 +782,22 @@ class StepTimeModel:
                 total += count * (floor + (math.sqrt(c * c + m * m) if k == 2.0 else (c**k + m**k) ** inv_k))
         if self._moe_layers:
             total += self._moe_time(t)
-        if self._mamba_layers:
-            total += self._state_time(r, t)
-        if self._attn_layers:
-            decode, prefill = self._attention(r, t, ctx, nc, nn1, dr, dctx, windowed)
-            total += decode + prefill
-        total += self.small_ops_time(t)
-        if self._lm_consts is not None:
-            total += self._gemm(*self._lm_consts, r)
-        return total
+        terms = (total, self.small_ops_time(t))
+        memo = self._token_memo
+        if len(memo) >= self._MEMO_LIMIT:
+            memo.clear()
+        memo[t] = terms
+        return terms
+
+    def _lm_head_time(self, r: int) -> float:
+        """The LM head's GEMM over ``r`` rows (one logits row per request), memoized."""
+        assert self._lm_consts is not None
+        seconds = self._gemm(*self._lm_consts, r)
+        memo = self._request_memo
+        if len(memo) >= self._MEMO_LIMIT:
+            memo.clear()
+        memo[r] = seconds
+        return seconds
 
     def _terms(
         self,

@@ -245,7 +245,7 @@ class StepTransferService:
         if step < self.step:
             raise ValueError(f"step clock cannot go back from {self.step} to {step}")
         self.step = step
-        while True:
+        while self._due:
             ready = sorted(d for d in self._due if d.step <= step)
             if not ready:
                 return

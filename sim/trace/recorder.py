@@ -78,6 +78,9 @@ def step_columns(num_groups: int) -> list[str]:
     )
 
 
+#: The ``steps`` columns before the per-group ones, in order.
+_STEP_FIXED = ("step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens", "free_blocks")
+
 #: The event attributes a ``kv_events`` row copies, in column order.
 _KV_EVENT_FIELDS = ("kind", "group", "block_id", "block_hash", "request_id", "cause")
 
@@ -128,6 +131,15 @@ class Recorder:
         self.steps = Columns(step_columns(num_groups))
         self._hit_names = [f"hit_g{i}" for i in range(num_groups)]
         self._group_step_names = [(f"blocks_g{i}", f"cached_g{i}") for i in range(num_groups)]
+        # The hot rows append to their column lists through bound methods (the lists are never replaced).
+        adm = self.admissions.data
+        self._hit_appends = tuple(adm[name].append for name in self._hit_names)
+        steps = self.steps.data
+        self._step_appends = tuple(steps[name].append for name in _STEP_FIXED)
+        self._group_step_appends = tuple(
+            (steps[blocks].append, steps[cached].append) for blocks, cached in self._group_step_names
+        )
+        self._num_step_columns = len(self.steps.names)
 
     def set_clock(self, step: int, time_s: float) -> None:
         """Stamp subsequent rows with this engine step and simulated time."""
@@ -189,31 +201,28 @@ class Recorder:
         if len(hits) != self.num_groups:
             raise ValueError(f"expected {self.num_groups} per-group hits, got {len(hits)}")
         cols = self.admissions.data
-        for name, value in (
-            ("step", self.step),
-            ("time_s", self.time_s),
-            ("request_id", request_id),
-            ("prompt_tokens", prompt_tokens),
-            ("local_tokens", local_tokens),
-            ("external_tokens", external_tokens),
-            ("hit_diverged", bool(hit_diverged)),
-            ("fallback", bool(fallback)),
-            ("policy", policy),
-            ("outcome", outcome),
-            ("crash_reason", crash_reason),
-            ("kind", kind),
-            ("reason", reason),
-            ("num_computed_tokens", num_computed_tokens),
-            ("tokens_lost", tokens_lost),
-            ("taint_origin", taint_origin),
-            ("lookup_seq", lookup_seq),
-            ("claimed_boundary", local_tokens + external_tokens),
-            ("connector_asked_at", connector_asked_at),
-            ("connector_answer", connector_answer),
-        ):
-            cols[name].append(value)
-        for name, h in zip(self._hit_names, hits):
-            cols[name].append(h)
+        cols["step"].append(self.step)
+        cols["time_s"].append(self.time_s)
+        cols["request_id"].append(request_id)
+        cols["prompt_tokens"].append(prompt_tokens)
+        cols["local_tokens"].append(local_tokens)
+        cols["external_tokens"].append(external_tokens)
+        cols["hit_diverged"].append(bool(hit_diverged))
+        cols["fallback"].append(bool(fallback))
+        cols["policy"].append(policy)
+        cols["outcome"].append(outcome)
+        cols["crash_reason"].append(crash_reason)
+        cols["kind"].append(kind)
+        cols["reason"].append(reason)
+        cols["num_computed_tokens"].append(num_computed_tokens)
+        cols["tokens_lost"].append(tokens_lost)
+        cols["taint_origin"].append(taint_origin)
+        cols["lookup_seq"].append(lookup_seq)
+        cols["claimed_boundary"].append(local_tokens + external_tokens)
+        cols["connector_asked_at"].append(connector_asked_at)
+        cols["connector_answer"].append(connector_answer)
+        for append, h in zip(self._hit_appends, hits):
+            append(h)
 
     def record_schedule(
         self, request_id: str, kind: str, num_scheduled_tokens: int, num_computed_tokens: int, preempted: bool
@@ -250,7 +259,6 @@ class Recorder:
 
     def record_step(
         self,
-        *,
         duration_s: float,
         running: int,
         waiting: int,
@@ -261,29 +269,36 @@ class Recorder:
         cached_per_group: Sequence[int],
         **extra,
     ) -> None:
-        """One engine step; ``extra`` fills extension columns added with ``add_column``."""
+        """One engine step (values in column order); ``extra`` fills extension columns added with ``add_column``."""
+        if extra or self._num_step_columns != len(self.steps.names):
+            self._check_step_extras(extra)
+        a = self._step_appends
+        a[0](self.step)
+        a[1](self.time_s)
+        a[2](duration_s)
+        a[3](running)
+        a[4](waiting)
+        a[5](prefill_tokens)
+        a[6](decode_tokens)
+        a[7](free_blocks)
+        for (blocks_append, cached_append), blocks, cached in zip(
+            self._group_step_appends, blocks_per_group, cached_per_group
+        ):
+            blocks_append(blocks)
+            cached_append(cached)
+        if extra:
+            cols = self.steps.data
+            for name, value in extra.items():
+                cols[name].append(value)
+
+    def _check_step_extras(self, extra: dict) -> None:
+        """Add the extension columns ``extra`` names; a row must fill every extension column there is."""
         steps = self.steps
         for name in extra:
             steps.add_column(name, None)
         if len(extra) + len(self._group_step_names) * 2 + 8 != len(steps.names):
             missing = sorted(set(steps.names[8 + 2 * self.num_groups :]) - extra.keys())
             raise KeyError(f"row does not match columns: missing {missing}, unknown []")
-        cols = steps.data
-        cols["step"].append(self.step)
-        cols["time_s"].append(self.time_s)
-        cols["duration_s"].append(duration_s)
-        cols["running"].append(running)
-        cols["waiting"].append(waiting)
-        cols["prefill_tokens"].append(prefill_tokens)
-        cols["decode_tokens"].append(decode_tokens)
-        cols["free_blocks"].append(free_blocks)
-        for (blocks_name, cached_name), blocks, cached in zip(
-            self._group_step_names, blocks_per_group, cached_per_group
-        ):
-            cols[blocks_name].append(blocks)
-            cols[cached_name].append(cached)
-        for name, value in extra.items():
-            cols[name].append(value)
 
     def record_request(self, **row) -> None:
         """One finished (or failed) request (DESIGN.md §6 ``requests``)."""

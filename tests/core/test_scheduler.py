@@ -7,6 +7,7 @@ compares the ``schedule`` / ``admissions`` rows the recorder got.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from support.scheduler import Harness, req
 
@@ -273,6 +274,72 @@ def test_mamba_split_zero_stops_admission_for_the_step():
     ]
 
 
+def _split_oracle(sched, request, n, local, ext):
+    """The split as the stop list it is specified by: the nearest stop strictly inside (start, end)."""
+    from sim.core.kv.specs import prefill_checkpoint_position, prefill_checkpoint_valid
+
+    start = request.num_computed_tokens + local + ext
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if start >= prefill_end:
+        return n
+    bs = sched.mamba_block_size
+    last = prefill_checkpoint_position(request.num_tokens, sched.block_size)
+    end = start + n
+    internal = (
+        sched.mamba_has_prefill_checkpoints
+        and end >= prefill_end
+        and prefill_checkpoint_valid(
+            start, end, prefill_checkpoint_position(prefill_end, sched.block_size), sched.hash_block_size, bs
+        )
+    )
+    if internal:
+        last = 0
+    if end < prefill_end:
+        thr = sched.config.long_prefill_token_threshold
+        max_prefill = min(sched.config.max_num_batched_tokens, thr) if thr > 0 else sched.config.max_num_batched_tokens
+        if end // bs * bs > start or bs <= max_prefill:
+            end = end // bs * bs
+    junction = request.shared_prefix_boundary
+    stops = (
+        (start // bs + 1) * bs if start % bs and not internal else 0,
+        last,
+        start + (junction - start) // bs * bs if start < junction < end else 0,
+    )
+    return max(min((s for s in stops if start < s < end), default=end) - start, 0)
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_mamba_split_equals_its_stop_list_on_random_states(checkpoints):
+    import dataclasses
+
+    groups = ("full_attention", {"type": "mamba", "prefill_checkpoints": True}) if checkpoints else MAMBA
+    h = Harness(groups=groups, max_num_batched_tokens=64)
+    sched = h.sched
+    rng = np.random.default_rng(5)
+    configs = [
+        dataclasses.replace(sched.config, max_num_batched_tokens=budget, long_prefill_token_threshold=threshold)
+        for budget in (8, 64, 2048)
+        for threshold in (0, 10, 96)
+    ]
+    for i in range(4000):
+        r = req(f"r{i}", int(rng.integers(1, 300)), max_tokens=50)
+        r.num_output_tokens = int(rng.integers(0, 3))
+        r.num_computed_tokens = int(rng.integers(0, r.num_tokens + 1))
+        # a junction before, inside or past the chunk (also past the prompt)
+        r.shared_prefix_boundary = int(rng.choice([0, int(rng.integers(0, r.num_tokens + 1)), r.num_tokens + 7]))
+        sched.mamba_block_size = int(rng.choice([4, 16, 48, 64, 100]))
+        sched.config = configs[int(rng.integers(0, len(configs)))]
+        n = int(rng.integers(1, 200))
+        local, ext = (int(x) for x in rng.integers(0, 40, size=2) * rng.integers(0, 2, size=2))
+        args = (r, n, local, ext)
+        assert sched._mamba_block_aligned_split(*args) == _split_oracle(sched, *args), (i, args)
+    # a junction right past the chunk's end is no stop
+    sched.mamba_block_size, sched.config = 16, configs[0]
+    r = req("j", 12, max_tokens=5)
+    r.shared_prefix_boundary = 17
+    assert sched._mamba_block_aligned_split(r, 17) == _split_oracle(sched, r, 17, 0, 0) == 17
+
+
 # --------------------------------------------------- PR #48425 divergence tests
 def _divergence_harness(policy, connector):
     """vLLM's ``_create_hybrid_mamba_connector_scheduler``: FA + Mamba, block 16, 100 blocks.
@@ -375,3 +442,63 @@ def test_divergence_fa_deeper_with_external_tokens_crashes_only_opted_in_pr48425
     _evict(safe, {1: [1, 2, 3]})
     safe.add(req("r", 80, content="doc"))
     assert safe.run_step().num_computed_tokens_before["r"] == 32
+
+
+# --------------------------------------------------------------------------- the parked loop's active positions
+
+
+def _actives_run(fast: bool, groups: tuple[str, ...]) -> tuple[Harness, dict[str, int]]:
+    """Requests arriving over time under block pressure (preemptions), some aborted while parked or
+    running, one budget squeeze that cuts the parked loop. With the fast path the scheduler's
+    incrementally kept active positions are checked against a scan of ``running`` after every step."""
+    import dataclasses
+
+    from sim.core.request import RequestStatus
+
+    rng = np.random.default_rng(11)
+    h = Harness(groups=groups, num_blocks=60, max_num_batched_tokens=96, max_num_seqs=12, fast_paths=fast)
+    pending = [
+        req(f"r{i}", int(rng.integers(8, 80)), max_tokens=int(rng.integers(5, 60)), content=f"c{i % 5}-{i}")
+        for i in range(40)
+    ]
+    seen = {"members": 0, "preemptions": 0, "aborted_parked": 0, "unparked_due": 0}
+    step = 0
+    while pending or h.sched.has_unfinished_requests():
+        if pending and step % 3 == 0:
+            h.add(pending.pop(0), pending.pop(0)) if len(pending) > 1 else h.add(pending.pop(0))
+        if step == 30:
+            h.sched.config = dataclasses.replace(h.sched.config, max_num_batched_tokens=4)
+        if step == 34:
+            h.sched.config = dataclasses.replace(h.sched.config, max_num_batched_tokens=96)
+        if step in (20, 45, 70):
+            members = h.sched.cohort.members
+            victims = [r.request_id for r in h.sched.running[::3]]
+            seen["aborted_parked"] += sum(rid in members for rid in victims)
+            h.sched.finish_requests(victims, RequestStatus.FINISHED_ABORTED)
+        before = len(h.sched.cohort.members)
+        h.run_step()
+        step += 1
+        members = h.sched.cohort.members
+        seen["members"] = max(seen["members"], len(members))
+        seen["unparked_due"] += before > len(members)
+        expected = [i for i, r in enumerate(h.sched.running) if r.request_id not in members]
+        if fast:
+            assert h.sched._active_positions == expected, step
+        assert step < 2000
+    seen["preemptions"] = h.sched.num_preemptions
+    h.sched.settle()
+    if fast:
+        assert h.sched._active_positions == list(range(len(h.sched.running)))
+    return h, seen
+
+
+@pytest.mark.parametrize("groups", [("full_attention",), ("full_attention", "mamba")])
+def test_parked_loop_active_positions_follow_running_and_match_the_plain_path(groups):
+    fast, seen = _actives_run(True, groups)
+    plain, _ = _actives_run(False, groups)
+    assert fast.schedule_rows() == plain.schedule_rows()
+    assert fast.admission_rows() == plain.admission_rows()
+    assert fast.finished == plain.finished
+    # the run went through every way the positions change
+    assert seen["members"] >= 3 and seen["preemptions"] > 0 and seen["aborted_parked"] > 0, seen
+    assert seen["unparked_due"] > 0, seen

@@ -179,6 +179,61 @@ def test_totals_match_arrays_bit_for_bit():
     assert st.step_time_totals(0, 0, 0, 0, 0) == 0.0
 
 
+def _reference_step_time(st: StepTimeModel, r, t, ctx, nc, nn1, dr, dctx) -> float:
+    """The per-step sum in its original order, from the public per-term pieces (no memo involved)."""
+    terms = st._terms(r, t, ctx, nc, nn1, dr, dctx)
+    total = 0.0
+    for gemms in model_gemms(st.model).values():
+        for g in gemms:
+            total += g.count * st.gemm_time(g, t)
+    total += terms.get("moe", 0.0)
+    total += terms.get("mamba_state", 0.0)
+    total += terms.get("attn_decode", 0.0) + terms.get("attn_prefill", 0.0)
+    total += terms["small_ops"]
+    total += terms["lm_head"]
+    p = st.params
+    return p.step_overhead_s + p.per_request_overhead_s * r + total
+
+
+def test_memoized_step_time_is_bit_identical_to_the_unmemoized_sum():
+    """The per-token and per-request memos of the engine's path change no bit, whatever was asked before:
+    the same token total recurs with other request counts and contexts, and the same request count with
+    other token totals."""
+    st = StepTimeModel(tiny([ATTN, MAMBA], experts=8, topk=2, expert_params=300), HW, PARAMS)
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        dr = int(rng.integers(0, 6))
+        chunks = [
+            (int(n), int(c))
+            for n, c in zip(rng.integers(2, 9, size=int(rng.integers(0, 3))), rng.integers(0, 50, size=3))
+        ]
+        r = dr + len(chunks)
+        if r == 0:
+            continue
+        dctx = int(rng.integers(0, 100)) * dr
+        t = dr + sum(n for n, _ in chunks)
+        ctx = dctx + sum(c for _, c in chunks)
+        nc = dctx + sum(n * c for n, c in chunks)
+        nn1 = 2 * dr + sum(n * (n + 1) for n, _ in chunks)
+        got = st.step_time_totals(r, t, ctx, nc, nn1, decode_requests=dr, decode_context=dctx)
+        assert got == _reference_step_time(st, r, t, ctx, nc, nn1, dr, dctx), (r, t, dr)
+    # small token totals recur: the memo was exercised, not bypassed
+    assert len(st._token_memo) < 400 and len(st._request_memo) <= 12
+
+
+def test_step_time_memos_stay_bounded():
+    class SmallMemo(StepTimeModel):
+        _MEMO_LIMIT = 4
+
+    st = SmallMemo(tiny([ATTN]), HW, PARAMS)
+    plain = StepTimeModel(tiny([ATTN]), HW, PARAMS)
+    for t in range(1, 30):
+        assert st.step_time_totals(t, t, 10 * t, 10 * t, 2 * t, decode_requests=t, decode_context=10 * t) == (
+            plain.step_time_totals(t, t, 10 * t, 10 * t, 2 * t, decode_requests=t, decode_context=10 * t)
+        )
+        assert len(st._token_memo) <= 4 and len(st._request_memo) <= 4
+
+
 # --------------------------------------------------------------------------- against the public A100 profile
 
 # (step label, profiled ms from the extract, predicted ms with the A100 preset, error bound)

@@ -647,15 +647,19 @@ class DecodeCohort:
         self._context_base -= member.computed - member.sched_entry
         return request
 
-    def materialize_due(self) -> None:
-        """Before ``schedule()``: unpark every member whose parked steps are used up."""
+    def materialize_due(self) -> list[Request]:
+        """Before ``schedule()``: unpark every member whose parked steps are used up; returns them
+        (in due order), so the scheduler can track who is active without scanning ``running``."""
         heap = self._heap
         clock = self.sched_clock
         members = self.members
+        unparked: list[Request] = []
         while heap and heap[0][0] <= clock:
             member = heapq.heappop(heap)[2]
             if members.get(member.request.request_id) is member:
                 self.materialize(member.request.request_id)
+                unparked.append(member.request)
+        return unparked
 
     def materialize_all(self) -> None:
         """Unpark everyone (the run ends, or a step the cohort cannot follow)."""

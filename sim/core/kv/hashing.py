@@ -27,7 +27,7 @@ import hashlib
 import struct
 from typing import Protocol, Sequence
 
-from sim.core.tokens import Segment, block_contents
+from sim.core.tokens import Segment, StreamSegment, block_contents
 
 BlockHash = int
 
@@ -103,30 +103,86 @@ class HashedRequest(Protocol):
     def segments(self) -> tuple[Segment, ...]: ...
 
 
+#: What a prompt's hashes are reused under: ``(lora_name, cache_salt, first segment[, second segment])``.
+_PrefixKey = tuple[object, ...]
+
+
 class RequestBlockHasher:
     """A request's block hasher (vLLM ``get_request_block_hasher``), injected into ``Request``.
 
     Calling it appends the hashes of the request's full ``hash_block_size``
     blocks not yet in ``request.block_hashes``; existing hashes are never
     recomputed.
+
+    A simulator speed-up, not a vLLM feature: prompts that start with the same
+    segments hold the same tokens there, so the chained hashes of the blocks
+    that lie wholly inside the common segments are equal (with the same LoRA
+    name and cache salt). When a request is hashed for the first time, the
+    hasher takes those hashes from the last request hashed whose prompt began
+    with the same two segments (else the same first one), and hashes only the
+    blocks after them. Only :class:`~sim.core.tokens.StreamSegment` prefixes
+    are compared; the result is exactly what hashing every block gives.
     """
 
-    __slots__ = ("hash_block_size",)
+    __slots__ = ("hash_block_size", "_prefixes")
 
     def __init__(self, hash_block_size: int) -> None:
         if hash_block_size < 1:
             raise ValueError(f"hash_block_size must be >= 1, got {hash_block_size}")
         self.hash_block_size = hash_block_size
+        #: prefix key -> (prompt segments, block hashes) of the last request hashed with that start;
+        #: the hash list is the request's own (it only grows, so its head stays valid).
+        self._prefixes: dict[_PrefixKey, tuple[tuple[Segment, ...], list[BlockHash]]] = {}
 
     def __call__(self, request: HashedRequest) -> None:
+        hashes = request.block_hashes
+        segments = request.segments()
+        keys: list[_PrefixKey] = []
+        if not hashes and len(segments) > 0 and type(segments[0]) is StreamSegment:  # hashed for the first time
+            keys = self._prefix_keys(segments, request.lora_name, request.cache_salt)
+            self._reuse_prefix(hashes, segments, keys, request.num_tokens)
         extend_block_hashes(
-            request.block_hashes,
-            request.segments(),
+            hashes,
+            segments,
             request.num_tokens,
             self.hash_block_size,
             request.lora_name,
             request.cache_salt,
         )
+        for key in keys:
+            self._prefixes[key] = (segments, hashes)
+
+    @staticmethod
+    def _prefix_keys(segments: Sequence[Segment], lora_name: str | None, cache_salt: str | None) -> list[_PrefixKey]:
+        """The keys a prompt starting with a stream segment is found under, the longer first."""
+        one: _PrefixKey = (lora_name, cache_salt, segments[0])
+        if len(segments) > 1 and type(segments[1]) is StreamSegment:
+            return [(*one, segments[1]), one]
+        return [one]
+
+    def _reuse_prefix(
+        self, hashes: list[BlockHash], segments: Sequence[Segment], keys: list[_PrefixKey], num_tokens: int
+    ) -> None:
+        """Seed an empty ``hashes`` with the hashes of the blocks inside the segments this prompt
+        shares with the last prompt hashed under its longest known key."""
+        entry = None
+        for key in keys:
+            entry = self._prefixes.get(key)
+            if entry is not None:
+                break
+        if entry is None:
+            return
+        previous, previous_hashes = entry
+        shared = 0
+        for mine, theirs in zip(segments, previous):
+            if type(mine) is not StreamSegment or type(theirs) is not StreamSegment or mine != theirs:
+                break
+            shared += mine.length
+        block = self.hash_block_size
+        reuse = min(shared, num_tokens) // block
+        if reuse > len(previous_hashes):
+            reuse = len(previous_hashes)
+        hashes.extend(previous_hashes[:reuse])
 
 
 def group_key(block_hash: BlockHash, group_id: int) -> tuple[BlockHash, int]:

@@ -143,3 +143,23 @@ def test_memo_reuses_a_mamba_answer_for_shorter_caps_and_equals_fresh_lookups(mo
 
 def ids_of(lists):
     return [[b.block_id for b in lst] for lst in lists]
+
+
+def test_cohort_materialize_due_returns_exactly_the_members_it_unparked():
+    from support.scheduler import req
+
+    from sim.core.kv.fastpath import DecodeCohort
+
+    cohort = DecodeCohort(enabled=True)
+    a, b, c = (req(rid, 16, max_tokens=50) for rid in "abc")
+    for r, steps in ((a, 2), (b, 5), (c, 2)):
+        r.num_computed_tokens = r.num_prompt_tokens
+        cohort.park(r, steps)
+    cohort.materialize("c")  # unparked early: its heap entry is stale
+    assert cohort.materialize_due() == []
+    cohort.sched_clock = 2
+    assert cohort.materialize_due() == [a]
+    cohort.park(a, 1)  # parked again: due at 3, its old entry is gone
+    cohort.sched_clock = 5
+    assert cohort.materialize_due() == [a, b]
+    assert not cohort.members and a.num_computed_tokens == b.num_computed_tokens == 16 + 5

@@ -1,0 +1,83 @@
+"""``sim.core.kv.hashing``: a shared hasher reuses the hashes of common prompt starts, and gets exactly
+what hashing every block of every request on its own gets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.core.kv.hashing import RequestBlockHasher, hash_block
+from sim.core.request import Request
+from sim.core.tokens import IdsSegment, StreamSegment
+
+
+def _request(rid: str, *segments, lora: str | None = None, salt: str | None = None) -> Request:
+    return Request(rid, segments, max_tokens=40, lora_name=lora, cache_salt=salt)
+
+
+def _alone(request: Request, block: int) -> list[int]:
+    """The request's hashes from a fresh hasher (no other request seen), on a copy of the request."""
+    copy = Request(
+        request.request_id, request.prompt, max_tokens=40, lora_name=request.lora_name, cache_salt=request.cache_salt
+    )
+    copy.num_output_tokens = request.num_output_tokens
+    copy.set_block_hasher(RequestBlockHasher(block))
+    return copy.block_hashes
+
+
+def _prompts():
+    doc, sys_ = StreamSegment("doc", 0, 40), StreamSegment("sys", 0, 50)
+    ids = IdsSegment(np.arange(20, dtype=np.int64))
+    return [
+        _request("a", sys_, StreamSegment("u-a", 0, 30)),
+        _request("b", sys_, StreamSegment("u-b", 0, 7)),  # same system prompt, diverges mid-block
+        _request("c", sys_, StreamSegment("u-a", 0, 30), StreamSegment("t2", 0, 25)),  # a's next turn
+        _request("d", sys_, StreamSegment("u-a", 0, 30), StreamSegment("t2", 0, 25), StreamSegment("t3", 0, 9)),
+        _request("m", sys_, StreamSegment("u-a", 0, 30), StreamSegment("t2", 5, 25)),  # same stream, elsewhere
+        _request("e", StreamSegment("sys", 0, 20)),  # a shorter cut of the same stream
+        _request("f", sys_, StreamSegment("u-a", 0, 30), salt="s1"),  # the salt changes block 0
+        _request("g", sys_, StreamSegment("u-a", 0, 30), lora="l1"),  # the LoRA name changes every block
+        _request("h", sys_, StreamSegment("u-a", 0, 30), lora="l1"),
+        _request("i", ids, doc),  # explicit ids first: not reused
+        _request("j", ids, doc),
+        _request("k", StreamSegment("sys", 0, 8)),  # shorter than one block
+        _request("l", sys_, StreamSegment("u-a", 0, 30), StreamSegment("t2", 0, 25), StreamSegment("t3", 0, 9)),
+    ]
+
+
+def test_shared_hasher_gives_every_request_its_own_hashes():
+    for block in (4, 16, 48):
+        hasher = RequestBlockHasher(block)
+        for request in _prompts():
+            request.set_block_hasher(hasher)
+            assert request.block_hashes == _alone(request, block), (block, request.request_id)
+
+
+def test_reused_prefix_stops_at_the_prompt_and_never_takes_another_requests_output_blocks():
+    block = 16
+    hasher = RequestBlockHasher(block)
+    first = _request("a", StreamSegment("sys", 0, 40))
+    first.set_block_hasher(hasher)
+    first.num_output_tokens = 24  # 64 tokens: blocks 2 and 3 hold a's own output
+    first.update_block_hashes()
+    assert len(first.block_hashes) == 4
+    second = _request("b", StreamSegment("sys", 0, 40), StreamSegment("more", 0, 30))
+    second.set_block_hasher(hasher)
+    assert second.block_hashes == _alone(second, block)
+    assert second.block_hashes[:2] == first.block_hashes[:2] and second.block_hashes[2] != first.block_hashes[2]
+    # a later output block of a request whose prompt was reused is hashed as usual
+    second.num_output_tokens = 10
+    second.update_block_hashes()
+    assert second.block_hashes == _alone(second, block)
+
+
+def test_common_prompt_start_is_hashed_once():
+    block = 16
+    hasher = RequestBlockHasher(block)
+    system = StreamSegment("long-system", 0, 320)  # 20 blocks
+    hash_block.cache_clear()
+    _request("a", system, StreamSegment("u-a", 0, 16)).set_block_hasher(hasher)
+    before = hash_block.cache_info()
+    _request("b", system, StreamSegment("u-b", 0, 16)).set_block_hasher(hasher)
+    after = hash_block.cache_info()
+    # b only hashes its own last block: the 20 system blocks are neither recomputed nor looked up
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 0)

@@ -1,0 +1,103 @@
+"""``sim.trace.recorder``: every hot row lands in its own column, whatever path appended it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sim.core.kv.pool import KVEvent
+from sim.trace.recorder import Recorder, admission_columns, step_columns
+
+
+def _rows(cols) -> list[dict]:
+    n = len(cols)
+    assert all(len(values) == n for values in cols.data.values()), {k: len(v) for k, v in cols.data.items()}
+    return [{name: cols.data[name][i] for name in cols.names} for i in range(n)]
+
+
+STEP = dict(duration_s=0.25, running=3, waiting=4, prefill_tokens=5, decode_tokens=6, free_blocks=7)
+
+
+def test_step_rows_fill_each_column_with_its_own_value():
+    rec = Recorder(num_groups=2)
+    rec.set_clock(9, 1.5)
+    rec.record_step(**STEP, blocks_per_group=(10, 11), cached_per_group=(20, 21))
+    assert rec.steps.names == step_columns(2)
+    assert _rows(rec.steps) == [
+        {"step": 9, "time_s": 1.5, **STEP, "blocks_g0": 10, "blocks_g1": 11, "cached_g0": 20, "cached_g1": 21}
+    ]
+
+
+def test_a_step_row_must_fill_every_extension_column():
+    rec = Recorder(num_groups=1)
+    rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), offload_bytes=8)
+    rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), offload_bytes=9)
+    assert rec.steps.data["offload_bytes"] == [8, 9]
+    with pytest.raises(KeyError, match="missing.*offload_bytes"):
+        rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,))
+    rec.steps.add_column("late", None)  # added by someone else: the next row must fill it too
+    with pytest.raises(KeyError, match="missing.*late"):
+        rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), offload_bytes=1)
+
+
+def test_admission_rows_fill_each_column_with_its_own_value():
+    rec = Recorder(num_groups=2)
+    rec.set_clock(3, 0.5)
+    values = dict(
+        request_id="r",
+        prompt_tokens=100,
+        local_tokens=32,
+        external_tokens=16,
+        hit_diverged=1,
+        fallback=0,
+        policy="pr48425",
+        outcome="ok",
+        crash_reason="cr",
+        kind="after_preemption",
+        reason="why",
+        num_computed_tokens=48,
+        tokens_lost=2,
+        taint_origin="t",
+        lookup_seq=17,
+        connector_asked_at=32,
+        connector_answer=16,
+    )
+    rec.record_admission(hits=(64, 32), **values)
+    assert rec.admissions.names == admission_columns(2)
+    expected = {
+        "step": 3,
+        "time_s": 0.5,
+        "hit_g0": 64,
+        "hit_g1": 32,
+        **values,
+        "hit_diverged": True,
+        "fallback": False,
+        "claimed_boundary": 48,
+    }
+    assert _rows(rec.admissions) == [expected]
+    with pytest.raises(ValueError, match="expected 2 per-group hits"):
+        rec.record_admission(hits=(1,), **values)
+
+
+def test_kv_events_from_named_tuples_and_from_other_objects_give_the_same_rows():
+    events = [KVEvent("stored", 0, 3, 99, "r0", "cache"), KVEvent("removed", 1, 4, 98, "r1", "evict_lru")]
+    fast, general = Recorder(num_groups=2), Recorder(num_groups=2)
+    for rec, batch in ((fast, events), (general, [SimpleNamespace(**ev._asdict()) for ev in events])):
+        rec.set_clock(2, 0.75)
+        rec.record_kv_events(batch)
+        rec.set_clock(3, 1.0)
+        rec.record_kv_events(batch[:1])
+    assert _rows(fast.kv_events) == _rows(general.kv_events)
+    assert [(r["seq"], r["step"], r["kind"]) for r in _rows(fast.kv_events)] == [
+        (0, 2, "stored"),
+        (1, 2, "removed"),
+        (2, 3, "stored"),
+    ]
+
+
+def test_positional_step_rows_equal_keyword_ones():
+    by_name, by_position = Recorder(num_groups=2), Recorder(num_groups=2)
+    by_name.record_step(**STEP, blocks_per_group=(10, 11), cached_per_group=(20, 21), offload_bytes=3)
+    by_position.record_step(*STEP.values(), (10, 11), (20, 21), offload_bytes=3)
+    assert _rows(by_name.steps) == _rows(by_position.steps)
