@@ -45,9 +45,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Mapping, Sequence
 
-#: The modules compiled, dotted: the core's hot path. Not ``__init__`` modules, the Protocols
-#: (``interfaces``), the registry, or the policy bases that plugins subclass (``policy/``): an
-#: interpreted class cannot subclass a compiled one.
+#: The modules compiled, dotted: the core's hot path, then the engine's per-step modules (loop,
+#: recorder, step-time model, transfers) and the trace reader's block expansion. Not ``__init__``
+#: modules, the Protocols (``interfaces``), the registry, or the policy bases that plugins subclass
+#: (``policy/``): an interpreted class cannot subclass a compiled one.
 COMPILED_MODULES: tuple[str, ...] = (
     "sim.core.tokens",
     "sim.core.request",
@@ -64,6 +65,11 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sim.core.kv.fastpath",
     "sim.core.kv.coordinator",
     "sim.core.kv.manager",
+    "sim.trace.recorder",
+    "sim.engine.loop",
+    "sim.engine.timing",
+    "sim.engine.transfer",
+    "sim.workload.traces.common",
 )
 #: mypyc's group name: the shared library holding all compiled code is ``<GROUP>__mypyc``.
 GROUP = "sim.native.hot"
