@@ -140,6 +140,13 @@ class EngineLoop:
         bisect.insort(requests, request, lo=self._next_request, key=_arrival_time)
         self._by_id[request.request_id] = request
 
+    def close(self) -> None:
+        """After the run: the transfer service no longer calls back into the loop. That call-back is a
+        reference cycle (loop -> transfers -> loop.wake) that would keep the whole run (scheduler, pool,
+        recorder) alive after its last use, until the cyclic collector found it."""
+        if self.transfers is not None:
+            self.transfers.on_complete = None
+
     # ------------------------------------------------------------ wake-ups
     def wake(self) -> None:
         """Called by connector transfers when they complete (may be idle)."""

@@ -255,6 +255,7 @@ class Run:
         finally:
             if progress:
                 progress.stop()
+            loop.close()
         components = self.components
         components.scheduler.settle()  # parked decodes (sim.core.kv.fastpath.DecodeCohort) write their counters back
         stopped = status != "complete"
