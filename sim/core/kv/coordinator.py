@@ -16,6 +16,7 @@ hits are rejected (:func:`~sim.core.kv.specs.check_modelled_layout`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
@@ -42,31 +43,44 @@ class SpecGroup(NamedTuple):
     manager_cls: type[SingleTypeKVCacheManager]
 
 
-class KVCacheCoordinator:
-    """Owns the pool and one manager per group."""
+@dataclass(frozen=True)
+class KVCacheOptions:
+    """How the pool and the per-group managers are built: everything but the layout (``KVCacheConfig``).
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        *,
-        enable_caching: bool,
-        enable_kv_cache_events: bool = True,
-        max_in_flight_tokens: int | None = None,
-        corrected_mamba_accounting: bool = False,
-        fast_paths: bool = True,
-        eviction_policy: EvictionPolicy | None = None,
-        eviction_context: EvictionContext | None = None,
-    ) -> None:
+    ``max_in_flight_tokens`` sizes the sliding-window admission cap (None: ``max_model_len``);
+    ``corrected_mamba_accounting`` is the Mamba what-if of :class:`MambaManager`; ``fast_paths``
+    turns the lookup memo and the Mamba replicas on (sim.core.kv.fastpath); an eviction policy
+    replaces the pool's LRU (not vLLM: docs/eviction.md).
+    """
+
+    enable_kv_cache_events: bool = True
+    max_in_flight_tokens: int | None = None
+    corrected_mamba_accounting: bool = False
+    fast_paths: bool = True
+    eviction_policy: EvictionPolicy | None = None
+    eviction_context: EvictionContext | None = None
+
+
+class KVCacheCoordinator:
+    """Owns the pool and one manager per group; prefix caching is on as the config says."""
+
+    def __init__(self, kv_cache_config: KVCacheConfig, options: KVCacheOptions) -> None:
+        enable_caching = kv_cache_config.enable_prefix_caching
+        fast_paths = options.fast_paths
         self.kv_cache_config = kv_cache_config
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
         if enable_caching:
             check_modelled_layout(kv_cache_config)
         self.block_pool: BlockPool = make_block_pool(
-            kv_cache_config, enable_caching, enable_kv_cache_events, eviction_policy, eviction_context
+            kv_cache_config,
+            enable_caching,
+            options.enable_kv_cache_events,
+            options.eviction_policy,
+            options.eviction_context,
         )
         max_len = kv_cache_config.max_model_len
-        in_flight = max_len if max_in_flight_tokens is None else max_in_flight_tokens
+        in_flight = max_len if options.max_in_flight_tokens is None else options.max_in_flight_tokens
         managers: list[SingleTypeKVCacheManager] = []
         for gid, group in enumerate(kv_cache_config.groups):
             spec = group.spec
@@ -77,7 +91,7 @@ class KVCacheCoordinator:
             if isinstance(spec, SlidingWindowSpec):
                 kw["max_admission_blocks_per_request"] = spec.max_admission_blocks_per_request(in_flight, max_len)
             if cls is MambaManager:
-                kw["corrected_mamba_accounting"] = corrected_mamba_accounting
+                kw["corrected_mamba_accounting"] = options.corrected_mamba_accounting
             managers.append(cls(spec, self.block_pool, gid, **kw))
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)
         self.retention_interval = kv_cache_config.retention_interval
@@ -336,31 +350,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
 
 
-def get_kv_cache_coordinator(
-    kv_cache_config: KVCacheConfig,
-    *,
-    enable_kv_cache_events: bool = True,
-    max_in_flight_tokens: int | None = None,
-    corrected_mamba_accounting: bool = False,
-    fast_paths: bool = True,
-    eviction_policy: EvictionPolicy | None = None,
-    eviction_context: EvictionContext | None = None,
-) -> KVCacheCoordinator:
+def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, options: KVCacheOptions) -> KVCacheCoordinator:
     """vLLM's choice: caching off → no-cache; one group → unitary; else hybrid."""
-    cls: type[KVCacheCoordinator]
     if not kv_cache_config.enable_prefix_caching:
-        cls = KVCacheCoordinatorNoPrefixCache
-    elif len(kv_cache_config.groups) == 1:
-        cls = UnitaryKVCacheCoordinator
-    else:
-        cls = HybridKVCacheCoordinator
-    return cls(
-        kv_cache_config,
-        enable_caching=kv_cache_config.enable_prefix_caching,
-        enable_kv_cache_events=enable_kv_cache_events,
-        max_in_flight_tokens=max_in_flight_tokens,
-        corrected_mamba_accounting=corrected_mamba_accounting,
-        fast_paths=fast_paths,
-        eviction_policy=eviction_policy,
-        eviction_context=eviction_context,
-    )
+        return KVCacheCoordinatorNoPrefixCache(kv_cache_config, options)
+    if len(kv_cache_config.groups) == 1:
+        return UnitaryKVCacheCoordinator(kv_cache_config, options)
+    return HybridKVCacheCoordinator(kv_cache_config, options)

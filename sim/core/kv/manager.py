@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from sim.core.kv.coordinator import HybridKVCacheCoordinator, get_kv_cache_coordinator
+from sim.core.kv.coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy
 from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.managers import MambaManager
@@ -71,15 +71,15 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.max_model_len = kv_cache_config.max_model_len
         self.enable_caching = kv_cache_config.enable_prefix_caching
-        self.coordinator = get_kv_cache_coordinator(
-            kv_cache_config,
-            enable_kv_cache_events=enable_kv_cache_events,
-            max_in_flight_tokens=max_in_flight_tokens,
-            corrected_mamba_accounting=corrected_mamba_accounting,
-            fast_paths=fast_paths,
-            eviction_policy=eviction_policy,
-            eviction_context=eviction_context,
+        options = KVCacheOptions(
+            enable_kv_cache_events,
+            max_in_flight_tokens,
+            corrected_mamba_accounting,
+            fast_paths,
+            eviction_policy,
+            eviction_context,
         )
+        self.coordinator = get_kv_cache_coordinator(kv_cache_config, options)
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)

@@ -90,6 +90,10 @@ class SingleTypeKVCacheManager:
         #: Only this manager moves its blocks' ref counts, so it counts each 0 <-> 1 transition.
         self.num_held_blocks = 0
         self._null_block = block_pool.null_block
+        self._init_kind()
+
+    def _init_kind(self) -> None:
+        """Subclass hook: state a group type derives from its spec, once the shared state exists."""
 
     # ----------------------------------------------------------------- lookup
     #: Whether a lookup's answer is also the answer for any ``max_length`` between its hit
@@ -351,24 +355,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
-    def __init__(
-        self,
-        spec: SlidingWindowSpec,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        *,
-        enable_caching: bool,
-        cache_hit_alignment_tokens: int,
-        max_admission_blocks_per_request: int | None = None,
-    ) -> None:
-        super().__init__(
-            spec,
-            block_pool,
-            kv_cache_group_id,
-            enable_caching=enable_caching,
-            cache_hit_alignment_tokens=cache_hit_alignment_tokens,
-            max_admission_blocks_per_request=max_admission_blocks_per_request,
-        )
+    def _init_kind(self) -> None:
+        spec = self.kv_cache_spec
+        assert isinstance(spec, SlidingWindowSpec)
         self.sliding_window = spec.window
 
     @classmethod
