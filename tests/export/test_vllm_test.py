@@ -8,7 +8,6 @@ All exported modules run in ONE pytest subprocess (vLLM's import costs about ten
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import os
 import re
@@ -102,13 +101,6 @@ def test_a_time_clock_scenario_cannot_be_exported(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ against vLLM
 
 
-def _require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
-        if os.environ.get("HYBRIDSIM_REQUIRE_VLLM") == "1":
-            pytest.fail("HYBRIDSIM_REQUIRE_VLLM=1 but vllm is not installed")
-        pytest.skip("vLLM is not installed (set HYBRIDSIM_REQUIRE_VLLM=1 to make this a failure)")
-
-
 def _edit_once(text: str, old: str, new: str) -> str:
     assert text.count(old) == 1, old
     return text.replace(old, new)
@@ -116,9 +108,8 @@ def _edit_once(text: str, old: str, new: str) -> str:
 
 @pytest.mark.slow
 def test_exported_tests_pass_against_vllm_and_fail_when_edited(
-    tmp_path: Path, crash_scenario, values_scenario, fuzz_scenario
+    vllm, tmp_path: Path, crash_scenario, values_scenario, fuzz_scenario
 ) -> None:
-    _require_vllm()
     crash_file = tmp_path / "crash.yaml"
     crash_file.write_text(scenario_yaml(crash_scenario))
     res = CliRunner().invoke(app, ["export", "vllm-test", str(crash_file), "-o", str(tmp_path / "test_crash.py")])
