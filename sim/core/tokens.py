@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Sequence, Union, cast
+from typing import Sequence, Union, cast
 
 import numpy as np
 
@@ -233,10 +233,15 @@ def _encode_blocks(seg: StreamBlocksSegment, start: int, end: int) -> bytes:
     return b"".join(parts)
 
 
-def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> Iterator[bytes]:
+def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> list[bytes]:
     """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
+    out: list[bytes] = []
+    append = out.append
     index = offset = 0
     num_segments = len(segments)
+    head_of = -1  # index of the stream segment whose run head ``head`` is
+    head = b""
+    pack = _POS.pack
     for i in range(start_block, end_block):
         lo = i * block_size
         hi = lo + block_size
@@ -247,15 +252,18 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
         seg = segments[index] if index < num_segments else None
         if type(seg) is StreamSegment and offset + seg.length >= hi:
             # The block lies inside one stream segment: it is a single canonical run.
-            yield b"S" + seg.stream.encode() + b"\x00" + _POS.pack(seg.start + lo - offset, block_size)
+            if head_of != index:
+                head_of, head = index, b"S" + seg.stream.encode() + b"\x00"
+            append(head + pack(seg.start + lo - offset, block_size))
             continue
         if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
             # The block lies inside one run of blocks: one canonical run per block of the run it
             # touches. They never merge: each after the first starts at position 0 of its stream.
-            yield _encode_blocks(seg, lo - offset, hi - offset)
+            append(_encode_blocks(seg, lo - offset, hi - offset))
             continue
         runs, index, offset = _runs_from(segments, index, offset, lo, hi)
-        yield _encode_runs(runs)
+        append(_encode_runs(runs))
+    return out
 
 
 def block_content(segments: Sequence[Segment], start: int, end: int) -> bytes:

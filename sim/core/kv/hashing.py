@@ -22,33 +22,28 @@ A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import struct
+from hashlib import blake2b
 from typing import Protocol, Sequence
 
 from sim.core.tokens import Segment, StreamSegment, block_contents
 
 BlockHash = int
 
-_U64 = struct.Struct("<Q")
+#: What precedes a block's token bytes in its hash input: the parent hash and the content length.
+_HEAD = struct.Struct("<QQ")
 
 #: Parent of block 0 (vLLM's ``NONE_HASH`` from a fixed seed).
-NONE_HASH: BlockHash = int.from_bytes(hashlib.blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little")
+NONE_HASH: BlockHash = int.from_bytes(blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little")
 
 
-@functools.lru_cache(maxsize=1 << 12)
 def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> BlockHash:
     """Hash of one full block given its parent's hash, token bytes and extra keys.
 
-    Pure, so memoized (4096 entries, a few MB): requests sharing a prefix hash its blocks once.
+    BLAKE2b-64 over ``u64 parent | u64 len(content) | content | extra`` (little-endian).
     """
-    h = hashlib.blake2b(digest_size=8)
-    h.update(_U64.pack(NONE_HASH if parent is None else parent))
-    h.update(_U64.pack(len(content)))
-    h.update(content)
-    h.update(extra)
-    return int.from_bytes(h.digest(), "little")
+    head = _HEAD.pack(NONE_HASH if parent is None else parent, len(content))
+    return int.from_bytes(blake2b(head + content + extra, digest_size=8).digest(), "little")
 
 
 def encode_extra_keys(lora_name: str | None, cache_salt: str | None, block_index: int) -> bytes:
@@ -80,9 +75,12 @@ def extend_block_hashes(
     contents = block_contents(segments, start_block, end_block, hash_block_size)
     append = hashes.append
     if not lora_name and not (cache_salt and start_block == 0):
-        for content in contents:  # no extra keys on any of these blocks
-            parent = hash_block(parent, content, b"")
-            append(parent)
+        # No extra keys on any of these blocks: hash_block inlined (the hot path of every run).
+        chained = NONE_HASH if parent is None else parent
+        pack = _HEAD.pack
+        for content in contents:
+            chained = int.from_bytes(blake2b(pack(chained, len(content)) + content, digest_size=8).digest(), "little")
+            append(chained)
         return end_block - start_block
     for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
