@@ -14,12 +14,12 @@ Capability flags are declared members, read directly (never probed with
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence, Sized
+from typing import Any, Protocol, Sequence, Sized
 
 from sim.core.kv.coordinator import KVCacheCoordinator
 from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import BlockPool, KVEvent
+from sim.core.kv.pool import BlockPool, KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig
 from sim.core.request import Request
 
@@ -131,7 +131,7 @@ class SchedulerKVManager(Protocol):
 
     def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks: ...
 
-    def take_events(self) -> list[KVEvent]: ...
+    def take_event_log(self) -> KVEventLog: ...
 
 
 class AdmissionRecorder(Protocol):
@@ -180,4 +180,4 @@ class AdmissionRecorder(Protocol):
         num_computed_tokens: Sequence[int],
     ) -> None: ...
 
-    def record_kv_events(self, events: Iterable[KVEvent]) -> None: ...
+    def record_kv_event_log(self, log: KVEventLog) -> None: ...

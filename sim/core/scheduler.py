@@ -1136,11 +1136,11 @@ class Scheduler:
         return None
 
     def _drain_events(self) -> None:
-        events = list(self.kv.take_events())
+        log = self.kv.take_event_log()
         if self.connector is not None:
-            events.extend(self.connector.take_events())
-        if self.recorder is not None and events:
-            self.recorder.record_kv_events(events)
+            log.extend(self.connector.take_events())
+        if self.recorder is not None and len(log):
+            self.recorder.record_kv_event_log(log)
 
     # ---------------------------------------------------------------- finish
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> list[Request]:

@@ -235,9 +235,9 @@ class EngineLoop:
             self._apply_actions()
         if self._next_request < len(self.requests):
             self._admit_arrivals()
-        events = kv.take_events()  # the actions' events belong to this step
-        if events:
-            rec.record_kv_events(events)
+        log = kv.take_event_log()  # the actions' events belong to this step
+        if len(log):
+            rec.record_kv_event_log(log)
         if self.transfers is not None:
             self.transfers.advance(self.step)
         if self.connector is not None:
@@ -314,9 +314,9 @@ class EngineLoop:
             self.step = max(self.step, int(env.now))
 
     def _record_kv_events(self) -> None:
-        events = self.kv_manager.take_events()
-        if events:
-            self.recorder.record_kv_events(events)
+        log = self.kv_manager.take_event_log()
+        if len(log):
+            self.recorder.record_kv_event_log(log)
 
     def _note_recorded_crashes(self) -> None:
         """With ``on_crash: record`` the first recorded crash is the run's crash marker."""

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from sim.core.kv.pool import KVEvent, KVEventLog
+
 
 def kv_event_columns() -> list[str]:
     return ["seq", "step", "time_s", "kind", "group", "block_id", "block_hash", "request_id", "cause"]
@@ -80,9 +82,6 @@ def step_columns(num_groups: int) -> list[str]:
 
 #: The ``steps`` columns before the per-group ones, in order.
 _STEP_FIXED = ("step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens", "free_blocks")
-
-#: The event attributes a ``kv_events`` row copies, in column order.
-_KV_EVENT_FIELDS = ("kind", "group", "block_id", "block_hash", "request_id", "cause")
 
 
 class Columns:
@@ -146,25 +145,28 @@ class Recorder:
         self.step = step
         self.time_s = time_s
 
-    def record_kv_events(self, events: Iterable) -> None:
-        """Append KV events (objects with kind, group, block_id, block_hash, request_id, cause)."""
-        events = list(events)
-        if not events:
+    def record_kv_events(self, events: Iterable[KVEvent]) -> None:
+        """Append KV events given as records (kind, group, block_id, block_hash, request_id, cause)."""
+        log = KVEventLog()
+        log.extend(events)
+        self.record_kv_event_log(log)
+
+    def record_kv_event_log(self, log: KVEventLog) -> None:
+        """Append a pool's event log, stamped with the current step and time."""
+        n = len(log)
+        if not n:
             return
         cols = self.kv_events.data
-        seq = len(self.kv_events)
-        n = len(events)
+        seq = len(cols["seq"])
         cols["seq"].extend(range(seq, seq + n))
         cols["step"].extend([self.step] * n)
         cols["time_s"].extend([self.time_s] * n)
-        kind = type(events[0])
-        if getattr(kind, "_fields", None) == _KV_EVENT_FIELDS and len(set(map(type, events))) == 1:
-            # Named tuples in column order (the pool's KVEvent): transpose in one go.
-            for name, column in zip(_KV_EVENT_FIELDS, zip(*events)):
-                cols[name].extend(column)
-            return
-        for name in _KV_EVENT_FIELDS:
-            cols[name].extend([getattr(ev, name) for ev in events])
+        cols["kind"].extend(log.kind)
+        cols["group"].extend(log.group)
+        cols["block_id"].extend(log.block_id)
+        cols["block_hash"].extend(log.block_hash)
+        cols["request_id"].extend(log.request_id)
+        cols["cause"].extend(log.cause)
 
     def record_admission(
         self,

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.pool import KVEvent, KVEventLog
 from sim.trace.recorder import Recorder, admission_columns, step_columns
 
 
@@ -80,14 +78,18 @@ def test_admission_rows_fill_each_column_with_its_own_value():
         rec.record_admission(hits=(1,), **values)
 
 
-def test_kv_events_from_named_tuples_and_from_other_objects_give_the_same_rows():
+def test_kv_events_from_records_and_from_an_event_log_give_the_same_rows():
     events = [KVEvent("stored", 0, 3, 99, "r0", "cache"), KVEvent("removed", 1, 4, 98, "r1", "evict_lru")]
     fast, general = Recorder(num_groups=2), Recorder(num_groups=2)
-    for rec, batch in ((fast, events), (general, [SimpleNamespace(**ev._asdict()) for ev in events])):
-        rec.set_clock(2, 0.75)
-        rec.record_kv_events(batch)
-        rec.set_clock(3, 1.0)
-        rec.record_kv_events(batch[:1])
+    for batch in (events, events[:1]):
+        log = KVEventLog()
+        for ev in batch:
+            log.append(*ev)
+        fast.set_clock(2 if batch is events else 3, 0.75 if batch is events else 1.0)
+        fast.record_kv_event_log(log)
+        general.set_clock(2 if batch is events else 3, 0.75 if batch is events else 1.0)
+        general.record_kv_events(batch)
+    fast.record_kv_event_log(KVEventLog())  # an empty log adds no row
     assert _rows(fast.kv_events) == _rows(general.kv_events)
     assert [(r["seq"], r["step"], r["kind"]) for r in _rows(fast.kv_events)] == [
         (0, 2, "stored"),

@@ -13,7 +13,7 @@ from sim.core.kv.coordinator import HybridKVCacheCoordinator, KVCacheOptions, ge
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy
 from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.managers import MambaManager
-from sim.core.kv.pool import KVCacheBlock, KVEvent
+from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.core.request import Request, RequestStatus
 
@@ -330,6 +330,9 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVEvent]:
         return self.block_pool.take_events()
+
+    def take_event_log(self) -> KVEventLog:
+        return self.block_pool.take_event_log()
 
     @property
     def num_pending_events(self) -> int:

@@ -61,9 +61,46 @@ class KVEvent(NamedTuple):
     cause: str
 
 
-def _event(fields: tuple[str, int, int, int, str, str]) -> KVEvent:
-    """Build a :class:`KVEvent` without NamedTuple's Python-level ``__new__`` (hot path)."""
-    return tuple.__new__(KVEvent, fields)
+class KVEventLog:
+    """Buffered :class:`KVEvent` s, one list per field (the ``kv_events`` columns they become).
+
+    Invariant: the six lists always have the same length; entry ``i`` of each
+    is event ``i``, in emission order. The recorder extends its columns from
+    the lists directly, so no event is ever built as an object on the hot path.
+    """
+
+    __slots__ = ("kind", "group", "block_id", "block_hash", "request_id", "cause")
+
+    def __init__(self) -> None:
+        self.kind: list[str] = []
+        self.group: list[int] = []
+        self.block_id: list[int] = []
+        self.block_hash: list[int] = []
+        self.request_id: list[str] = []
+        self.cause: list[str] = []
+
+    def append(self, kind: str, group: int, block_id: int, block_hash: int, request_id: str, cause: str) -> None:
+        self.kind.append(kind)
+        self.group.append(group)
+        self.block_id.append(block_id)
+        self.block_hash.append(block_hash)
+        self.request_id.append(request_id)
+        self.cause.append(cause)
+
+    def extend(self, events: Iterable[KVEvent]) -> None:
+        """Append events given as records (a connector's), in order."""
+        for e in events:
+            self.append(e.kind, e.group, e.block_id, e.block_hash, e.request_id, e.cause)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def rows(self) -> list[KVEvent]:
+        """The events as records, in order."""
+        return [
+            KVEvent(*fields)
+            for fields in zip(self.kind, self.group, self.block_id, self.block_hash, self.request_id, self.cause)
+        ]
 
 
 class KVCacheBlock:
@@ -233,7 +270,7 @@ class BlockPool:
         self.cache_generation = 0
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
-        self._events: list[KVEvent] = []
+        self._events = KVEventLog()
         #: Called as ``listener(block, request_id)`` whenever a block gets a new
         #: cache entry (the divergence checker taints blocks through it), or None.
         self.cache_listener: Callable[[KVCacheBlock, str], None] | None = None
@@ -355,7 +392,7 @@ class BlockPool:
         self._num_cached[gid] = self._num_cached.get(gid, 0) + 1
         self.cache_generation += 1
         if self.enable_kv_cache_events:
-            self._events.append(_event(("stored", gid, blk.block_id, h, request_id, cause)))
+            self._events.append("stored", gid, blk.block_id, h, request_id, cause)
         if self.cache_listener is not None:
             self.cache_listener(blk, request_id)
 
@@ -377,7 +414,7 @@ class BlockPool:
         self._num_cached[gid] -= 1
         self.cache_generation += 1
         if self.enable_kv_cache_events:
-            self._events.append(_event(("removed", gid, blk.block_id, h, request_id, cause)))
+            self._events.append("removed", gid, blk.block_id, h, request_id, cause)
         return True
 
     # ------------------------------------------------------------- allocation
@@ -461,7 +498,7 @@ class BlockPool:
             block.block_hash_num_tokens = None
             block.taint = None
         if self.enable_kv_cache_events:
-            self._events.append(KVEvent("cleared", -1, -1, 0, "", "reset"))
+            self._events.append("cleared", -1, -1, 0, "", "reset")
         return True
 
     # ------------------------------------------------------------------ stats
@@ -479,7 +516,12 @@ class BlockPool:
         """Events emitted and not yet taken (their ``kv_events.seq`` continues the recorded ones)."""
         return len(self._events)
 
+    def take_event_log(self) -> KVEventLog:
+        """The events emitted since the last take, as columns; the pool starts a new log."""
+        log = self._events
+        self._events = KVEventLog()
+        return log
+
     def take_events(self) -> list[KVEvent]:
-        events = self._events
-        self._events = []
-        return events
+        """:meth:`take_event_log` as records."""
+        return self.take_event_log().rows()

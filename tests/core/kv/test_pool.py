@@ -89,3 +89,31 @@ def test_forced_eviction_keeps_queue_position_and_clears_taint():
     assert pool.take_events() == [KVEvent("removed", 3, 1, 1, "r", "load_error")]
     with pytest.raises(ValueError, match="outside 0..4"):
         pool.evict_blocks([9])
+
+
+def test_event_log_keeps_columns_aligned_and_a_take_starts_a_new_log():
+    pool = BlockPool(6, enable_caching=True, hash_block_size=16)
+    a, b = pool.get_new_blocks(2, "r")
+    pool.cache_full_blocks("r", [a, b], [11, 22], 0, 2, 16, 1)
+    assert pool.num_pending_events == 2
+    log = pool.take_event_log()
+    assert pool.num_pending_events == 0 and len(pool.take_event_log()) == 0
+    assert (log.kind, log.group, log.block_id, log.block_hash, log.request_id, log.cause) == (
+        ["stored", "stored"],
+        [1, 1],
+        [1, 2],
+        [11, 22],
+        ["r", "r"],
+        ["cache", "cache"],
+    )
+    # a connector's records join the log after the pool's own, in order; rows() reads them back
+    log.extend([KVEvent("stored", 0, -1, 5, "r", "offload_store")])
+    assert len(log) == 3
+    assert log.rows() == [
+        KVEvent("stored", 1, 1, 11, "r", "cache"),
+        KVEvent("stored", 1, 2, 22, "r", "cache"),
+        KVEvent("stored", 0, -1, 5, "r", "offload_store"),
+    ]
+    pool.free_blocks([b, a])
+    assert pool.reset_prefix_cache()
+    assert pool.take_events() == [KVEvent("cleared", -1, -1, 0, "", "reset")]
