@@ -266,6 +266,14 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
     return out
 
 
+def stream_block_contents(stream: str, first_position: int, num_blocks: int, block_size: int) -> list[bytes]:
+    """:func:`block_content` of ``num_blocks`` consecutive blocks that lie wholly in ``stream``, the first
+    starting at position ``first_position`` of it (each is a single canonical run)."""
+    head = b"S" + stream.encode() + b"\x00"
+    pack = _POS.pack
+    return [head + pack(first_position + k * block_size, block_size) for k in range(num_blocks)]
+
+
 def block_content(segments: Sequence[Segment], start: int, end: int) -> bytes:
     """Canonical bytes of tokens ``[start, end)``: equal tokens give equal bytes."""
     return _encode_runs(_runs_from(segments, 0, 0, start, end)[0])

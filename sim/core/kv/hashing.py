@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import struct
 from hashlib import blake2b
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, cast
 
-from sim.core.tokens import Segment, StreamSegment, block_contents
+from sim.core.tokens import Segment, StreamSegment, block_contents, output_stream, stream_block_contents
 
 BlockHash = int
 
@@ -73,27 +73,35 @@ def extend_block_hashes(
     end_block = num_tokens // hash_block_size
     parent = hashes[-1] if hashes else None
     contents = block_contents(segments, start_block, end_block, hash_block_size)
-    append = hashes.append
-    if not lora_name and not (cache_salt and start_block == 0):
-        # No extra keys on any of these blocks: hash_block inlined (the hot path of every run).
-        chained = NONE_HASH if parent is None else parent
-        pack = _HEAD.pack
-        for content in contents:
-            chained = int.from_bytes(blake2b(pack(chained, len(content)) + content, digest_size=8).digest(), "little")
-            append(chained)
+    if not lora_name and not (cache_salt and start_block == 0):  # no extra keys on any of these blocks
+        _chain_hashes(hashes, contents)
         return end_block - start_block
+    append = hashes.append
     for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
         append(parent)
     return end_block - start_block
 
 
+def _chain_hashes(hashes: list[BlockHash], contents: list[bytes]) -> None:
+    """Append the chained hashes of blocks with these token bytes and no extra keys
+    (:func:`hash_block` inlined: the hot path of every run)."""
+    chained = hashes[-1] if hashes else NONE_HASH
+    pack = _HEAD.pack
+    append = hashes.append
+    for content in contents:
+        chained = int.from_bytes(blake2b(pack(chained, len(content)) + content, digest_size=8).digest(), "little")
+        append(chained)
+
+
 class HashedRequest(Protocol):
     """What :class:`RequestBlockHasher` reads of a request (``sim.core.request.Request`` has it)."""
 
+    request_id: str
     block_hashes: list[BlockHash]
     lora_name: str | None
     cache_salt: str | None
+    num_prompt_tokens: int
 
     @property
     def num_tokens(self) -> int: ...
@@ -101,7 +109,8 @@ class HashedRequest(Protocol):
     def segments(self) -> tuple[Segment, ...]: ...
 
 
-#: What a prompt's hashes are reused under: ``(lora_name, cache_salt, first segment[, second segment])``.
+#: What a prompt's hashes are reused under: ``(lora_name, cache_salt)`` and the first one or two stream
+#: segments' ``(stream, start, length)``, flattened (plain tuples hash and compare in C).
 _PrefixKey = tuple[object, ...]
 
 
@@ -112,14 +121,20 @@ class RequestBlockHasher:
     blocks not yet in ``request.block_hashes``; existing hashes are never
     recomputed.
 
-    A simulator speed-up, not a vLLM feature: prompts that start with the same
-    segments hold the same tokens there, so the chained hashes of the blocks
-    that lie wholly inside the common segments are equal (with the same LoRA
-    name and cache salt). When a request is hashed for the first time, the
-    hasher takes those hashes from the last request hashed whose prompt began
-    with the same two segments (else the same first one), and hashes only the
-    blocks after them. Only :class:`~sim.core.tokens.StreamSegment` prefixes
-    are compared; the result is exactly what hashing every block gives.
+    Two simulator speed-ups, not vLLM features; the result is exactly what
+    hashing every block through :func:`extend_block_hashes` gives:
+
+    * Prompts that start with the same segments hold the same tokens there, so
+      the chained hashes of the blocks that lie wholly inside the common
+      segments are equal (with the same LoRA name and cache salt). When a
+      request is hashed for the first time, the hasher takes those hashes from
+      the last request hashed whose prompt began with the same two segments
+      (else the same first one), and hashes only the blocks after them. Only
+      :class:`~sim.core.tokens.StreamSegment` prefixes are compared.
+    * Once every prompt block is hashed, the blocks left are wholly in the
+      request's output stream (:func:`~sim.core.tokens.output_stream`), so they
+      are hashed from their positions in it without building the segment list
+      (without a LoRA name: its key goes on every block).
     """
 
     __slots__ = ("hash_block_size", "_prefixes")
@@ -134,6 +149,16 @@ class RequestBlockHasher:
 
     def __call__(self, request: HashedRequest) -> None:
         hashes = request.block_hashes
+        block = self.hash_block_size
+        done = len(hashes) * block
+        if done and done >= request.num_prompt_tokens and not request.lora_name:
+            num_blocks = request.num_tokens // block - len(hashes)
+            if num_blocks > 0:
+                stream = output_stream(request.request_id)
+                _chain_hashes(
+                    hashes, stream_block_contents(stream, done - request.num_prompt_tokens, num_blocks, block)
+                )
+            return
         segments = request.segments()
         keys: list[_PrefixKey] = []
         if not hashes and len(segments) > 0 and type(segments[0]) is StreamSegment:  # hashed for the first time
@@ -143,7 +168,7 @@ class RequestBlockHasher:
             hashes,
             segments,
             request.num_tokens,
-            self.hash_block_size,
+            block,
             request.lora_name,
             request.cache_salt,
         )
@@ -153,9 +178,11 @@ class RequestBlockHasher:
     @staticmethod
     def _prefix_keys(segments: Sequence[Segment], lora_name: str | None, cache_salt: str | None) -> list[_PrefixKey]:
         """The keys a prompt starting with a stream segment is found under, the longer first."""
-        one: _PrefixKey = (lora_name, cache_salt, segments[0])
-        if len(segments) > 1 and type(segments[1]) is StreamSegment:
-            return [(*one, segments[1]), one]
+        first = cast(StreamSegment, segments[0])
+        one: _PrefixKey = (lora_name, cache_salt, first.stream, first.start, first.length)
+        second = segments[1] if len(segments) > 1 else None
+        if type(second) is StreamSegment:
+            return [(*one, second.stream, second.start, second.length), one]
         return [one]
 
     def _reuse_prefix(
@@ -173,7 +200,9 @@ class RequestBlockHasher:
         previous, previous_hashes = entry
         shared = 0
         for mine, theirs in zip(segments, previous):
-            if type(mine) is not StreamSegment or type(theirs) is not StreamSegment or mine != theirs:
+            if type(mine) is not StreamSegment or type(theirs) is not StreamSegment:
+                break
+            if mine.stream != theirs.stream or mine.start != theirs.start or mine.length != theirs.length:
                 break
             shared += mine.length
         block = self.hash_block_size

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+import pytest
 
 from sim.core.kv import hashing
 from sim.core.kv.hashing import RequestBlockHasher
@@ -89,3 +90,17 @@ def test_common_prompt_start_is_hashed_once(monkeypatch):
     _request("b", system, StreamSegment("u-b", 0, 16)).set_block_hasher(hasher)
     # b only hashes its own last block: the 20 system blocks are not recomputed
     assert len(digests) == 22
+
+
+@pytest.mark.parametrize("prompt_len", [32, 37, 48])
+@pytest.mark.parametrize(("lora", "salt"), [(None, None), (None, "s1"), ("adapter", None)])
+def test_output_blocks_hashed_from_the_output_stream_equal_the_segment_path(prompt_len, lora, salt):
+    # once the prompt's blocks are hashed, the hasher hashes output blocks straight from the output
+    # stream; each step's hashes must equal hashing the whole request (prompt + output) from scratch
+    block = 16
+    request = _request("r", StreamSegment("sys", 0, 20), StreamSegment("u", 3, prompt_len - 20), lora=lora, salt=salt)
+    request.set_block_hasher(RequestBlockHasher(block))
+    for step in (1, 1, 13, 2, 16, 31, 1, 40):
+        request.append_output_tokens(step)
+        assert request.block_hashes == _alone(request, block)
+    assert len(request.block_hashes) == request.num_tokens // block
