@@ -930,20 +930,24 @@ class Scheduler:
         members = self.cohort.members
         parked_computed = self.cohort.num_computed
         num_scheduled = out.num_scheduled_tokens
-        if not num_scheduled:
-            # Only parked decodes ran: every member, in running order, one token each.
-            rids = [r.request_id for r in self.running if r.request_id in members]
-            n = len(rids)
-            rec.record_schedule_rows(rids, ["running"] * n, [1] * n, [parked_computed(rid) - 1 for rid in rids])
-            return
-        before_of = dict(zip(num_scheduled, out.computed_before))
-        rids = [r.request_id for r in self.running if r.request_id in members or r.request_id in num_scheduled]
-        rec.record_schedule_rows(
-            rids,
-            ["running" if rid in members else kinds.get(rid, "running") for rid in rids],
-            [1 if rid in members else num_scheduled[rid] for rid in rids],
-            [parked_computed(rid) - 1 if rid in members else before_of[rid] for rid in rids],
-        )
+        before_of = dict(zip(num_scheduled, out.computed_before)) if num_scheduled else {}
+        rids: list[str] = []
+        row_kinds: list[str] = []
+        counts: list[int] = []
+        befores: list[int] = []
+        for request in self.running:
+            rid = request.request_id
+            if rid in members:
+                rids.append(rid)
+                row_kinds.append("running")
+                counts.append(1)
+                befores.append(parked_computed(rid) - 1)
+            elif rid in before_of:
+                rids.append(rid)
+                row_kinds.append(kinds.get(rid, "running"))
+                counts.append(num_scheduled[rid])
+                befores.append(before_of[rid])
+        rec.record_schedule_rows(rids, row_kinds, counts, befores)
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.
