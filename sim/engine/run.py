@@ -109,25 +109,7 @@ def _step_duration_fn(components: Components) -> StepDuration:
         return lambda output, sched: 1.0
 
     def duration(output, sched) -> float:
-        # A decode request brings n = 1 token on c context tokens: n*c = c, n*(n+1) = 2.
-        decode = output.decode_tokens
-        total_new = decode
-        total_ctx = new_ctx = output.decode_context_tokens
-        new_new1 = 2 * decode
-        for n, c in output.prefill_chunks:
-            total_new += n
-            total_ctx += c
-            new_ctx += n * c
-            new_new1 += n * (n + 1)
-        return model.step_time_totals(
-            decode + len(output.prefill_chunks),
-            total_new,
-            total_ctx,
-            new_ctx,
-            new_new1,
-            decode_requests=decode,
-            decode_context=output.decode_context_tokens,
-        )
+        return model.step_time_of_batch(output.decode_tokens, output.decode_context_tokens, output.prefill_chunks)
 
     return duration
 

@@ -485,6 +485,33 @@ class StepTimeModel:
         windowed = self.window_totals(new_tokens, context_tokens) if self._windows else None
         return self.step_time_totals(r, t, ctx, nc, nn1, decode_requests=dr, decode_context=dctx, windowed=windowed)
 
+    def step_time_of_batch(
+        self, decode_requests: int, decode_context: int, prefill_chunks: Sequence[tuple[int, int]]
+    ) -> float:
+        """:meth:`step_time_totals` of a step given as its decodes in aggregate (``decode_requests`` of
+        them, ``decode_context`` context tokens in all) and its prefill chunks ``(n, c)``.
+
+        A decode brings ``n = 1`` token on ``c`` context tokens, so it adds ``c``
+        to ``sum n*c`` and 2 to ``sum n*(n+1)``.
+        """
+        total_new = decode_requests
+        total_ctx = new_ctx = decode_context
+        new_new1 = 2 * decode_requests
+        for n, c in prefill_chunks:
+            total_new += n
+            total_ctx += c
+            new_ctx += n * c
+            new_new1 += n * (n + 1)
+        return self.step_time_totals(
+            decode_requests + len(prefill_chunks),
+            total_new,
+            total_ctx,
+            new_ctx,
+            new_new1,
+            decode_requests=decode_requests,
+            decode_context=decode_context,
+        )
+
     def step_time_totals(
         self,
         num_requests: int,

@@ -176,7 +176,11 @@ def test_totals_match_arrays_bit_for_bit():
         totals = (k, int(n.sum()), int(c.sum()), int((n * c).sum()), int((n * (n + 1)).sum()))
         got = st.step_time_totals(*totals, decode_requests=int(d.sum()), decode_context=int(c[d].sum()))
         assert got == st.step_time_arrays(n.astype(float), c.astype(float))
+        # the loop's form: decodes in aggregate, prefill chunks as (n, c) pairs
+        chunks = [(int(a), int(b)) for a, b in zip(n[~d], c[~d])]
+        assert st.step_time_of_batch(int(d.sum()), int(c[d].sum()), chunks) == got
     assert st.step_time_totals(0, 0, 0, 0, 0) == 0.0
+    assert st.step_time_of_batch(0, 0, []) == 0.0
 
 
 def _reference_step_time(st: StepTimeModel, r, t, ctx, nc, nn1, dr, dctx) -> float:
