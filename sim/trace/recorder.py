@@ -17,9 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
-
-from sim.core.kv.pool import KVEvent, KVEventLog
+from typing import Iterable, Protocol, Sequence
 
 
 def kv_event_columns() -> list[str]:
@@ -84,6 +82,36 @@ def step_columns(num_groups: int) -> list[str]:
 _STEP_FIXED = ("step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens", "free_blocks")
 
 
+class KVEventRecord(Protocol):
+    """One KV event as the recorder reads it (``sim.core.kv.pool.KVEvent``)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def group(self) -> int: ...
+    @property
+    def block_id(self) -> int: ...
+    @property
+    def block_hash(self) -> int: ...
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def cause(self) -> str: ...
+
+
+class KVEventColumns(Protocol):
+    """Buffered KV events as one equal-length list per field (``sim.core.kv.pool.KVEventLog``)."""
+
+    kind: list[str]
+    group: list[int]
+    block_id: list[int]
+    block_hash: list[int]
+    request_id: list[str]
+    cause: list[str]
+
+    def __len__(self) -> int: ...
+
+
 class Columns:
     """One table as a dict of equal-length lists, with a fixed column order."""
 
@@ -145,28 +173,40 @@ class Recorder:
         self.step = step
         self.time_s = time_s
 
-    def record_kv_events(self, events: Iterable[KVEvent]) -> None:
-        """Append KV events given as records (kind, group, block_id, block_hash, request_id, cause)."""
-        log = KVEventLog()
-        log.extend(events)
-        self.record_kv_event_log(log)
+    def record_kv_events(self, events: Iterable[KVEventRecord]) -> None:
+        """Append KV events given as records (``sim.core.kv.pool.KVEvent``), stamped with the current step and time."""
+        rows = list(events)
+        if not rows:
+            return
+        cols = self._stamp_kv_events(len(rows))
+        cols["kind"].extend([e.kind for e in rows])
+        cols["group"].extend([e.group for e in rows])
+        cols["block_id"].extend([e.block_id for e in rows])
+        cols["block_hash"].extend([e.block_hash for e in rows])
+        cols["request_id"].extend([e.request_id for e in rows])
+        cols["cause"].extend([e.cause for e in rows])
 
-    def record_kv_event_log(self, log: KVEventLog) -> None:
-        """Append a pool's event log, stamped with the current step and time."""
+    def record_kv_event_log(self, log: KVEventColumns) -> None:
+        """Append a pool's event log (``sim.core.kv.pool.KVEventLog``), stamped with the current step and time."""
         n = len(log)
         if not n:
             return
-        cols = self.kv_events.data
-        seq = len(cols["seq"])
-        cols["seq"].extend(range(seq, seq + n))
-        cols["step"].extend([self.step] * n)
-        cols["time_s"].extend([self.time_s] * n)
+        cols = self._stamp_kv_events(n)
         cols["kind"].extend(log.kind)
         cols["group"].extend(log.group)
         cols["block_id"].extend(log.block_id)
         cols["block_hash"].extend(log.block_hash)
         cols["request_id"].extend(log.request_id)
         cols["cause"].extend(log.cause)
+
+    def _stamp_kv_events(self, n: int) -> dict[str, list]:
+        """Append the ``seq``, ``step`` and ``time_s`` of ``n`` new ``kv_events`` rows; the columns, for the rest."""
+        cols = self.kv_events.data
+        seq = len(cols["seq"])
+        cols["seq"].extend(range(seq, seq + n))
+        cols["step"].extend([self.step] * n)
+        cols["time_s"].extend([self.time_s] * n)
+        return cols
 
     def record_admission(
         self,
