@@ -48,7 +48,7 @@ from sim.core.kv.specs import prefill_checkpoint_position
 from sim.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from sim.core.kv.pool import CacheKey, KVCacheBlock
+    from sim.core.kv.pool import BlockPool, CacheKey, KVCacheBlock
 
 
 class QuietGroup(Protocol):
@@ -206,10 +206,11 @@ class LookupMemo:
     full-attention hit after the per-group lookup asked it under the whole prompt.
     """
 
-    def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
+    def __init__(self, block_pool: BlockPool, *, enabled: bool = True) -> None:
         self.enabled = enabled
         self._pool = block_pool
-        self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int]] = {}
+        #: The last answer per group type, under its first group id (the group types partition the ids).
+        self._last: dict[int, _Remembered] = {}
 
     def find_longest_cache_hit(
         self,
@@ -228,7 +229,7 @@ class LookupMemo:
             return plain
         last = self._remembered(cls, block_hashes, max_length, group_ids)
         if last is not None:
-            return tuple([*lst] for lst in last[4]), last[5]
+            return tuple([*lst] for lst in last.found), last.hit
         found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
         self._remember(block_hashes, max_length, group_ids, tuple([*lst] for lst in found), hit)
         return found, hit
@@ -250,7 +251,7 @@ class LookupMemo:
             )
         last = self._remembered(cls, block_hashes, max_length, group_ids)
         if last is not None:
-            return last[5]
+            return last.hit
         found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
         self._remember(block_hashes, max_length, group_ids, found, hit)
         return hit
@@ -275,15 +276,19 @@ class LookupMemo:
         block_hashes: Sequence[int],
         max_length: int,
         group_ids: Sequence[int],
-    ) -> tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int] | None:
+    ) -> _Remembered | None:
         """The remembered answer if it is exact for this lookup (see the class docstring), else None."""
-        last = self._last.get(tuple(group_ids))
+        last = self._last.get(group_ids[0])
         if (
             last is not None
-            and last[0] is block_hashes
-            and last[1] == len(block_hashes)
-            and last[3] == self._pool.cache_generation
-            and (last[2] == max_length or (cls.hit_kept_for_shorter_lookups and last[5] <= max_length <= last[2]))
+            and last.block_hashes is block_hashes
+            and last.num_hashes == len(block_hashes)
+            and last.generation == self._pool.cache_generation
+            and last.group_ids == group_ids
+            and (
+                last.max_length == max_length
+                or (cls.hit_kept_for_shorter_lookups and last.hit <= max_length <= last.max_length)
+            )
         ):
             return last
         return None
@@ -297,14 +302,33 @@ class LookupMemo:
         hit: int,
     ) -> None:
         """Keep ``found`` (lists nobody else holds) as the answer for these inputs and the current cache map."""
-        self._last[tuple(group_ids)] = (
-            block_hashes,
-            len(block_hashes),
-            max_length,
-            self._pool.cache_generation,
-            found,
-            hit,
+        self._last[group_ids[0]] = _Remembered(
+            block_hashes, max_length, group_ids, self._pool.cache_generation, found, hit
         )
+
+
+class _Remembered:
+    """One remembered lookup: its inputs (the hash list held by identity, with its length then),
+    the cache generation it read, and its answer."""
+
+    __slots__ = ("block_hashes", "num_hashes", "max_length", "group_ids", "generation", "found", "hit")
+
+    def __init__(
+        self,
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        generation: int,
+        found: tuple[list[KVCacheBlock], ...],
+        hit: int,
+    ) -> None:
+        self.block_hashes = block_hashes
+        self.num_hashes = len(block_hashes)
+        self.max_length = max_length
+        self.group_ids = group_ids
+        self.generation = generation
+        self.found = found
+        self.hit = hit
 
 
 class MambaReplicas:
