@@ -24,7 +24,6 @@ attempt, and the request's own ``num_computed_tokens`` after an async load.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Callable
 
 from sim.core.kv.manager import KVCacheBlocks
@@ -44,32 +43,73 @@ class AttemptEnd(enum.Enum):
     STOPPED = "stopped"
 
 
-@dataclass(slots=True)
 class AdmissionAttempt:
-    """Everything one admission attempt decided; see the module docstring for who sets what."""
+    """Everything one admission attempt decided; see the module docstring for who sets what.
 
-    request: Request
-    kind: str
-    hits: tuple[int, ...]
-    blocks: KVCacheBlocks
-    lookup_seq: int = 0
-    lookup: PrefixLookup | None = None
-    local: int = 0
-    ext: int = 0
-    load_async: bool = False
-    fallback: bool = False
-    #: Block-aligned position the connector was last shown (-1: not asked).
-    asked_at: int = -1
-    #: The connector's last raw answer (-1: not answered, i.e. not ready).
-    answer: int = -1
-    computed: int = 0
-    num_new_tokens: int = 0
-    end: AttemptEnd | None = None
-    outcome: str = ""
-    reason: str = ""
-    crash_reason: str = ""
-    tokens_lost: int = 0
-    taint_origin: str = ""
+    A plain class with its own ``__init__`` rather than a dataclass: a dataclass's generated
+    ``__init__`` stays interpreted under the compiled core, and one attempt is built per
+    waiting-request visit. The keyword arguments are the fields, with the defaults shown.
+    """
+
+    __slots__ = (
+        "request",
+        "kind",
+        "hits",
+        "blocks",
+        "lookup_seq",
+        "lookup",
+        "local",
+        "ext",
+        "load_async",
+        "fallback",
+        "asked_at",
+        "answer",
+        "computed",
+        "num_new_tokens",
+        "end",
+        "outcome",
+        "reason",
+        "crash_reason",
+        "tokens_lost",
+        "taint_origin",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        kind: str,
+        hits: tuple[int, ...],
+        blocks: KVCacheBlocks,
+        lookup_seq: int = 0,
+        lookup: PrefixLookup | None = None,
+        local: int = 0,
+        ext: int = 0,
+        load_async: bool = False,
+        fallback: bool = False,
+        computed: int = 0,
+    ) -> None:
+        self.request = request
+        self.kind = kind
+        self.hits = hits
+        self.blocks = blocks
+        self.lookup_seq = lookup_seq
+        self.lookup = lookup
+        self.local = local
+        self.ext = ext
+        self.load_async = load_async
+        self.fallback = fallback
+        #: Block-aligned position the connector was last shown (-1: not asked).
+        self.asked_at = -1
+        #: The connector's last raw answer (-1: not answered, i.e. not ready).
+        self.answer = -1
+        self.computed = computed
+        self.num_new_tokens = 0
+        self.end: AttemptEnd | None = None
+        self.outcome = ""
+        self.reason = ""
+        self.crash_reason = ""
+        self.tokens_lost = 0
+        self.taint_origin = ""
 
     @property
     def hit_diverged(self) -> bool:

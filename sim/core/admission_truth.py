@@ -75,6 +75,7 @@ from sim.core.interfaces import SchedulerConnector
 from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.pool import KVCacheBlock
 from sim.core.kv.specs import SlidingWindowSpec, cdiv
 from sim.core.request import Request
 
@@ -204,14 +205,8 @@ class TruthChecker:
     ) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
         lo, hi = need
-        if type(hashes) is list and lo < hi <= len(lst) and hi <= len(hashes):
-            # The common answer in one pass: every position claimed, each block cached under the
-            # request's hash in this group (a null block holds no key) and untainted.
-            blocks = lst[lo:hi]
-            if [b.block_hash for b in blocks] == [(h, gid) for h in hashes[lo:hi]] and (
-                [b.taint for b in blocks].count(None) == hi - lo
-            ):
-                return None, None
+        if type(hashes) is list and lo < hi <= len(lst) and hi <= len(hashes) and _all_backed(lst, hashes, gid, lo, hi):
+            return None, None
         for i in range(*need):
             if i >= len(lst) and refilled:
                 return None, None  # unclaimed positions get fresh blocks, which the pull fills
@@ -284,6 +279,18 @@ class TruthChecker:
             if self._resident_for(adm, own, shown + ext, shown, conn.supplies_mamba_state):
                 best = max(best, shown + ext)
         return best
+
+
+def _all_backed(lst: Sequence[KVCacheBlock], hashes: list[BlockHash], group_id: int, lo: int, hi: int) -> bool:
+    """The common answer of :meth:`TruthChecker._first_unbacked` in one pass: each claimed block of
+    ``[lo, hi)`` (all within ``lst`` and ``hashes``) is cached under the request's hash in this group
+    (a null block holds no key) and untainted."""
+    for i in range(lo, hi):
+        block = lst[i]
+        key = block.block_hash
+        if key is None or key[1] != group_id or key[0] != hashes[i] or block.taint is not None:
+            return False
+    return True
 
 
 def _holds(block: Any, hashes: Any, index: int, group_id: int) -> bool:

@@ -65,6 +65,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sim.core.kv.fastpath",
     "sim.core.kv.coordinator",
     "sim.core.kv.manager",
+    "sim.core.policy.prefix",
     "sim.trace.recorder",
     "sim.engine.loop",
     "sim.engine.timing",

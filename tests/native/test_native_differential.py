@@ -76,3 +76,23 @@ def test_the_compiled_core_makes_vllms_decisions(vllm) -> None:
     done = _hybridsim("fuzz", "--seed", str(FUZZ_SEED), "--count", "40", "--vllm")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "identical 40, differing 0" in done.stdout, done.stdout[-3000:]
+
+
+def test_interpreted_plugin_policies_subclass_the_compiled_policies() -> None:
+    """A plugin policy is interpreted Python subclassing ``sim.core.policy.prefix`` (compiled):
+    under the compiled core it runs, through ``super()`` too, and decides what it decides
+    under the interpreted core."""
+    worker = ROOT / "tests" / "support" / "native_plugin_policy.py"
+    scenario = str(ROOT / "scenarios" / "repro" / "pr48425-mamba-deeper-ext16.yaml")
+    out = {}
+    for compiled in (True, False):
+        done = subprocess.run(
+            [sys.executable, str(worker), scenario], env=_env(compiled), capture_output=True, text=True, cwd=ROOT
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        out[compiled] = json.loads(done.stdout)
+    assert "sim.core.policy.prefix" in out[True]["compiled"]
+    assert out[False]["compiled"] == []
+    assert all(n > 0 for n in out[True]["calls"].values()), out[True]["calls"]
+    assert out[True]["calls"] == out[False]["calls"]
+    assert out[True]["runs"] == out[False]["runs"]

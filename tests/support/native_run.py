@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from typing import Any
 
 OVERRIDES = ["outputs.plots=false", "outputs.schedule_table=true"]
 
@@ -29,7 +30,11 @@ def _scenario(spec: str):
 def fingerprint(spec: str) -> dict[str, str]:
     from sim.api import RunOptions, run_scenario
 
-    result = run_scenario(_scenario(spec), None, options=RunOptions(write_plots=False))
+    return fingerprint_result(run_scenario(_scenario(spec), None, options=RunOptions(write_plots=False)))
+
+
+def fingerprint_result(result: Any) -> dict[str, str]:
+    """SHA-256 of every table's CSV and of the summary, by name."""
     out = {name: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest() for name, df in result.tables.items()}
     out["summary"] = hashlib.sha256(json.dumps(result.summary, sort_keys=True, default=str).encode()).hexdigest()
     return dict(sorted(out.items()))

@@ -243,6 +243,12 @@ class KVCacheCoordinator:
         blocks, hit, _ = self.find_longest_cache_hit(block_hashes, max_cache_hit_length)
         return blocks, tuple(hit for _ in self.single_type_managers)
 
+    def find_per_group_hit_lengths(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[int, ...]:
+        """The hits of :meth:`find_longest_cache_hit_per_group` alone (the admissions table's ``hit_gN``)."""
+        return self.find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)[1]
+
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     def find_longest_cache_hit(
@@ -344,6 +350,16 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 hit_blocks[gid] = lst
                 hits[gid] = hit
         return tuple(hit_blocks), tuple(hits)
+
+    def find_per_group_hit_lengths(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[int, ...]:
+        hits = [0] * len(self.single_type_managers)
+        for spec, gids, cls in self.attention_groups:
+            hit = self.lookups.find_hit_length(cls, block_hashes, max_cache_hit_length, gids, spec, self._alignment)
+            for gid in gids:
+                hits[gid] = hit
+        return tuple(hits)
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         """Hybrid: only up to the last scheduler-block boundary can ever be hit."""

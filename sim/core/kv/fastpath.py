@@ -18,7 +18,9 @@ byte-identical tables (``tests/test_fastpath_differential.py``).
 * :class:`LookupMemo` (around a group type's ``find_longest_cache_hit``). An
   admission looks the same prefix up several times (the per-group hits of the
   admissions table, then the policy's lookup, which repeats the full-attention
-  scan); while the pool's cache map is unchanged the answer is the same.
+  scan); while the pool's cache map is unchanged the answer is the same. The
+  per-group hits ask for the hit alone (``find_hit_length``), so their block
+  lists are kept without a copy.
 
 * :class:`MambaReplicas` (around the coordinator's per-group loops). vLLM
   splits a hybrid model's Mamba layers into several groups with one spec (for
@@ -46,7 +48,7 @@ from sim.core.kv.specs import prefill_checkpoint_position
 from sim.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from sim.core.kv.pool import CacheKey, KVCacheBlock
+    from sim.core.kv.pool import BlockPool, CacheKey, KVCacheBlock
 
 
 class QuietGroup(Protocol):
@@ -204,10 +206,11 @@ class LookupMemo:
     full-attention hit after the per-group lookup asked it under the whole prompt.
     """
 
-    def __init__(self, block_pool: Any, *, enabled: bool = True) -> None:
+    def __init__(self, block_pool: BlockPool, *, enabled: bool = True) -> None:
         self.enabled = enabled
         self._pool = block_pool
-        self._last: dict[tuple[int, ...], tuple[Any, int, int, int, tuple[list[KVCacheBlock], ...], int]] = {}
+        #: The last answer per group type, under its first group id (the group types partition the ids).
+        self._last: dict[int, _Remembered] = {}
 
     def find_longest_cache_hit(
         self,
@@ -219,26 +222,113 @@ class LookupMemo:
         alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
-        pool = self._pool
         if not self.enabled:
             plain: tuple[tuple[list[KVCacheBlock], ...], int] = cls.find_longest_cache_hit(
-                block_hashes, max_length, group_ids, pool, spec, alignment_tokens
+                block_hashes, max_length, group_ids, self._pool, spec, alignment_tokens
             )
             return plain
-        key = tuple(group_ids)
-        last = self._last.get(key)
-        generation = pool.cache_generation
+        last = self._remembered(cls, block_hashes, max_length, group_ids)
+        if last is not None:
+            return tuple([*lst] for lst in last.found), last.hit
+        found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
+        self._remember(block_hashes, max_length, group_ids, tuple([*lst] for lst in found), hit)
+        return found, hit
+
+    def find_hit_length(
+        self,
+        cls: type[SingleTypeKVCacheManager],
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        spec: Any,
+        alignment_tokens: int,
+    ) -> int:
+        """The hit of :meth:`find_longest_cache_hit` alone. The blocks found are not handed out,
+        so the memo keeps them without copying (the admissions table's per-group hits)."""
+        if not self.enabled:
+            return int(
+                cls.find_longest_cache_hit(block_hashes, max_length, group_ids, self._pool, spec, alignment_tokens)[1]
+            )
+        last = self._remembered(cls, block_hashes, max_length, group_ids)
+        if last is not None:
+            return last.hit
+        found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
+        self._remember(block_hashes, max_length, group_ids, found, hit)
+        return hit
+
+    def _find(
+        self,
+        cls: type[SingleTypeKVCacheManager],
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        spec: Any,
+        alignment_tokens: int,
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        found: tuple[tuple[list[KVCacheBlock], ...], int] = cls.find_longest_cache_hit(
+            block_hashes, max_length, group_ids, self._pool, spec, alignment_tokens
+        )
+        return found
+
+    def _remembered(
+        self,
+        cls: type[SingleTypeKVCacheManager],
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+    ) -> _Remembered | None:
+        """The remembered answer if it is exact for this lookup (see the class docstring), else None."""
+        last = self._last.get(group_ids[0])
         if (
             last is not None
-            and last[0] is block_hashes
-            and last[1] == len(block_hashes)
-            and last[3] == generation
-            and (last[2] == max_length or (cls.hit_kept_for_shorter_lookups and last[5] <= max_length <= last[2]))
+            and last.block_hashes is block_hashes
+            and last.num_hashes == len(block_hashes)
+            and last.generation == self._pool.cache_generation
+            and last.group_ids == group_ids
+            and (
+                last.max_length == max_length
+                or (cls.hit_kept_for_shorter_lookups and last.hit <= max_length <= last.max_length)
+            )
         ):
-            return tuple([*lst] for lst in last[4]), last[5]
-        found, hit = cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)
-        self._last[key] = (block_hashes, len(block_hashes), max_length, generation, tuple([*lst] for lst in found), hit)
-        return found, hit
+            return last
+        return None
+
+    def _remember(
+        self,
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        found: tuple[list[KVCacheBlock], ...],
+        hit: int,
+    ) -> None:
+        """Keep ``found`` (lists nobody else holds) as the answer for these inputs and the current cache map."""
+        self._last[group_ids[0]] = _Remembered(
+            block_hashes, max_length, group_ids, self._pool.cache_generation, found, hit
+        )
+
+
+class _Remembered:
+    """One remembered lookup: its inputs (the hash list held by identity, with its length then),
+    the cache generation it read, and its answer."""
+
+    __slots__ = ("block_hashes", "num_hashes", "max_length", "group_ids", "generation", "found", "hit")
+
+    def __init__(
+        self,
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        generation: int,
+        found: tuple[list[KVCacheBlock], ...],
+        hit: int,
+    ) -> None:
+        self.block_hashes = block_hashes
+        self.num_hashes = len(block_hashes)
+        self.max_length = max_length
+        self.group_ids = group_ids
+        self.generation = generation
+        self.found = found
+        self.hit = hit
 
 
 class MambaReplicas:

@@ -162,8 +162,7 @@ class KVCacheManager:
         admissions table's ``hit_gN`` columns. Touches nothing."""
         if not self.prefix_cache_lookup_enabled(request):
             return tuple(0 for _ in range(self.num_kv_cache_groups))
-        _, hits = self.coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)
-        return hits
+        return self.coordinator.find_per_group_hit_lengths(request.block_hashes, request.num_tokens - 1)
 
     # -------------------------------------------------------- quiet fast path
     def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None:

@@ -510,13 +510,21 @@ class MambaManager(SingleTypeKVCacheManager):
         kv_cache_spec: KVCacheSpec,
         alignment_tokens: int,
     ) -> tuple[BlockLists, int]:
-        """Right to left: the first cached, aligned state ``i`` gives ``[null]*i + [state]``."""
+        """Right to left: the first cached, aligned state ``i`` gives ``[null]*i + [state]``.
+
+        Most candidates are not cached even in the first group, so that group's map is
+        asked first (the answer is ``get_cached_block``'s: it misses there too)."""
         bs = kv_cache_spec.block_size
         block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
         computed: BlockLists = tuple([] for _ in kv_cache_group_ids)
-        get = block_pool.get_cached_block
+        first_group = block_pool.cached_block_hash_to_block.get(kv_cache_group_ids[0])
+        if first_group is None:
+            return computed, 0
         for i in range(min(max_length // bs, len(block_hashes)) - 1, -1, -1):
-            cached = get(block_hashes[i], kv_cache_group_ids)
+            block_hash = block_hashes[i]
+            if block_hash not in first_group:
+                continue
+            cached = block_pool.get_cached_block(block_hash, kv_cache_group_ids)
             if cached is None:
                 continue
             if bs != alignment_tokens and ((i + 1) * bs) % alignment_tokens:

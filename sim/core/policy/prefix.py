@@ -21,8 +21,9 @@ in-process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
+
+from mypy_extensions import mypyc_attr
 
 from sim.core.kv.coordinator import HybridKVCacheCoordinator
 from sim.core.kv.manager import KVCacheBlocks
@@ -32,7 +33,6 @@ from sim.core.request import Request
 ENTRY_POINT_GROUP = "hybridsim.prefix_policies"
 
 
-@dataclass(frozen=True)
 class PrefixLookup:
     """The local prefix hit a policy chose.
 
@@ -47,14 +47,38 @@ class PrefixLookup:
     writes every attention group's ``[local_tokens, b)`` and, if its
     ``supplies_mamba_state`` says so, the state at ``b``; the rest must be
     resident in the claimed blocks.
+
+    Immutable (its attributes are ``Final``; mypy rejects a write) and compared by value. A plain
+    class rather than a frozen dataclass so that the compiled core builds it without the
+    dataclass's interpreted ``__init__`` (one per admission attempt).
     """
 
-    blocks: KVCacheBlocks
-    local_tokens: int
-    shared_prefix_boundary: int
-    hit_diverged: bool = False
+    __slots__ = ("blocks", "local_tokens", "shared_prefix_boundary", "hit_diverged")
+
+    def __init__(
+        self, blocks: KVCacheBlocks, local_tokens: int, shared_prefix_boundary: int, hit_diverged: bool = False
+    ) -> None:
+        self.blocks: Final = blocks
+        self.local_tokens: Final = local_tokens
+        self.shared_prefix_boundary: Final = shared_prefix_boundary
+        self.hit_diverged: Final = hit_diverged
+
+    def _fields(self) -> tuple[object, int, int, bool]:
+        return (self.blocks, self.local_tokens, self.shared_prefix_boundary, self.hit_diverged)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PrefixLookup):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefixLookup(blocks={self.blocks!r}, local_tokens={self.local_tokens!r}, "
+            f"shared_prefix_boundary={self.shared_prefix_boundary!r}, hit_diverged={self.hit_diverged!r})"
+        )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixPolicy:
     """Base class: subclasses set ``name`` and implement :meth:`lookup`."""
 
@@ -88,6 +112,7 @@ def reconciled_lookup(kv_manager: Any, request: Request) -> PrefixLookup:
     return PrefixLookup(blocks, num_hit, boundary, False)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class ReconciledPolicy(PrefixPolicy):
     """Plain ``get_computed_blocks``, connector-blind.
 
@@ -104,6 +129,7 @@ class ReconciledPolicy(PrefixPolicy):
         return reconciled_lookup(kv_manager, request)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PR48425Policy(PrefixPolicy):
     """vLLM PR #48425 as gated in vLLM 0.33 (``Scheduler._get_local_prefix_cache_hit``).
 
@@ -133,6 +159,7 @@ class PR48425Policy(PrefixPolicy):
         return "reconciled"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class PR48425RequeryPolicy(PR48425Policy):
     """A what-if, not vLLM: :class:`PR48425Policy`, but after the fallback the connector is asked again.
 
@@ -170,6 +197,7 @@ def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any
     return tuple(list(b) for b in blocks), tuple(hits)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _PerGroupPolicy(PrefixPolicy):
     """The pre-#48425 per-group lookups (#44243, #45804): each group looked up alone, then combined.
 
@@ -193,6 +221,7 @@ class _PerGroupPolicy(PrefixPolicy):
         return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class MaxPerGroupPolicy(_PerGroupPolicy):
     """vLLM after PR #44243 ("Fix Mamba prefix cache hit rate in PD disaggregation").
 
@@ -218,6 +247,7 @@ class MaxPerGroupPolicy(_PerGroupPolicy):
         return max(hits)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class TrimToMinPolicy(_PerGroupPolicy):
     """vLLM PR #45804 ("partial prefix caching for hybrid model in PD disaggregation").
 

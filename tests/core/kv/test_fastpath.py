@@ -69,6 +69,69 @@ def test_memo_keys_on_the_request_and_on_max_length():
     assert memo.find_longest_cache_hit(FullAttentionManager, other.block_hashes, 63, (0,), spec, 16)[1] == 0
 
 
+def test_hit_length_follows_an_eviction_between_two_lookups():
+    """The hits-only lookup (the admissions table's per-group hits) must not answer from a memo
+    the cache map has moved past: an eviction between two identical lookups changes the hit."""
+    m = make_manager(["full_attention"], num_blocks=20)
+    owner = _cache_prompt(m, "a", "doc", 48)
+    probe = make_request("p", ("doc", 48), ("x", 16))
+    memo = LookupMemo(m.block_pool)
+    spec = m.kv_cache_config.groups[0].spec
+    assert memo.find_hit_length(FullAttentionManager, probe.block_hashes, 63, (0,), spec, 16) == 48
+    assert memo.find_hit_length(FullAttentionManager, probe.block_hashes, 63, (0,), spec, 16) == 48
+    second = m.get_block_ids("a")[0][1]
+    m.free(owner)
+    m.evict_blocks([second])
+    assert memo.find_hit_length(FullAttentionManager, probe.block_hashes, 63, (0,), spec, 16) == 16
+    blocks, hit = memo.find_longest_cache_hit(FullAttentionManager, probe.block_hashes, 63, (0,), spec, 16)
+    assert hit == 16 and len(blocks[0]) == 1
+
+
+def test_hit_length_then_full_lookup_hands_out_a_copy_of_the_kept_lists():
+    """``find_hit_length`` keeps the lists it found uncopied; the full lookup that reuses them must
+    hand out copies, so a caller trimming its answer in place cannot shorten the next answer."""
+    m = make_manager(["full_attention"], num_blocks=20)
+    _cache_prompt(m, "a", "doc", 48)
+    probe = make_request("p", ("doc", 48), ("x", 16))
+    memo = LookupMemo(m.block_pool)
+    spec = m.kv_cache_config.groups[0].spec
+    scans: list[int] = []
+    fresh = FullAttentionManager.find_longest_cache_hit
+
+    class Counting(FullAttentionManager):
+        @staticmethod
+        def find_longest_cache_hit(*args):
+            scans.append(args[1])
+            return fresh(*args)
+
+    assert memo.find_hit_length(Counting, probe.block_hashes, 63, (0,), spec, 16) == 48
+    for _ in range(2):
+        blocks, hit = memo.find_longest_cache_hit(Counting, probe.block_hashes, 63, (0,), spec, 16)
+        assert hit == 48 and len(blocks[0]) == 3
+        del blocks[0][1:]
+    assert memo.find_hit_length(Counting, probe.block_hashes, 63, (0,), spec, 16) == 48
+    assert scans == [63]  # one scan: every later answer came from the memo
+
+
+def test_per_group_hits_equal_the_per_group_lookups_on_both_paths():
+    """``find_per_group_hits`` (hits only, through the memo) equals the hits of the plain
+    ``find_longest_cache_hit_per_group``, for a hybrid layout whose groups disagree."""
+    for fast in (True, False):
+        m = make_manager(["full_attention", "mamba"], num_blocks=40, fast_paths=fast)
+        req = make_request("a", ("doc", 64))
+        assert m.allocate_slots(req, 32, 0, None) is not None  # FA blocks up to 32, a Mamba state at 32
+        req.status = RequestStatus.RUNNING
+        req.num_computed_tokens = 32
+        probe = make_request("p", ("doc", 64), ("x", 32))
+        _, plain_hits = m.coordinator.find_longest_cache_hit_per_group(probe.block_hashes, probe.num_tokens - 1)
+        assert m.find_per_group_hits(probe) == plain_hits == (32, 32)
+        mamba_ids = m.get_block_ids("a")[1]
+        m.free(req)
+        m.evict_blocks(mamba_ids)  # the state goes, the attention blocks stay: the groups now disagree
+        _, plain_hits = m.coordinator.find_longest_cache_hit_per_group(probe.block_hashes, probe.num_tokens - 1)
+        assert m.find_per_group_hits(probe) == plain_hits == (32, 0)
+
+
 # --------------------------------------------------------------------------- the decode cohort
 
 

@@ -114,3 +114,19 @@ def test_only_the_policies_that_are_vllms_decisions_are_marked_verifiable():
     }
     assert get_prefix_policy("pr48425_requery").requery_after_fallback
     assert not get_prefix_policy("pr48425").requery_after_fallback
+
+
+def test_prefix_lookup_compares_by_value_and_refuses_other_types():
+    """The scheduler's and the tests' comparisons of lookups are by value (as the frozen dataclass was)."""
+    a = PrefixLookup("blocks", 16, 64, True)
+    assert a == PrefixLookup("blocks", 16, 64, True)
+    assert PrefixLookup("blocks", 16, 64) == PrefixLookup("blocks", 16, 64, False)
+    for other in (
+        PrefixLookup("other", 16, 64, True),
+        PrefixLookup("blocks", 32, 64, True),
+        PrefixLookup("blocks", 16, 0, True),
+        PrefixLookup("blocks", 16, 64, False),
+    ):
+        assert a != other
+    assert a != ("blocks", 16, 64, True)
+    assert repr(a) == "PrefixLookup(blocks='blocks', local_tokens=16, shared_prefix_boundary=64, hit_diverged=True)"
