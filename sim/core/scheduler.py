@@ -873,18 +873,16 @@ class Scheduler:
             reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs) :]]
         inflight_prefills = self._inflight_prefills
         prefill_chunks = out.prefill_chunks
-        add_chunk = prefill_chunks.append
-        add_sampling = out.sampling_reqs.append
+        sampling = out.sampling_reqs
         befores = out.computed_before
-        add_before = befores.append
         decode = decode_context = prefill = 0
         for request, n in zip(reqs, num_scheduled.values()):
             before = request.num_computed_tokens
-            add_before(before)
+            befores.append(before)
             request.num_computed_tokens = after = before + n
             num_tokens = request.num_prompt_tokens + request.num_output_tokens
             if after >= num_tokens:
-                add_sampling(request)
+                sampling.append(request)
                 if inflight_prefills:
                     inflight_prefills.pop(request.request_id, None)
                 if n == 1 and after == num_tokens:
@@ -892,7 +890,7 @@ class Scheduler:
                     decode_context += before
                     continue
             prefill += n
-            add_chunk((n, before))
+            prefill_chunks.append((n, before))
         cohort = self.cohort
         if cohort.members:
             # The parked decodes, in aggregate: each computes one token on its context.
@@ -928,7 +926,7 @@ class Scheduler:
         rec = self.recorder
         assert rec is not None
         members = self.cohort.members
-        parked_computed = self.cohort.num_computed
+        cohort = self.cohort
         num_scheduled = out.num_scheduled_tokens
         before_of = dict(zip(num_scheduled, out.computed_before)) if num_scheduled else {}
         rids: list[str] = []
@@ -941,7 +939,7 @@ class Scheduler:
                 rids.append(rid)
                 row_kinds.append("running")
                 counts.append(1)
-                befores.append(parked_computed(rid) - 1)
+                befores.append(cohort.num_computed(rid) - 1)
             elif rid in before_of:
                 rids.append(rid)
                 row_kinds.append(kinds.get(rid, "running"))

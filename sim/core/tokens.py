@@ -236,7 +236,6 @@ def _encode_blocks(seg: StreamBlocksSegment, start: int, end: int) -> bytes:
 def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> list[bytes]:
     """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
     out: list[bytes] = []
-    append = out.append
     index = offset = 0
     num_segments = len(segments)
     head_of = -1  # index of the stream segment whose run head ``head`` is
@@ -254,15 +253,15 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
             # The block lies inside one stream segment: it is a single canonical run.
             if head_of != index:
                 head_of, head = index, b"S" + seg.stream.encode() + b"\x00"
-            append(head + pack(seg.start + lo - offset, block_size))
+            out.append(head + pack(seg.start + lo - offset, block_size))
             continue
         if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
             # The block lies inside one run of blocks: one canonical run per block of the run it
             # touches. They never merge: each after the first starts at position 0 of its stream.
-            append(_encode_blocks(seg, lo - offset, hi - offset))
+            out.append(_encode_blocks(seg, lo - offset, hi - offset))
             continue
         runs, index, offset = _runs_from(segments, index, offset, lo, hi)
-        append(_encode_runs(runs))
+        out.append(_encode_runs(runs))
     return out
 
 

@@ -76,10 +76,9 @@ def extend_block_hashes(
     if not lora_name and not (cache_salt and start_block == 0):  # no extra keys on any of these blocks
         _chain_hashes(hashes, contents)
         return end_block - start_block
-    append = hashes.append
     for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
-        append(parent)
+        hashes.append(parent)
     return end_block - start_block
 
 
@@ -88,10 +87,9 @@ def _chain_hashes(hashes: list[BlockHash], contents: list[bytes]) -> None:
     (:func:`hash_block` inlined: the hot path of every run)."""
     chained = hashes[-1] if hashes else NONE_HASH
     pack = _HEAD.pack
-    append = hashes.append
     for content in contents:
         chained = int.from_bytes(blake2b(pack(chained, len(content)) + content, digest_size=8).digest(), "little")
-        append(chained)
+        hashes.append(chained)
 
 
 class HashedRequest(Protocol):

@@ -299,15 +299,13 @@ class BlockPool:
         out: list[KVCacheBlock] = []
         if group_map is None:
             return out
-        get = group_map.get
-        append = out.append
         for i in range(min(limit, len(block_hashes))):
-            entry = get(block_hashes[i])
+            entry = group_map.get(block_hashes[i])
             if entry is None:
                 break
             if type(entry) is dict:
                 entry = next(iter(entry.values()))
-            append(entry)  # type: ignore[arg-type]
+            out.append(entry)  # type: ignore[arg-type]
         return out
 
     def get_all_cached_blocks(self, block_hash: BlockHash, group_id: int) -> list[KVCacheBlock]:
