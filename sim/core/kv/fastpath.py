@@ -223,10 +223,7 @@ class LookupMemo:
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
         """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
         if not self.enabled:
-            plain: tuple[tuple[list[KVCacheBlock], ...], int] = cls.find_longest_cache_hit(
-                block_hashes, max_length, group_ids, self._pool, spec, alignment_tokens
-            )
-            return plain
+            return self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
         last = self._remembered(cls, block_hashes, max_length, group_ids)
         if last is not None:
             return tuple([*lst] for lst in last.found), last.hit
@@ -246,9 +243,7 @@ class LookupMemo:
         """The hit of :meth:`find_longest_cache_hit` alone. The blocks found are not handed out,
         so the memo keeps them without copying (the admissions table's per-group hits)."""
         if not self.enabled:
-            return int(
-                cls.find_longest_cache_hit(block_hashes, max_length, group_ids, self._pool, spec, alignment_tokens)[1]
-            )
+            return self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)[1]
         last = self._remembered(cls, block_hashes, max_length, group_ids)
         if last is not None:
             return last.hit
@@ -265,6 +260,7 @@ class LookupMemo:
         spec: Any,
         alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+        """The plain lookup (what the memo remembers)."""
         found: tuple[tuple[list[KVCacheBlock], ...], int] = cls.find_longest_cache_hit(
             block_hashes, max_length, group_ids, self._pool, spec, alignment_tokens
         )
