@@ -925,8 +925,8 @@ class Scheduler:
         """
         rec = self.recorder
         assert rec is not None
-        members = self.cohort.members
         cohort = self.cohort
+        members = cohort.members
         num_scheduled = out.num_scheduled_tokens
         before_of = dict(zip(num_scheduled, out.computed_before)) if num_scheduled else {}
         rids: list[str] = []

@@ -125,12 +125,17 @@ _POS = struct.Struct("<qq")
 _Run = Union[tuple[str, int, int], np.ndarray]
 
 
+def _stream_head(stream: str) -> bytes:
+    """The bytes that open every canonical run of ``stream``; its start and length follow (``_POS``)."""
+    return b"S" + stream.encode() + b"\x00"
+
+
 def _encode_runs(runs: list[_Run]) -> bytes:
     parts: list[bytes] = []
     for run in runs:
         if type(run) is tuple:
             stream, start, length = run
-            parts.append(b"S" + stream.encode() + b"\x00" + _POS.pack(start, length))
+            parts.append(_stream_head(stream) + _POS.pack(start, length))
         else:
             parts.append(b"T" + run.astype("<i8", copy=False).tobytes())  # type: ignore[union-attr]  # not a tuple
     return b"".join(parts)
@@ -181,13 +186,7 @@ def _runs_from(
         lo = (start if start > offset else offset) - offset
         hi = (end if end < seg_end else seg_end) - offset
         if type(seg) is StreamSegment:
-            stream = seg.stream
-            piece_start = seg.start + lo
-            prev = runs[-1] if runs else None
-            if type(prev) is tuple and prev[0] == stream and prev[1] + prev[2] == piece_start:
-                runs[-1] = (stream, prev[1], prev[2] + hi - lo)
-            else:
-                runs.append((stream, piece_start, hi - lo))
+            _append_stream(runs, seg.stream, seg.start + lo, hi - lo)
         elif type(seg) is StreamBlocksSegment:
             block = seg.block
             pos = lo
@@ -218,17 +217,13 @@ def _runs_from(
 def _encode_blocks(seg: StreamBlocksSegment, start: int, end: int) -> bytes:
     """Canonical bytes of tokens ``[start, end)`` of ``seg`` (positions relative to its first token)."""
     block, prefix, ids = seg.block, seg.prefix, seg.ids
-    k = start // block
-    pos = start - k * block
-    if pos + end - start <= block:  # inside one block of the run: a single run
-        return b"S" + f"{prefix}{ids[k]}".encode() + b"\x00" + _POS.pack(pos, end - start)
     parts: list[bytes] = []
     while start < end:
         k = start // block
         piece_end = (k + 1) * block
         if piece_end > end:
             piece_end = end
-        parts.append(b"S" + f"{prefix}{ids[k]}".encode() + b"\x00" + _POS.pack(start - k * block, piece_end - start))
+        parts.append(_stream_head(f"{prefix}{ids[k]}") + _POS.pack(start - k * block, piece_end - start))
         start = piece_end
     return b"".join(parts)
 
@@ -252,7 +247,7 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
         if type(seg) is StreamSegment and offset + seg.length >= hi:
             # The block lies inside one stream segment: it is a single canonical run.
             if head_of != index:
-                head_of, head = index, b"S" + seg.stream.encode() + b"\x00"
+                head_of, head = index, _stream_head(seg.stream)
             out.append(head + pack(seg.start + lo - offset, block_size))
             continue
         if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
@@ -268,7 +263,7 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
 def stream_block_contents(stream: str, first_position: int, num_blocks: int, block_size: int) -> list[bytes]:
     """:func:`block_content` of ``num_blocks`` consecutive blocks that lie wholly in ``stream``, the first
     starting at position ``first_position`` of it (each is a single canonical run)."""
-    head = b"S" + stream.encode() + b"\x00"
+    head = _stream_head(stream)
     pack = _POS.pack
     return [head + pack(first_position + k * block_size, block_size) for k in range(num_blocks)]
 

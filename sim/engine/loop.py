@@ -235,9 +235,7 @@ class EngineLoop:
             self._apply_actions()
         if self._next_request < len(self.requests):
             self._admit_arrivals()
-        log = kv.take_event_log()  # the actions' events belong to this step
-        if len(log):
-            rec.record_kv_event_log(log)
+        self._record_kv_events()  # the actions' events belong to this step
         if self.transfers is not None:
             self.transfers.advance(self.step)
         if self.connector is not None:

@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol, Sequence
 
 
 def kv_event_columns() -> list[str]:
@@ -80,23 +80,6 @@ def step_columns(num_groups: int) -> list[str]:
 
 #: The ``steps`` columns before the per-group ones, in order.
 _STEP_FIXED = ("step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens", "free_blocks")
-
-
-class KVEventRecord(Protocol):
-    """One KV event as the recorder reads it (``sim.core.kv.pool.KVEvent``)."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def group(self) -> int: ...
-    @property
-    def block_id(self) -> int: ...
-    @property
-    def block_hash(self) -> int: ...
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def cause(self) -> str: ...
 
 
 class KVEventColumns(Protocol):
@@ -172,19 +155,6 @@ class Recorder:
         """Stamp subsequent rows with this engine step and simulated time."""
         self.step = step
         self.time_s = time_s
-
-    def record_kv_events(self, events: Iterable[KVEventRecord]) -> None:
-        """Append KV events given as records (``sim.core.kv.pool.KVEvent``), stamped with the current step and time."""
-        rows = list(events)
-        if not rows:
-            return
-        cols = self._stamp_kv_events(len(rows))
-        cols["kind"].extend([e.kind for e in rows])
-        cols["group"].extend([e.group for e in rows])
-        cols["block_id"].extend([e.block_id for e in rows])
-        cols["block_hash"].extend([e.block_hash for e in rows])
-        cols["request_id"].extend([e.request_id for e in rows])
-        cols["cause"].extend([e.cause for e in rows])
 
     def record_kv_event_log(self, log: KVEventColumns) -> None:
         """Append a pool's event log (``sim.core.kv.pool.KVEventLog``), stamped with the current step and time."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.pool import KVEvent, KVEventLog
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.request import Request
 from sim.core.tokens import StreamSegment
@@ -26,3 +27,10 @@ def make_manager(groups, num_blocks: int, block_size: int = 16, retention_interv
 
 def ids(blocks) -> tuple[list[int], ...]:
     return blocks.get_block_ids()
+
+
+def event_log(*events: KVEvent) -> KVEventLog:
+    """A pool's event log holding ``events``, in order (what the recorder is given)."""
+    log = KVEventLog()
+    log.extend(events)
+    return log

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from sim.core.kv.pool import KVEvent
 from sim.trace.recorder import Recorder
+from tests.support.kv import event_log
 
 
 def event(kind: str, group: int, block_id: int, block_hash: int, request_id: str = "r0", cause: str = "cache"):
-    return SimpleNamespace(
-        kind=kind, group=group, block_id=block_id, block_hash=block_hash, request_id=request_id, cause=cause
-    )
+    return KVEvent(kind, group, block_id, block_hash, request_id, cause)
 
 
 def admit(rec: Recorder, request_id: str, hits, outcome: str = "ok", **kw) -> None:
@@ -35,8 +33,8 @@ def build_recorder() -> Recorder:
     rec = Recorder(num_groups=2)
     for step in range(4):
         rec.set_clock(step, 0.25 * step)
-        rec.record_kv_events(
-            [event("stored", 0, 10 + step, (1 << 63) + step, "r0"), event("stored", 1, 20 + step, step, "r0")]
+        rec.record_kv_event_log(
+            event_log(event("stored", 0, 10 + step, (1 << 63) + step, "r0"), event("stored", 1, 20 + step, step, "r0"))
         )
         rec.record_step(
             duration_s=0.25,
@@ -49,8 +47,8 @@ def build_recorder() -> Recorder:
             cached_per_group=[step, 1],
         )
     rec.set_clock(4, 1.0)
-    rec.record_kv_events(
-        [event("removed", 0, 10, 1 << 63, "r1", "evict_lru"), event("cleared", -1, -1, 0, "", "reset")]
+    rec.record_kv_event_log(
+        event_log(event("removed", 0, 10, 1 << 63, "r1", "evict_lru"), event("cleared", -1, -1, 0, "", "reset"))
     )
     rec.set_clock(3, 0.75)
     admit(rec, "ra", [32, 48], kind="first")

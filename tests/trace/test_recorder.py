@@ -6,6 +6,7 @@ import pytest
 
 from sim.core.kv.pool import KVEvent, KVEventLog
 from sim.trace.recorder import Recorder, admission_columns, step_columns
+from tests.support.kv import event_log
 
 
 def _rows(cols) -> list[dict]:
@@ -78,20 +79,20 @@ def test_admission_rows_fill_each_column_with_its_own_value():
         rec.record_admission(hits=(1,), **values)
 
 
-def test_kv_events_from_records_and_from_an_event_log_give_the_same_rows():
+def test_an_event_log_becomes_rows_stamped_with_the_clock_in_order():
     events = [KVEvent("stored", 0, 3, 99, "r0", "cache"), KVEvent("removed", 1, 4, 98, "r1", "evict_lru")]
-    fast, general = Recorder(num_groups=2), Recorder(num_groups=2)
-    for batch in (events, events[:1]):
-        log = KVEventLog()
-        for ev in batch:
-            log.append(*ev)
-        fast.set_clock(2 if batch is events else 3, 0.75 if batch is events else 1.0)
-        fast.record_kv_event_log(log)
-        general.set_clock(2 if batch is events else 3, 0.75 if batch is events else 1.0)
-        general.record_kv_events(batch)
-    fast.record_kv_event_log(KVEventLog())  # an empty log adds no row
-    assert _rows(fast.kv_events) == _rows(general.kv_events)
-    assert [(r["seq"], r["step"], r["kind"]) for r in _rows(fast.kv_events)] == [
+    rec = Recorder(num_groups=2)
+    rec.set_clock(2, 0.75)
+    rec.record_kv_event_log(event_log(*events))
+    rec.set_clock(3, 1.0)
+    rec.record_kv_event_log(event_log(events[0]))
+    rec.record_kv_event_log(KVEventLog())  # an empty log adds no row
+    stamps = [(0, 2, 0.75), (1, 2, 0.75), (2, 3, 1.0)]
+    assert _rows(rec.kv_events) == [
+        {"seq": seq, "step": step, "time_s": t, **ev._asdict()}
+        for (seq, step, t), ev in zip(stamps, [*events, events[0]])
+    ]
+    assert [(r["seq"], r["step"], r["kind"]) for r in _rows(rec.kv_events)] == [
         (0, 2, "stored"),
         (1, 2, "removed"),
         (2, 3, "stored"),

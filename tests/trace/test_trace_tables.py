@@ -12,6 +12,7 @@ from sim.trace.tables import (
     normalize_table,
     tables_from_recorder,
 )
+from tests.support.kv import event_log
 
 # DESIGN.md §6 column lists, written out literally (two groups), then the recorder's extensions.
 EXPECTED_COLUMNS = {
@@ -182,8 +183,8 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
     import sim.trace.tables as tables
 
     rec = Recorder(num_groups=1)
-    rec.record_kv_events(
-        [KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset")]
+    rec.record_kv_event_log(
+        event_log(KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset"))
     )
     rec.requests.append(
         {

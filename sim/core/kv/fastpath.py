@@ -221,15 +221,12 @@ class LookupMemo:
         spec: Any,
         alignment_tokens: int,
     ) -> tuple[tuple[list[KVCacheBlock], ...], int]:
-        """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``."""
+        """``cls.find_longest_cache_hit(block_hashes, max_length, group_ids, pool, spec, alignment_tokens)``
+        (the caller gets lists of its own: the remembered ones are copied)."""
         if not self.enabled:
             return self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
-        last = self._remembered(cls, block_hashes, max_length, group_ids)
-        if last is not None:
-            return tuple([*lst] for lst in last.found), last.hit
-        found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
-        self._remember(block_hashes, max_length, group_ids, tuple([*lst] for lst in found), hit)
-        return found, hit
+        last = self._lookup(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
+        return tuple([*lst] for lst in last.found), last.hit
 
     def find_hit_length(
         self,
@@ -240,16 +237,28 @@ class LookupMemo:
         spec: Any,
         alignment_tokens: int,
     ) -> int:
-        """The hit of :meth:`find_longest_cache_hit` alone. The blocks found are not handed out,
-        so the memo keeps them without copying (the admissions table's per-group hits)."""
+        """The hit of :meth:`find_longest_cache_hit` alone (the admissions table's per-group hits):
+        the blocks found are not handed out, so nothing is copied."""
         if not self.enabled:
             return self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)[1]
+        return self._lookup(cls, block_hashes, max_length, group_ids, spec, alignment_tokens).hit
+
+    def _lookup(
+        self,
+        cls: type[SingleTypeKVCacheManager],
+        block_hashes: Sequence[int],
+        max_length: int,
+        group_ids: Sequence[int],
+        spec: Any,
+        alignment_tokens: int,
+    ) -> _Remembered:
+        """The remembered answer if it is exact for this lookup, else a fresh one, remembered."""
         last = self._remembered(cls, block_hashes, max_length, group_ids)
-        if last is not None:
-            return last.hit
-        found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
-        self._remember(block_hashes, max_length, group_ids, found, hit)
-        return hit
+        if last is None:
+            found, hit = self._find(cls, block_hashes, max_length, group_ids, spec, alignment_tokens)
+            last = _Remembered(block_hashes, max_length, group_ids, self._pool.cache_generation, found, hit)
+            self._last[group_ids[0]] = last
+        return last
 
     def _find(
         self,
@@ -288,19 +297,6 @@ class LookupMemo:
         ):
             return last
         return None
-
-    def _remember(
-        self,
-        block_hashes: Sequence[int],
-        max_length: int,
-        group_ids: Sequence[int],
-        found: tuple[list[KVCacheBlock], ...],
-        hit: int,
-    ) -> None:
-        """Keep ``found`` (lists nobody else holds) as the answer for these inputs and the current cache map."""
-        self._last[group_ids[0]] = _Remembered(
-            block_hashes, max_length, group_ids, self._pool.cache_generation, found, hit
-        )
 
 
 class _Remembered:
