@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence, Union, cast
+from typing import Final, Sequence, Union, cast
 
 import numpy as np
 
@@ -118,7 +118,7 @@ def is_reserved_stream(name: str) -> bool:
     return name.startswith("\x00")
 
 
-_POS = struct.Struct("<qq")
+_POS: Final = struct.Struct("<qq")
 
 
 #: A canonical run without the dataclass: ``(stream, start, length)`` or an int64 id array.
@@ -214,18 +214,36 @@ def _runs_from(
     return runs, index, offset
 
 
-def _encode_blocks(seg: StreamBlocksSegment, start: int, end: int) -> bytes:
-    """Canonical bytes of tokens ``[start, end)`` of ``seg`` (positions relative to its first token)."""
-    block, prefix, ids = seg.block, seg.prefix, seg.ids
-    parts: list[bytes] = []
-    while start < end:
-        k = start // block
-        piece_end = (k + 1) * block
-        if piece_end > end:
-            piece_end = end
-        parts.append(_stream_head(f"{prefix}{ids[k]}") + _POS.pack(start - k * block, piece_end - start))
-        start = piece_end
-    return b"".join(parts)
+def _blocks_of_run(seg: StreamBlocksSegment, start: int, num_blocks: int, block_size: int) -> list[bytes]:
+    """Canonical bytes of ``num_blocks`` consecutive ``block_size``-token blocks that lie wholly in
+    ``seg``, the first at its position ``start``.
+
+    One walk over the trace blocks they touch, so each trace block's run head is
+    encoded once even when two blocks share it. The runs never merge: each after
+    the first starts at position 0 of its own stream.
+    """
+    block, prefix, ids, length = seg.block, seg.prefix, seg.ids, seg.length
+    whole = _POS.pack(0, block)  # the run of a trace block covered from its first to its last token
+    k_end = (start // block + 1) * block  # where the trace block holding ``pos`` ends
+    head = _stream_head(f"{prefix}{ids[start // block]}")
+    pos = start
+    out: list[bytes] = []
+    for _ in range(num_blocks):
+        end = pos + block_size
+        parts: list[bytes] = []
+        while k_end <= end:  # the trace block ends inside this block: its run stops at ``k_end``
+            parts.append(head + (whole if pos == k_end - block else _POS.pack(pos - k_end + block, k_end - pos)))
+            pos = k_end
+            if pos < length:
+                head = _stream_head(f"{prefix}{ids[pos // block]}")
+                k_end += block
+            if pos == end:
+                break
+        if pos < end:  # the trace block continues past this block
+            parts.append(head + _POS.pack(pos - k_end + block, end - pos))
+            pos = end
+        out.append(b"".join(parts))
+    return out
 
 
 def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> list[bytes]:
@@ -235,8 +253,8 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
     num_segments = len(segments)
     head_of = -1  # index of the stream segment whose run head ``head`` is
     head = b""
-    pack = _POS.pack
-    for i in range(start_block, end_block):
+    i = start_block
+    while i < end_block:
         lo = i * block_size
         hi = lo + block_size
         # Skip the segments that end before this block (as _runs_from would).
@@ -248,15 +266,18 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
             # The block lies inside one stream segment: it is a single canonical run.
             if head_of != index:
                 head_of, head = index, _stream_head(seg.stream)
-            out.append(head + pack(seg.start + lo - offset, block_size))
+            out.append(head + _POS.pack(seg.start + lo - offset, block_size))
+            i += 1
             continue
         if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
-            # The block lies inside one run of blocks: one canonical run per block of the run it
-            # touches. They never merge: each after the first starts at position 0 of its stream.
-            out.append(_encode_blocks(seg, lo - offset, hi - offset))
+            # This block and the following ones that lie inside the same run of trace blocks.
+            n = min((offset + seg.length) // block_size, end_block) - i
+            out.extend(_blocks_of_run(seg, lo - offset, n, block_size))
+            i += n
             continue
         runs, index, offset = _runs_from(segments, index, offset, lo, hi)
         out.append(_encode_runs(runs))
+        i += 1
     return out
 
 
@@ -264,8 +285,7 @@ def stream_block_contents(stream: str, first_position: int, num_blocks: int, blo
     """:func:`block_content` of ``num_blocks`` consecutive blocks that lie wholly in ``stream``, the first
     starting at position ``first_position`` of it (each is a single canonical run)."""
     head = _stream_head(stream)
-    pack = _POS.pack
-    return [head + pack(first_position + k * block_size, block_size) for k in range(num_blocks)]
+    return [head + _POS.pack(first_position + k * block_size, block_size) for k in range(num_blocks)]
 
 
 def block_content(segments: Sequence[Segment], start: int, end: int) -> bytes:

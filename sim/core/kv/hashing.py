@@ -24,17 +24,36 @@ from __future__ import annotations
 
 import struct
 from hashlib import blake2b
-from typing import Protocol, Sequence, cast
+from typing import Final, Protocol, Sequence, cast
 
-from sim.core.tokens import Segment, StreamSegment, block_contents, output_stream, stream_block_contents
+from sim.core.tokens import (
+    Segment,
+    StreamBlocksSegment,
+    StreamSegment,
+    block_contents,
+    output_stream,
+    stream_block_contents,
+)
 
 BlockHash = int
 
 #: What precedes a block's token bytes in its hash input: the parent hash and the content length.
-_HEAD = struct.Struct("<QQ")
+_HEAD: Final = struct.Struct("<QQ")
+
+#: A BLAKE2b-64 state with nothing hashed: copying it costs a fraction of building a new hasher,
+#: which parses and applies its parameter block on every call.
+_EMPTY_BLAKE2B_64: Final = blake2b(digest_size=8)
+
+
+def _digest(data: bytes) -> int:
+    """BLAKE2b with an 8-byte digest of ``data``, as a little-endian int."""
+    state = _EMPTY_BLAKE2B_64.copy()
+    state.update(data)
+    return int.from_bytes(state.digest(), "little")
+
 
 #: Parent of block 0 (vLLM's ``NONE_HASH`` from a fixed seed).
-NONE_HASH: BlockHash = int.from_bytes(blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little")
+NONE_HASH: BlockHash = _digest(b"hybridsim-none-hash")
 
 
 def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> BlockHash:
@@ -42,8 +61,7 @@ def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> 
 
     BLAKE2b-64 over ``u64 parent | u64 len(content) | content | extra`` (little-endian).
     """
-    head = _HEAD.pack(NONE_HASH if parent is None else parent, len(content))
-    return int.from_bytes(blake2b(head + content + extra, digest_size=8).digest(), "little")
+    return _digest(_HEAD.pack(NONE_HASH if parent is None else parent, len(content)) + content + extra)
 
 
 def encode_extra_keys(lora_name: str | None, cache_salt: str | None, block_index: int) -> bytes:
@@ -86,9 +104,8 @@ def _chain_hashes(hashes: list[BlockHash], contents: list[bytes]) -> None:
     """Append the chained hashes of blocks with these token bytes and no extra keys
     (:func:`hash_block` inlined: the hot path of every run)."""
     chained = hashes[-1] if hashes else NONE_HASH
-    pack = _HEAD.pack
     for content in contents:
-        chained = int.from_bytes(blake2b(pack(chained, len(content)) + content, digest_size=8).digest(), "little")
+        chained = _digest(_HEAD.pack(chained, len(content)) + content)
         hashes.append(chained)
 
 
@@ -127,8 +144,12 @@ class RequestBlockHasher:
       segments are equal (with the same LoRA name and cache salt). When a
       request is hashed for the first time, the hasher takes those hashes from
       the last request hashed whose prompt began with the same two segments
-      (else the same first one), and hashes only the blocks after them. Only
-      :class:`~sim.core.tokens.StreamSegment` prefixes are compared.
+      (else the same first one), and hashes only the blocks after them.
+      :class:`~sim.core.tokens.StreamSegment` prefixes are compared segment by
+      segment; a prompt of trace hash blocks
+      (:class:`~sim.core.tokens.StreamBlocksSegment`: a conversation's next turn
+      repeats the ids of the turn before) is found under its first two ids and
+      shares the tokens of its common leading ids.
     * Once every prompt block is hashed, the blocks left are wholly in the
       request's output stream (:func:`~sim.core.tokens.output_stream`), so they
       are hashed from their positions in it without building the segment list
@@ -159,7 +180,7 @@ class RequestBlockHasher:
             return
         segments = request.segments()
         keys: list[_PrefixKey] = []
-        if not hashes and len(segments) > 0 and type(segments[0]) is StreamSegment:  # hashed for the first time
+        if not hashes and len(segments) > 0 and type(segments[0]) in _REUSABLE_STARTS:  # hashed for the first time
             keys = self._prefix_keys(segments, request.lora_name, request.cache_salt)
             self._reuse_prefix(hashes, segments, keys, request.num_tokens)
         extend_block_hashes(
@@ -175,9 +196,13 @@ class RequestBlockHasher:
 
     @staticmethod
     def _prefix_keys(segments: Sequence[Segment], lora_name: str | None, cache_salt: str | None) -> list[_PrefixKey]:
-        """The keys a prompt starting with a stream segment is found under, the longer first."""
-        first = cast(StreamSegment, segments[0])
-        one: _PrefixKey = (lora_name, cache_salt, first.stream, first.start, first.length)
+        """The keys a prompt starting with a stream or trace-blocks segment is found under, the longer first."""
+        first = segments[0]
+        if type(first) is StreamBlocksSegment:
+            start: _PrefixKey = (lora_name, cache_salt, "blocks", first.prefix, first.block, first.ids[0])
+            return [(*start, first.ids[1]), start] if len(first.ids) > 1 else [start]
+        stream = cast(StreamSegment, first)
+        one: _PrefixKey = (lora_name, cache_salt, stream.stream, stream.start, stream.length)
         second = segments[1] if len(segments) > 1 else None
         if type(second) is StreamSegment:
             return [(*one, second.stream, second.start, second.length), one]
@@ -186,7 +211,7 @@ class RequestBlockHasher:
     def _reuse_prefix(
         self, hashes: list[BlockHash], segments: Sequence[Segment], keys: list[_PrefixKey], num_tokens: int
     ) -> None:
-        """Seed an empty ``hashes`` with the hashes of the blocks inside the segments this prompt
+        """Seed an empty ``hashes`` with the hashes of the blocks inside the tokens this prompt
         shares with the last prompt hashed under its longest known key."""
         entry = None
         for key in keys:
@@ -196,18 +221,42 @@ class RequestBlockHasher:
         if entry is None:
             return
         previous, previous_hashes = entry
-        shared = 0
-        for mine, theirs in zip(segments, previous):
-            if type(mine) is not StreamSegment or type(theirs) is not StreamSegment:
-                break
-            if mine.stream != theirs.stream or mine.start != theirs.start or mine.length != theirs.length:
-                break
-            shared += mine.length
         block = self.hash_block_size
-        reuse = min(shared, num_tokens) // block
+        reuse = min(_shared_tokens(segments, previous), num_tokens) // block
         if reuse > len(previous_hashes):
             reuse = len(previous_hashes)
         hashes.extend(previous_hashes[:reuse])
+
+
+#: The first-segment kinds a prompt's hashes are reused under.
+_REUSABLE_STARTS: Final = (StreamSegment, StreamBlocksSegment)
+
+
+def _shared_tokens(mine: Sequence[Segment], theirs: Sequence[Segment]) -> int:
+    """How many leading tokens two prompts provably share: equal stream segments, then (for runs of
+    trace blocks with the same stream prefix and block size) the tokens of their common leading ids,
+    which are the same streams from position 0 (however long either run's last trace block is)."""
+    shared = 0
+    for a, b in zip(mine, theirs):
+        if type(a) is StreamSegment and type(b) is StreamSegment:
+            if a.stream != b.stream or a.start != b.start or a.length != b.length:
+                break
+            shared += a.length
+            continue
+        if type(a) is StreamBlocksSegment and type(b) is StreamBlocksSegment:
+            if a.prefix != b.prefix or a.block != b.block:
+                break
+            if a.ids == b.ids and a.length == b.length:
+                shared += a.length
+                continue
+            common = 0
+            for x, y in zip(a.ids, b.ids):
+                if x != y:
+                    break
+                common += 1
+            shared += min(common * a.block, a.length, b.length)
+        break
+    return shared
 
 
 def group_key(block_hash: BlockHash, group_id: int) -> tuple[BlockHash, int]:

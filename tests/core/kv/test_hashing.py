@@ -11,7 +11,7 @@ import pytest
 from sim.core.kv import hashing
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
-from sim.core.tokens import IdsSegment, StreamSegment
+from sim.core.tokens import IdsSegment, StreamBlocksSegment, StreamSegment
 
 
 def _request(rid: str, *segments, lora: str | None = None, salt: str | None = None) -> Request:
@@ -79,12 +79,13 @@ def test_common_prompt_start_is_hashed_once(monkeypatch):
     hasher = RequestBlockHasher(block)
     system = StreamSegment("long-system", 0, 320)  # 20 blocks
     digests: list[bytes] = []
+    digest = hashing._digest
 
-    def counting_blake2b(data: bytes, digest_size: int):
+    def counting_digest(data: bytes) -> int:
         digests.append(data)
-        return hashlib.blake2b(data, digest_size=digest_size)
+        return digest(data)
 
-    monkeypatch.setattr(hashing, "blake2b", counting_blake2b)
+    monkeypatch.setattr(hashing, "_digest", counting_digest)
     _request("a", system, StreamSegment("u-a", 0, 16)).set_block_hasher(hasher)
     assert len(digests) == 21
     _request("b", system, StreamSegment("u-b", 0, 16)).set_block_hasher(hasher)
@@ -104,3 +105,56 @@ def test_output_blocks_hashed_from_the_output_stream_equal_the_segment_path(prom
         request.append_output_tokens(step)
         assert request.block_hashes == _alone(request, block)
     assert len(request.block_hashes) == request.num_tokens // block
+
+
+def test_digest_is_blake2b_64_little_endian():
+    # the copied empty state must give exactly a fresh hasher's digest: every golden block hash depends on it
+    for data in (b"", b"x", bytes(range(256)) * 3):
+        assert hashing._digest(data) == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    assert hashing.NONE_HASH == int.from_bytes(
+        hashlib.blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little"
+    )
+
+
+def _turns():
+    """Prompts of trace hash blocks (trace block 8), as a conversation replay gives them: each turn
+    repeats the ids of the turn before and adds its own; the last trace block of each may be partial."""
+    run = lambda ids, length, prefix="mc:", block=8: StreamBlocksSegment(prefix, ids, block, length)  # noqa: E731
+    return [
+        _request("t1", run((0, 1, 2, 3), 29)),
+        _request("t2", run((0, 1, 2, 3, 4, 5), 44)),  # t1's ids, and t1's partial last block is whole here
+        _request("u1", run((0, 9, 10), 24)),  # another conversation with the same first id
+        _request("t3", run((0, 1, 2, 3, 4, 5, 6), 49)),
+        _request("t4", run((0, 1, 2, 7), 30)),  # diverges after three ids
+        _request("t5", run((0, 1, 2, 3, 4, 5, 6), 49)),  # t3 again, whole
+        _request("t6", run((0, 1, 2, 3, 4, 5, 6), 49), StreamSegment("tail", 0, 21)),  # t3, then more tokens
+        _request("t7", run((0, 1, 2, 3, 4, 5, 6), 49), StreamSegment("tail", 0, 30)),
+        _request("p1", run((0, 1, 2, 3), 29, prefix="qw:")),  # another trace's streams: nothing shared
+        _request("b1", run((0, 1), 32, block=16)),  # another trace block size: other tokens
+        _request("s1", run((0, 1, 2, 3, 4, 5), 44), salt="s"),
+        _request("l1", run((0, 1, 2, 3, 4, 5), 44), lora="l"),
+        _request("l2", run((0, 1, 2, 3, 4, 5, 6), 49), lora="l"),
+    ]
+
+
+@pytest.mark.parametrize("block", [4, 5, 8, 13, 20])
+def test_trace_block_prompts_reuse_the_hashes_of_their_common_ids_exactly(block):
+    hasher = RequestBlockHasher(block)
+    for request in _turns():
+        request.set_block_hasher(hasher)
+        assert request.block_hashes == _alone(request, block), (block, request.request_id)
+        # its output blocks join the hash list the next turn may reuse: only prompt tokens may be taken
+        request.append_output_tokens(11)
+        assert request.block_hashes == _alone(request, block), (block, request.request_id)
+
+
+def test_a_conversations_next_turn_hashes_only_its_new_blocks(monkeypatch):
+    hasher = RequestBlockHasher(10)
+    digests: list[bytes] = []
+    digest = hashing._digest
+    monkeypatch.setattr(hashing, "_digest", lambda data: digests.append(data) or digest(data))
+    _request("t1", StreamBlocksSegment("mc:", (0, 1, 2, 3), 8, 29)).set_block_hasher(hasher)
+    assert len(digests) == 2  # blocks [0, 10) and [10, 20)
+    # the next turn shares 29 tokens (t1's last trace block is partial): its blocks 0 and 1 are t1's
+    _request("t2", StreamBlocksSegment("mc:", (0, 1, 2, 3, 4, 5), 8, 44)).set_block_hasher(hasher)
+    assert len(digests) == 2 + 2  # only blocks [20, 30) and [30, 40) are hashed
