@@ -784,10 +784,11 @@ class Scheduler:
 
         A simulator speed-up, not a vLLM feature: a head-of-line request that
         failed to admit is looked up again on the next step, usually against the
-        same cache. Both answers read only the pool's cache map (not ref counts
-        or the free queue) and the request's hashes, token count and
-        ``skip_reading_prefix_cache``, so the last answer is reused while the
-        pool's ``cache_generation`` and those inputs are unchanged, for a policy
+        same entries for its hashes. Both answers read only the pool's cache
+        entries under the request's own hashes (not ref counts or the free queue)
+        and its hashes, token count and ``skip_reading_prefix_cache``, so the last
+        answer is reused while none of those entries was added or removed
+        (``BlockPool.watch_hashes``) and those inputs are unchanged, for a policy
         declaring ``pure_lookup``. Every attempt still records its own row.
         """
         pool = self.kv.block_pool
@@ -795,17 +796,20 @@ class Scheduler:
         if self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
             key = (
                 request.request_id,
-                pool.cache_generation,
                 request.num_tokens,
                 len(request.block_hashes),
                 request.skip_reading_prefix_cache,
             )
             last = self._last_lookup
-            if last is not None and last[0] == key:
+            if last is not None and last[0] == key and not pool.watched_changed:
                 return last[1], last[2]
         hits = tuple(self.kv.find_per_group_hits(request))
         lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
-        self._last_lookup = (key, hits, lookup) if key is not None else None
+        if key is not None:
+            self._last_lookup = (key, hits, lookup)
+            pool.watch_hashes(request.block_hashes)
+        else:
+            self._last_lookup = None
         return hits, lookup
 
     def _check(self, ok: bool, assertion: str, request: Request) -> None:

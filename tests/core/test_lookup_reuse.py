@@ -3,8 +3,9 @@ exactly what fresh lookups decide.
 
 Two harnesses run the same random workload, one with ``reuse_prefix_lookups``
 off; every schedule row, admissions row (all columns) and KV event must match.
-A kv-level property pins the premise: while the pool's ``cache_generation`` is
-unchanged, a fresh lookup returns the same blocks and hits.
+A kv-level property pins the premise: while no cache entry under a request's own
+hashes was added or removed (``BlockPool.watch_hashes``), a fresh lookup returns
+the same blocks and hits, however much the rest of the cache changed.
 """
 
 from __future__ import annotations
@@ -97,15 +98,24 @@ def test_head_of_line_retry_reuses_the_lookup():
         max_size=40,
     )
 )
-def test_unchanged_generation_means_unchanged_lookup(ops):
+def test_unwatched_changes_leave_the_lookup_unchanged(ops):
     kv = Harness(groups=("full_attention", "mamba"), num_blocks=12).kv
     assert isinstance(kv, KVCacheManager)
+    pool = kv.block_pool
     probes = [req(f"p{i}", n, content=s) for i, (s, n) in enumerate([("a", 70), ("b", 40), ("a", 33)])]
     for p in probes:
         p.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
+
+    def answer(p):
+        blocks, hit, boundary = kv.get_computed_blocks(p)
+        return (kv.find_per_group_hits(p), blocks.get_block_ids(), hit, boundary)
+
     running = []
-    memo: dict[str, tuple] = {}
-    for kind, idx, stream, n in ops:
+    watched, remembered = probes[0], answer(probes[0])
+    pool.watch_hashes(watched.block_hashes)
+    compared = 0
+    for step, (kind, idx, stream, n) in enumerate(ops):
+        generation = pool.cache_generation
         if kind == "alloc":
             r = req(f"r{len(running)}-{idx}", n, content=stream, max_tokens=3)
             r.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
@@ -122,18 +132,35 @@ def test_unchanged_generation_means_unchanged_lookup(ops):
             if kv.allocate_slots(r, 1) is not None:
                 r.num_computed_tokens += 1
         kv.new_step_starts()
-        gen = kv.block_pool.cache_generation
-        for p in probes:
-            blocks, hit, boundary = kv.get_computed_blocks(p)
-            answer = (kv.find_per_group_hits(p), blocks.get_block_ids(), hit, boundary)
-            old = memo.get(p.request_id)
-            if old is not None and old[0] == gen:
-                assert old[1] == answer
-            memo[p.request_id] = (gen, answer)
-    # Always at least one comparison per example: probe again with nothing changed in between.
-    gen = kv.block_pool.cache_generation
-    for p in probes:
-        blocks, hit, boundary = kv.get_computed_blocks(p)
-        answer = (kv.find_per_group_hits(p), blocks.get_block_ids(), hit, boundary)
-        if p.request_id in memo:
-            assert memo[p.request_id] == (gen, answer)
+        if pool.cache_generation == generation:
+            assert not pool.watched_changed  # nothing changed at all
+        now = answer(watched)
+        if not pool.watched_changed:
+            assert now == remembered, (step, watched.request_id)
+            compared += 1
+        # watch another probe from here on (the pool watches one request's hashes at a time)
+        watched = probes[(step + 1) % len(probes)]
+        remembered = answer(watched)
+        pool.watch_hashes(watched.block_hashes)
+    assert answer(watched) == remembered and not pool.watched_changed  # a lookup itself changes nothing
+
+
+def test_watch_sees_a_change_under_its_hashes_in_any_group():
+    kv = Harness(groups=("full_attention", "mamba"), num_blocks=12).kv
+    pool = kv.block_pool
+    probe = req("p", 40, content="a")
+    probe.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
+    pool.watch_hashes(probe.block_hashes)
+    other = req("o", 40, content="b")  # other tokens: its entries are not watched
+    other.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
+    assert kv.allocate_slots(other, other.num_tokens, full_sequence_must_fit=True) is not None
+    assert pool.cache_generation > 0 and not pool.watched_changed
+    same = req("s", 40, content="a")  # the probe's tokens: caching them adds entries under its hashes
+    same.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
+    assert kv.allocate_slots(same, same.num_tokens, full_sequence_must_fit=True) is not None
+    assert pool.watched_changed
+    pool.watch_hashes(probe.block_hashes)  # re-armed: the flag starts over
+    assert not pool.watched_changed
+    kv.free(same)
+    kv.free(other)
+    assert pool.reset_prefix_cache() and pool.watched_changed

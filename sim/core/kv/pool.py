@@ -268,12 +268,24 @@ class BlockPool:
         #: Bumped whenever a cache entry is added or removed (and on reset): while it is
         #: unchanged, every ``get_cached_block`` answer is unchanged (lookups read only the map).
         self.cache_generation = 0
+        #: The hashes :meth:`watch_hashes` was last given, and whether a cache entry under one of them
+        #: (in any group) was added or removed since, or the cache was reset.
+        self._watched: set[BlockHash] | None = None
+        self.watched_changed = False
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self._events = KVEventLog()
         #: Called as ``listener(block, request_id)`` whenever a block gets a new
         #: cache entry (the divergence checker taints blocks through it), or None.
         self.cache_listener: Callable[[KVCacheBlock, str], None] | None = None
+
+    def watch_hashes(self, hashes: Sequence[BlockHash]) -> None:
+        """Watch the cache entries under ``hashes`` from now on (instead of the ones watched before):
+        ``watched_changed`` turns True when one is added or removed in any group, or the cache is
+        reset. Every lookup of a request reads only the entries under its own hashes, so while it
+        stays False, such a lookup made before the call would give the same answer now."""
+        self._watched = set(hashes)
+        self.watched_changed = False
 
     # ----------------------------------------------------------------- lookup
     def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -389,6 +401,8 @@ class BlockPool:
         blk.block_hash_num_tokens = num_tokens
         self._num_cached[gid] = self._num_cached.get(gid, 0) + 1
         self.cache_generation += 1
+        if self._watched is not None and h in self._watched:
+            self.watched_changed = True
         if self.enable_kv_cache_events:
             self._events.append("stored", gid, blk.block_id, h, request_id, cause)
         if self.cache_listener is not None:
@@ -411,6 +425,8 @@ class BlockPool:
         blk.taint = None
         self._num_cached[gid] -= 1
         self.cache_generation += 1
+        if self._watched is not None and h in self._watched:
+            self.watched_changed = True
         if self.enable_kv_cache_events:
             self._events.append("removed", gid, blk.block_id, h, request_id, cause)
         return True
@@ -491,6 +507,7 @@ class BlockPool:
         self.cached_block_hash_to_block = {}
         self._num_cached = {}
         self.cache_generation += 1
+        self.watched_changed = True
         for block in self.blocks:
             block.block_hash = None
             block.block_hash_num_tokens = None
