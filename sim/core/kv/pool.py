@@ -241,6 +241,18 @@ class FreeKVCacheBlockQueue:
         return [b.block_id for b in self]
 
 
+def _first_cached(entry: dict[int, KVCacheBlock]) -> KVCacheBlock:
+    """The block a lookup finds when several hold one hash in one group: the earliest cached of them
+    still cached (vLLM returns the first value of the same insertion-ordered map).
+
+    A loop over ``values()`` compiles to a native dict walk; ``next(iter(...))`` made a view and an
+    iterator per lookup, and in a hybrid model most full-attention entries hold several blocks (the
+    prefix recomputed past a shallower Mamba hit is cached again)."""
+    for block in entry.values():
+        return block
+    raise AssertionError("a cache entry holds no block")
+
+
 class BlockPool:
     """All ``num_blocks`` pages shared by every KV-cache group.
 
@@ -300,7 +312,7 @@ class BlockPool:
             if entry is None:
                 return None
             if type(entry) is dict:
-                entry = next(iter(entry.values()))
+                entry = _first_cached(entry)
             out.append(entry)  # type: ignore[arg-type]
         return out
 
@@ -316,7 +328,7 @@ class BlockPool:
             if entry is None:
                 break
             if type(entry) is dict:
-                entry = next(iter(entry.values()))
+                entry = _first_cached(entry)
             out.append(entry)  # type: ignore[arg-type]
         return out
 
