@@ -937,13 +937,15 @@ class Scheduler:
         row_kinds: list[str] = []
         counts: list[int] = []
         befores: list[int] = []
+        clock = cohort.sched_clock
         for request in self.running:
             rid = request.request_id
-            if rid in members:
+            member = members.get(rid)
+            if member is not None:
                 rids.append(rid)
                 row_kinds.append("running")
                 counts.append(1)
-                befores.append(cohort.num_computed(rid) - 1)
+                befores.append(member.computed_at(clock) - 1)
             elif rid in before_of:
                 rids.append(rid)
                 row_kinds.append(kinds.get(rid, "running"))

@@ -117,7 +117,7 @@ def test_unwatched_changes_leave_the_lookup_unchanged(ops):
     for step, (kind, idx, stream, n) in enumerate(ops):
         generation = pool.cache_generation
         if kind == "alloc":
-            r = req(f"r{len(running)}-{idx}", n, content=stream, max_tokens=3)
+            r = req(f"r{step}", n, content=stream, max_tokens=3)  # a fresh id per op
             r.set_block_hasher(RequestBlockHasher(kv.hash_block_size))
             blocks, hit, _ = kv.get_computed_blocks(r)
             if kv.allocate_slots(r, r.num_tokens - hit, hit, blocks, full_sequence_must_fit=True) is not None:

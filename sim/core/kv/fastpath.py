@@ -674,6 +674,10 @@ class _Parked:
         self.out_entry = out_entry
         self.due = due
 
+    def computed_at(self, sched_clock: int) -> int:
+        """Its ``num_computed_tokens`` when the cohort's ``sched_clock`` reads ``sched_clock``."""
+        return self.computed + sched_clock - self.sched_entry
+
 
 class DecodeCohort:
     """The event-driven running set: quiet decodes parked between their events.
@@ -723,7 +727,7 @@ class DecodeCohort:
         if member is None:
             return None
         request = member.request
-        request.num_computed_tokens = member.computed + self.sched_clock - member.sched_entry
+        request.num_computed_tokens = member.computed_at(self.sched_clock)
         request.num_output_tokens = member.output + self.out_clock - member.out_entry
         request.update_block_hashes()
         self._context_base -= member.computed - member.sched_entry
@@ -748,11 +752,6 @@ class DecodeCohort:
         for rid in list(self.members):
             self.materialize(rid)
         self._heap.clear()
-
-    def num_computed(self, request_id: str) -> int:
-        """A member's ``num_computed_tokens`` at the current ``sched_clock`` (without unparking it)."""
-        member = self.members[request_id]
-        return member.computed + self.sched_clock - member.sched_entry
 
     def decode_totals(self) -> tuple[int, int]:
         """``(members, sum of their num_computed_tokens)`` at the current ``sched_clock``."""
