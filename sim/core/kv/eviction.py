@@ -146,12 +146,12 @@ class PolicyBlockPool(BlockPool):
     def cache_full_blocks_groups(
         self,
         request_id: str,
-        tables: Sequence[Sequence[KVCacheBlock]],
+        tables: list[list[KVCacheBlock]],
         block_hashes: Sequence[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
         block_size: int,
-        group_ids: Sequence[int],
+        group_ids: list[int],
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         """One :meth:`cache_full_blocks` per group, in order (the policy hears each new entry)."""

@@ -40,7 +40,7 @@ The scheduler's reuse of a head-of-line request's last lookup across steps
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.managers import MambaManager, SingleTypeKVCacheManager, num_evictable
@@ -49,16 +49,6 @@ from sim.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from sim.core.kv.pool import BlockPool, CacheKey, KVCacheBlock
-
-
-class QuietGroup(Protocol):
-    """What a single-type manager offers the quiet horizons."""
-
-    block_size: int
-    has_quiet_horizon: bool
-    req_to_blocks: dict[str, list[KVCacheBlock]]
-
-    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None: ...
 
 
 class QuietHorizon:
@@ -86,7 +76,7 @@ class QuietHorizons:
 
     def __init__(
         self,
-        groups: Sequence[QuietGroup],
+        groups: Sequence[SingleTypeKVCacheManager],
         *,
         max_model_len: int,
         watermark_blocks: int,
@@ -492,6 +482,13 @@ class MambaReplicas:
                 if not got:
                     out.append([])
                     continue
+                if num_new == 1 and fresh is not None and not nulls:
+                    # The common step: one fresh state block, no null slots.
+                    block = fresh[k]
+                    table.append(block)
+                    out.append([block])
+                    follower.num_held_blocks += 1
+                    continue
                 returned = nulls[:]
                 if num_new:
                     if fresh is not None:
@@ -658,7 +655,9 @@ class MambaReplicas:
             tables = [f.req_to_blocks[rid] for f in run]
             if base and tail_idx < 0:
                 # No tail state to touch: every follower's newly full blocks in one pool call.
-                pool.cache_full_blocks_groups(rid, tables, hashes, before, num_full, bs, range(gid, gid + len(run)), mask)
+                pool.cache_full_blocks_groups(
+                    rid, tables, hashes, before, num_full, bs, list(range(gid, gid + len(run))), mask
+                )
             for k, follower in enumerate(run):
                 fid = gid + k
                 blocks = tables[k]

@@ -347,17 +347,18 @@ class BlockPool:
             return
         positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
         if positions:
-            self._insert_at(request_id, blocks, positions, block_hashes, block_size, kv_cache_group_id)
+            hashes = [block_hashes[i] for i in positions]
+            self._insert_at(request_id, blocks, positions, hashes, block_size, kv_cache_group_id)
 
     def cache_full_blocks_groups(
         self,
         request_id: str,
-        tables: Sequence[Sequence[KVCacheBlock]],
+        tables: list[list[KVCacheBlock]],
         block_hashes: Sequence[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
         block_size: int,
-        group_ids: Sequence[int],
+        group_ids: list[int],
         block_mask: Sequence[bool] | None = None,
     ) -> None:
         """:meth:`cache_full_blocks` of ``tables[k]`` in group ``group_ids[k]``, for each ``k`` in
@@ -367,14 +368,17 @@ class BlockPool:
             return
         positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
         if positions:
-            for blocks, gid in zip(tables, group_ids):
-                self._insert_at(request_id, blocks, positions, block_hashes, block_size, gid)
+            hashes = [block_hashes[i] for i in positions]
+            for k in range(len(tables)):
+                self._insert_at(request_id, tables[k], positions, hashes, block_size, group_ids[k])
 
     @staticmethod
     def _keyed_positions(start: int, end: int, block_mask: Sequence[bool] | None) -> list[int]:
         """The table positions in ``[start, end)`` the mask keeps (all without a mask)."""
         if block_mask is None:
-            return list(range(start, end))
+            return [i for i in range(start, end)]
+        if isinstance(block_mask, list):
+            return [start + j for j, keep in enumerate(block_mask) if keep and start + j < end]
         return [i for i in range(start, end) if block_mask[i - start]]
 
     def _insert_at(
@@ -382,24 +386,25 @@ class BlockPool:
         request_id: str,
         blocks: Sequence[KVCacheBlock],
         positions: list[int],
-        block_hashes: Sequence[BlockHash],
+        hashes: list[BlockHash],
         block_size: int,
         gid: int,
     ) -> None:
-        """:meth:`_insert` (cause ``cache``) of ``blocks[i]`` under ``block_hashes[i]`` for each
-        ``i`` in ``positions``, in order, null blocks skipped; the group's map and counters are
-        looked up once (nothing reads them between the inserts)."""
+        """:meth:`_insert` (cause ``cache``) of ``blocks[positions[j]]`` under ``hashes[j]`` for
+        each ``j``, in order, null blocks skipped; the group's map and counters are looked up
+        once (nothing reads them between the inserts)."""
         group_map = self.cached_block_hash_to_block.get(gid)
         if group_map is None:
             group_map = self.cached_block_hash_to_block[gid] = {}
         events = self._events if self.enable_kv_cache_events else None
         listener = self.cache_listener
         added = 0
-        for i in positions:
+        for j in range(len(positions)):
+            i = positions[j]
             blk = blocks[i]
             if blk.is_null:
                 continue
-            h = block_hashes[i]
+            h = hashes[j]
             key = blk.block_hash
             if key is not None:
                 if key[0] == h and key[1] == gid:
@@ -549,7 +554,7 @@ class BlockPool:
         self.free_block_queue.append_n(last)
         return len(first) + len(last)
 
-    def free_blocks_groups(self, ordered_lists: Sequence[Sequence[KVCacheBlock]]) -> list[int]:
+    def free_blocks_groups(self, ordered_lists: list[list[KVCacheBlock]]) -> list[int]:
         """``[self.free_blocks(blocks) for blocks in ordered_lists]`` in one pass: the same ref
         counts, returned counts and free-queue order (each call's uncached blocks go in front
         of the earlier calls', its cached ones behind them)."""
