@@ -482,15 +482,16 @@ class BlockPool:
             return False
         h, gid = key
         group_map = self.cached_block_hash_to_block[gid]
-        entry = group_map.pop(h)
+        entry = group_map[h]
+        del group_map[h]
         if type(entry) is dict:
             del entry[blk.block_id]
             if entry:
-                group_map[h] = entry
+                group_map[h] = entry  # (re-inserted last, as a pop and a set would)
         blk.block_hash = None
         blk.block_hash_num_tokens = None
         blk.taint = None
-        self._num_cached[gid] -= 1
+        self._num_cached[gid] = self._num_cached[gid] - 1
         self.cache_generation += 1
         if self.enable_kv_cache_events:
             self._events.append("removed", gid, blk.block_id, h, request_id, cause)
