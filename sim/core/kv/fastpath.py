@@ -40,7 +40,7 @@ The scheduler's reuse of a head-of-line request's last lookup across steps
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.managers import MambaManager, SingleTypeKVCacheManager, num_evictable
@@ -49,16 +49,6 @@ from sim.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from sim.core.kv.pool import BlockPool, CacheKey, KVCacheBlock
-
-
-class QuietGroup(Protocol):
-    """What a single-type manager offers the quiet horizons."""
-
-    block_size: int
-    has_quiet_horizon: bool
-    req_to_blocks: dict[str, list[KVCacheBlock]]
-
-    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None: ...
 
 
 class QuietHorizon:
@@ -86,7 +76,7 @@ class QuietHorizons:
 
     def __init__(
         self,
-        groups: Sequence[QuietGroup],
+        groups: Sequence[SingleTypeKVCacheManager],
         *,
         max_model_len: int,
         watermark_blocks: int,
@@ -354,12 +344,28 @@ class MambaReplicas:
         self._member_by_id = {m.kv_cache_group_id: m for m in members}
         self._follower_ids = frozenset(m.kv_cache_group_id for m in self.followers)
         self._follower_by_id = {m.kv_cache_group_id: m for m in self.followers}
-        #: follower id -> how many consecutive groups from it on are followers.
-        self._run_after: dict[int, int] = {}
-        for gid in sorted(self._follower_by_id, reverse=True):
-            self._run_after[gid] = self._run_after.get(gid + 1, 0) + 1
+        #: The group order with each run of consecutive followers as one step:
+        #: ``(group id, manager, ())`` for any other group, ``(first id, first, run)`` for a run.
+        self._steps = self._runs(self._follower_by_id)
+        #: The same with runs of consecutive members (the leader's run starts with it).
+        self._member_steps = self._runs(self._member_by_id)
+        #: The groups that are not followers, with their ids, in group order.
+        self._plain = tuple((gid, m) for gid, m in enumerate(self.managers) if gid not in self._follower_ids)
         self._pool = self.leader.block_pool
         self.enabled = True
+
+    def _runs(
+        self, grouped: dict[int, MambaManager]
+    ) -> tuple[tuple[int, SingleTypeKVCacheManager, tuple[MambaManager, ...]], ...]:
+        steps: list[tuple[int, SingleTypeKVCacheManager, tuple[MambaManager, ...]]] = []
+        gid = 0
+        while gid < len(self.managers):
+            run: list[MambaManager] = []
+            while gid + len(run) in grouped:
+                run.append(grouped[gid + len(run)])
+            steps.append((gid, self.managers[gid], tuple(run)))
+            gid += max(len(run), 1)
+        return tuple(steps)
 
     @classmethod
     def find(cls, managers: Sequence[SingleTypeKVCacheManager], *, enabled: bool) -> MambaReplicas | None:
@@ -405,10 +411,7 @@ class MambaReplicas:
             return None
         total = 0
         lead_count = 0
-        followers = self._follower_ids
-        for gid, manager in enumerate(self.managers):
-            if gid in followers:
-                continue
+        for gid, manager in self._plain:
             count = manager.get_num_blocks_to_allocate(
                 request_id,
                 num_tokens,
@@ -437,8 +440,8 @@ class MambaReplicas:
             if not apply_admission_cap:
                 if checkpoint is not None:
                     f.checkpoints[request_id] = checkpoint
-                elif f.checkpoints:
-                    f.checkpoints.pop(request_id, None)
+                elif request_id in f.checkpoints:
+                    del f.checkpoints[request_id]
         return total
 
     # ------------------------------------------------------------- allocation
@@ -448,15 +451,13 @@ class MambaReplicas:
         """Every group's new blocks; a follower gets the leader's null slots and
         as many fresh blocks from the pool, at its place in the group order."""
         leader = self.leader
-        followers = self._follower_by_id
         pool = self._pool
         out: list[list[KVCacheBlock]] = []
         got: list[KVCacheBlock] = []
         num_new = 0
         state_idx: int | None = None
-        fresh: list[KVCacheBlock] = []  # popped for the current run of followers, last first
-        for gid, manager in enumerate(self.managers):
-            if gid not in followers:
+        for _, manager, run in self._steps:
+            if not run:
                 blocks = manager.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
                 if manager is leader:
                     got = blocks
@@ -465,29 +466,38 @@ class MambaReplicas:
                     state_idx = leader.last_state_block_idx.get(request_id)
                 out.append(blocks)
                 continue
-            follower = followers[gid]
-            table = follower.req_to_blocks.setdefault(request_id, [])
-            if state_idx is not None:
-                follower.last_state_block_idx[request_id] = state_idx
-            if not got:
-                out.append([])
-                continue
-            returned = got[: len(got) - num_new]  # the null slots
-            if num_new:
-                if not fresh:
-                    # One pop for this run of consecutive followers: the same blocks, evictions and
-                    # events as one pop per follower (short of blocks: per follower, for vLLM's error).
-                    run = self._run_after[gid]
-                    if num_new * run <= pool.get_num_free_blocks():
-                        fresh = pool.get_new_blocks(num_new * run, request_id)
-                        fresh.reverse()
-                if fresh:
-                    returned.extend(fresh.pop() for _ in range(num_new))
-                else:
-                    returned.extend(pool.get_new_blocks(num_new, request_id))
-                follower.num_held_blocks += num_new
-            table.extend(returned)
-            out.append(returned)
+            nulls = got[: len(got) - num_new]
+            # One pop for the whole run: the same blocks, evictions and events as one pop per
+            # follower in turn (short of blocks: one per follower, for vLLM's error).
+            fresh: list[KVCacheBlock] | None = None
+            if num_new and num_new * len(run) <= pool.get_num_free_blocks():
+                fresh = pool.get_new_blocks(num_new * len(run), request_id)
+            for k, follower in enumerate(run):
+                tables = follower.req_to_blocks
+                table = tables.get(request_id)
+                if table is None:
+                    table = tables[request_id] = []
+                if state_idx is not None:
+                    follower.last_state_block_idx[request_id] = state_idx
+                if not got:
+                    out.append([])
+                    continue
+                if num_new == 1 and fresh is not None and not nulls:
+                    # The common step: one fresh state block, no null slots.
+                    block = fresh[k]
+                    table.append(block)
+                    out.append([block])
+                    follower.num_held_blocks += 1
+                    continue
+                returned = nulls[:]
+                if num_new:
+                    if fresh is not None:
+                        returned.extend(fresh[k * num_new : (k + 1) * num_new])
+                    else:
+                        returned.extend(pool.get_new_blocks(num_new, request_id))
+                    follower.num_held_blocks += num_new
+                table.extend(returned)
+                out.append(returned)
         return tuple(out)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
@@ -519,23 +529,28 @@ class MambaReplicas:
             return
         pool = self._pool
         null = pool.null_block
-        members = self._member_by_id
-        for gid, manager in enumerate(self.managers):
-            member = members.get(gid)
-            if member is None:
+        for _, manager, run in self._member_steps:
+            if not run:
                 manager.remove_skipped_blocks(request_id, processed_computed_tokens)
                 continue
-            blocks = member.req_to_blocks[request_id]
-            if freed_idx:
-                freed = [blocks[i] for i in freed_idx]
-                for i in freed_idx:
-                    blocks[i] = null
-                member.num_held_blocks -= pool.free_blocks(freed)
-            if retire_to >= 0:
-                member.num_retired_blocks[request_id] = retire_to
-            if state is not None:
-                member.num_held_blocks -= pool.free_blocks((blocks[state],))
-                blocks[state] = null
+            # Each member's skipped slots, then its previous state: one pool call for the run.
+            lists: list[list[KVCacheBlock]] = []
+            for member in run:
+                blocks = member.req_to_blocks[request_id]
+                if freed_idx:
+                    lists.append([blocks[i] for i in freed_idx])
+                    for i in freed_idx:
+                        blocks[i] = null
+                if retire_to >= 0:
+                    member.num_retired_blocks[request_id] = retire_to
+                if state is not None:
+                    lists.append([blocks[state]])
+                    blocks[state] = null
+            counts = pool.free_blocks_groups(lists)
+            per = len(counts) // len(run)
+            for k, member in enumerate(run):
+                for j in range(k * per, (k + 1) * per):
+                    member.num_held_blocks -= counts[j]
 
     def free(self, request_id: str) -> None:
         """Every group's :meth:`free`, in group order; the members' leading null slots
@@ -547,21 +562,28 @@ class MambaReplicas:
             while head < n and table[head].is_null:
                 head += 1
         pool = self._pool
-        members = self._member_by_id
-        for gid, manager in enumerate(self.managers):
-            member = members.get(gid)
-            if member is None:
+        for _, manager, run in self._member_steps:
+            if not run:
                 manager.free(request_id)
                 continue
-            member.last_state_block_idx.pop(request_id, None)
-            member.num_retired_blocks.pop(request_id, None)
-            member.checkpoints.pop(request_id, None)
-            member.num_cached_block.pop(request_id, None)
-            blocks = member.req_to_blocks.pop(request_id, [])
-            if head:
-                blocks = blocks[head:]
-            if blocks:
-                member.num_held_blocks -= pool.free_blocks(reversed(blocks))
+            # Each member's table from the tail, in group order: one pool call for the run.
+            lists: list[list[KVCacheBlock]] = []
+            for member in run:
+                _drop(member.last_state_block_idx, request_id)
+                _drop(member.num_retired_blocks, request_id)
+                _drop(member.checkpoints, request_id)
+                _drop(member.num_cached_block, request_id)
+                blocks = member.req_to_blocks.get(request_id)
+                if blocks is None:
+                    lists.append([])
+                    continue
+                del member.req_to_blocks[request_id]
+                tail_first = blocks[head:]
+                tail_first.reverse()
+                lists.append(tail_first)
+            counts = pool.free_blocks_groups(lists)
+            for k, member in enumerate(run):
+                member.num_held_blocks -= counts[k]
 
     # ---------------------------------------------------------------- caching
     def cache_blocks(
@@ -625,40 +647,52 @@ class MambaReplicas:
             idx = -(-num_tokens // bs) - 1
             if idx < len(table):
                 tail_idx, tail_pos = idx, num_tokens
-        followers = self._follower_by_id
-        for gid, manager in enumerate(self.managers):
-            if not manager.enable_caching:
+        for gid, manager, run in self._steps:
+            if not run:
+                if manager.enable_caching:
+                    manager.cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
                 continue
-            follower = followers.get(gid)
-            if follower is None:
-                manager.cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
-                continue
-            blocks = follower.req_to_blocks[rid]
-            if base:
-                pool.cache_full_blocks(rid, blocks, hashes, before, num_full, bs, gid, mask)
-                follower.num_cached_block[rid] = num_full
-            this_step = follower.cached_blocks_this_step
-            if tail_idx >= 0:
-                block = blocks[tail_idx]
-                key: CacheKey | None = None
-                if checkpoint is not None:
-                    if transient:
-                        pool.evict_cached_block(block, rid, "checkpoint")
-                    elif block.block_hash_num_tokens != tail_pos:
-                        key = pool.cache_block_at(rid, block, fine[tail_pos // hbs - 1], tail_pos, gid)
-                elif not (
-                    block.is_null
-                    or block.block_hash_num_tokens == tail_pos
-                    or (block.block_hash is not None and (block.block_hash_num_tokens or 0) > tail_pos)
-                ):
-                    key = pool.cache_block_at(rid, block, fine[tail_pos // hbs - 1], tail_pos, gid)
-                if key is not None:
-                    this_step.add(key)
-            for i in range(before, after):
-                key = blocks[i].block_hash
-                if key is not None:
-                    this_step.add(key)
+            tables = [f.req_to_blocks[rid] for f in run]
+            if base and tail_idx < 0:
+                # No tail state to touch: every follower's newly full blocks in one pool call.
+                pool.cache_full_blocks_groups(
+                    rid, tables, hashes, before, num_full, bs, list(range(gid, gid + len(run))), mask
+                )
+            for k, follower in enumerate(run):
+                fid = gid + k
+                blocks = tables[k]
+                if base:
+                    if tail_idx >= 0:
+                        pool.cache_full_blocks(rid, blocks, hashes, before, num_full, bs, fid, mask)
+                    follower.num_cached_block[rid] = num_full
+                this_step = follower.cached_blocks_this_step
+                if tail_idx >= 0:
+                    block = blocks[tail_idx]
+                    key: CacheKey | None = None
+                    if checkpoint is not None:
+                        if transient:
+                            pool.evict_cached_block(block, rid, "checkpoint")
+                        elif block.block_hash_num_tokens != tail_pos:
+                            key = pool.cache_block_at(rid, block, fine[tail_pos // hbs - 1], tail_pos, fid)
+                    elif not (
+                        block.is_null
+                        or block.block_hash_num_tokens == tail_pos
+                        or (block.block_hash is not None and (block.block_hash_num_tokens or 0) > tail_pos)
+                    ):
+                        key = pool.cache_block_at(rid, block, fine[tail_pos // hbs - 1], tail_pos, fid)
+                    if key is not None:
+                        this_step.add(key)
+                for i in range(before, after):
+                    key = blocks[i].block_hash
+                    if key is not None:
+                        this_step.add(key)
         return True
+
+
+def _drop(table: dict[str, Any], request_id: str) -> None:
+    """``table.pop(request_id, None)`` without the generic method call."""
+    if request_id in table:
+        del table[request_id]
 
 
 class _Parked:

@@ -369,12 +369,93 @@ class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        for i in range(num_cached_blocks, num_full_blocks):
+        positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
+        if positions:
+            hashes = [block_hashes[i] for i in positions]
+            self._insert_at(request_id, blocks, positions, hashes, block_size, kv_cache_group_id)
+
+    def cache_full_blocks_groups(
+        self,
+        request_id: str,
+        tables: list[list[KVCacheBlock]],
+        block_hashes: Sequence[BlockHash],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        group_ids: list[int],
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """:meth:`cache_full_blocks` of ``tables[k]`` in group ``group_ids[k]``, for each ``k`` in
+        order, with one hash view, span and mask (identical Mamba groups: sim.core.kv.fastpath):
+        the same cache entries, events (in the same order) and listener calls as those calls."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
+        if positions:
+            hashes = [block_hashes[i] for i in positions]
+            for k in range(len(tables)):
+                self._insert_at(request_id, tables[k], positions, hashes, block_size, group_ids[k])
+
+    @staticmethod
+    def _keyed_positions(start: int, end: int, block_mask: Sequence[bool] | None) -> list[int]:
+        """The table positions in ``[start, end)`` the mask keeps (all without a mask)."""
+        if block_mask is None:
+            return [i for i in range(start, end)]
+        if isinstance(block_mask, list):
+            return [start + j for j, keep in enumerate(block_mask) if keep and start + j < end]
+        return [i for i in range(start, end) if block_mask[i - start]]
+
+    def _insert_at(
+        self,
+        request_id: str,
+        blocks: Sequence[KVCacheBlock],
+        positions: list[int],
+        hashes: list[BlockHash],
+        block_size: int,
+        gid: int,
+    ) -> None:
+        """:meth:`_insert` (cause ``cache``) of ``blocks[positions[j]]`` under ``hashes[j]`` for
+        each ``j``, in order, null blocks skipped; the group's map and counters are looked up
+        once (nothing reads them between the inserts)."""
+        group_map = self.cached_block_hash_to_block.get(gid)
+        if group_map is None:
+            group_map = self.cached_block_hash_to_block[gid] = {}
+        events = self._events if self.enable_kv_cache_events else None
+        listener = self.cache_listener
+        added = 0
+        for j in range(len(positions)):
+            i = positions[j]
             blk = blocks[i]
-            if blk.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+            if blk.is_null:
                 continue
-            h = block_hashes[i]
-            self._insert(blk, h, kv_cache_group_id, (i + 1) * block_size, request_id, "cache")
+            h = hashes[j]
+            key = blk.block_hash
+            if key is not None:
+                if key[0] == h and key[1] == gid:
+                    continue
+                raise AssertionError(f"block {blk.block_id} already cached under {key}, cannot cache {(h, gid)}")
+            entry = group_map.get(h)
+            if entry is None:
+                group_map[h] = blk
+            elif type(entry) is dict:
+                entry[blk.block_id] = blk
+            else:
+                group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
+            blk.block_hash = group_key(h, gid)
+            blk.block_hash_num_tokens = (i + 1) * block_size
+            added += 1
+            if events is not None:
+                events.kind.append("stored")
+                events.group.append(gid)
+                events.block_id.append(blk.block_id)
+                events.block_hash.append(h)
+                events.request_id.append(request_id)
+                events.cause.append("cache")
+            if listener is not None:
+                listener(blk, request_id)
+        if added:
+            self._num_cached[gid] = self._num_cached.get(gid, 0) + added
+            self.cache_generation += added
 
     def cache_block_at(
         self,
@@ -427,15 +508,16 @@ class BlockPool:
             return False
         h, gid = key
         group_map = self.cached_block_hash_to_block[gid]
-        entry = group_map.pop(h)
+        entry = group_map[h]
+        del group_map[h]
         if type(entry) is dict:
             del entry[blk.block_id]
             if entry:
-                group_map[h] = entry
+                group_map[h] = entry  # (re-inserted last, as a pop and a set would)
         blk.block_hash = None
         blk.block_hash_num_tokens = None
         blk.taint = None
-        self._num_cached[gid] -= 1
+        self._num_cached[gid] = self._num_cached[gid] - 1
         self.cache_generation += 1
         if self._watched is not None and h in self._watched:
             self.watched_changed = True
@@ -500,6 +582,37 @@ class BlockPool:
         self.free_block_queue.prepend_n(first)
         self.free_block_queue.append_n(last)
         return len(first) + len(last)
+
+    def free_blocks_groups(self, ordered_lists: list[list[KVCacheBlock]]) -> list[int]:
+        """``[self.free_blocks(blocks) for blocks in ordered_lists]`` in one pass: the same ref
+        counts, returned counts and free-queue order (each call's uncached blocks go in front
+        of the earlier calls', its cached ones behind them)."""
+        fronts: list[list[KVCacheBlock]] = []
+        back: list[KVCacheBlock] = []
+        counts: list[int] = []
+        caching = self.enable_caching
+        for blocks in ordered_lists:
+            first: list[KVCacheBlock] = []
+            num_back = len(back)
+            for block in blocks:
+                if block.is_null:
+                    continue
+                block.ref_cnt -= 1
+                if block.ref_cnt == 0:
+                    if block.block_hash is None or not caching:
+                        first.append(block)
+                    else:
+                        back.append(block)
+                elif block.ref_cnt < 0:
+                    raise AssertionError(f"negative ref count on block {block.block_id}")
+            fronts.append(first)
+            counts.append(len(first) + len(back) - num_back)
+        front: list[KVCacheBlock] = []
+        for first in reversed(fronts):
+            front.extend(first)
+        self.free_block_queue.prepend_n(front)
+        self.free_block_queue.append_n(back)
+        return counts
 
     def evict_blocks(self, block_ids: Iterable[int], request_id: str = "", cause: str = "evict_forced") -> None:
         """Drop the cache entries of the given blocks (vLLM ``evict_blocks``).
