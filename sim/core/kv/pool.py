@@ -422,6 +422,7 @@ class BlockPool:
             group_map = self.cached_block_hash_to_block[gid] = {}
         events = self._events if self.enable_kv_cache_events else None
         listener = self.cache_listener
+        watched = self._watched
         added = 0
         for j in range(len(positions)):
             i = positions[j]
@@ -444,6 +445,8 @@ class BlockPool:
             blk.block_hash = group_key(h, gid)
             blk.block_hash_num_tokens = (i + 1) * block_size
             added += 1
+            if watched is not None and h in watched:
+                self.watched_changed = True
             if events is not None:
                 events.kind.append("stored")
                 events.group.append(gid)
