@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from array import array as c_array
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -298,7 +298,8 @@ def _infer_dtype(values: pd.Series) -> str:
 
 
 #: What :func:`_fast_column` builds: a NumPy array or a pandas ``str`` extension array.
-ColumnArray = np.ndarray | pd.api.extensions.ExtensionArray
+ColumnArray: TypeAlias = "np.ndarray | pd.api.extensions.ExtensionArray"
+
 
 def _fast_column(values: Sequence, dtype: str) -> ColumnArray | None:
     """A recorder column (a plain list) straight to an array of its schema dtype, or None to take the general path.
