@@ -221,6 +221,17 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
         ("prompt_tokens", [1, 2.5]),  # refused by both
         ("prompt_tokens", [1, 2**64]),  # beyond int64
         ("prompt_tokens", [1, None]),
+        ("prompt_tokens", [1, 2**63 - 1, -(2**63)]),  # int64's ends: 'Q' refuses the negative, 'q' takes both
+        ("prompt_tokens", [1, 2**63]),  # fits 'Q', not int64
+        ("prompt_tokens", [2**64 - 1, 0]),
+        ("prompt_tokens", [-1, 2**63]),
+        ("prompt_tokens", [5, -(2**63) - 1]),
+        ("prompt_tokens", [-1, None]),
+        ("prompt_tokens", [-1, 2.0]),
+        ("prompt_tokens", [None, -1]),
+        ("prompt_tokens", [np.uint64(2**63), 1]),
+        ("prompt_tokens", [np.int64(-3), 1]),
+        ("prompt_tokens", [1, "2"]),
         ("arrival_s", [0, 1.5, np.float64(2.25), True]),
         ("arrival_s", [0.5, None, 3]),
         ("arrival_s", [1.0, "2"]),
@@ -348,3 +359,49 @@ def test_real_recorder_tables_equal_the_general_path(monkeypatch, scenario):
         assert _dtypes(fast[name]) == _dtypes(general[name]), name
         assert fast[name].index.equals(general[name].index), name
         assert fast[name].equals(general[name]), name
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [True, False, True],
+        [True, np.True_, np.False_],
+        [np.False_, np.False_],
+        [True, None],
+        [True, 1],  # an int: NumPy infers int64, the general path maps 1 to True
+        [False, 0, 2],
+        [True, 1.0],
+        [True, "True"],
+        [True, "yes"],
+        [True, float("nan")],
+    ],
+)
+def test_fast_bool_columns_equal_the_general_path(monkeypatch, values):
+    """Any mix of values in a recorder's bool column (``schedule.preempted``): the pyarrow conversion or its
+    fallback gives the general path's column (values and dtype) or its error."""
+    import sim.trace.tables as tables
+
+    n = len(values)
+    frame = {
+        "step": list(range(n)),
+        "request_id": ["r0"] * n,
+        "kind": ["prefill"] * n,
+        "num_scheduled_tokens": [1] * n,
+        "num_computed_tokens": [0] * n,
+        "preempted": list(values),
+    }
+
+    def build():
+        try:
+            return normalize_table("schedule", {k: list(v) for k, v in frame.items()})
+        except (ValueError, TypeError, OverflowError) as exc:
+            return type(exc)
+
+    fast = build()
+    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+    general = build()
+    if isinstance(general, type):
+        assert fast is general
+    else:
+        assert _dtypes(fast) == _dtypes(general)
+        assert fast.equals(general)
