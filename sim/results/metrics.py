@@ -75,8 +75,9 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _distribution(values: pd.Series) -> dict[str, float | None]:
-    v = values.dropna().to_numpy(dtype=float)
+def _distribution(values: np.ndarray) -> dict[str, float | None]:
+    """Mean and percentiles of the non-NaN values (in their order), ``None`` each when there are none."""
+    v = values[~np.isnan(values)]
     if len(v) == 0:
         return {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     # One call for all the percentiles: each is computed as a call of its own would (same order statistics).
@@ -84,8 +85,9 @@ def _distribution(values: pd.Series) -> dict[str, float | None]:
     return {"mean": float(v.mean()), **{f"p{p}": float(x) for p, x in zip(PERCENTILES, points)}}
 
 
-def _counts(values: pd.Series) -> dict[str, int]:
-    return {str(k): int(n) for k, n in sorted(values.value_counts().items())}
+def _nansum(values: np.ndarray) -> Any:
+    """The sum pandas' ``Series.sum()`` gives a float column: NaN as 0, then NumPy's (pairwise) sum."""
+    return np.where(np.isnan(values), 0.0, values).sum()
 
 
 def _coded(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -95,10 +97,16 @@ def _coded(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _coded_counts(codes: np.ndarray, uniques: np.ndarray, mask: np.ndarray) -> dict[str, int]:
-    """:func:`_counts` of the rows in ``mask`` of a :func:`_coded` column (NA left out, as value_counts does)."""
+    """``value_counts`` of the rows in ``mask`` of a :func:`_coded` column (NA left out), as
+    ``{str(value): count}`` in value order."""
     picked = codes[mask]
     counts = np.bincount(picked[picked >= 0], minlength=len(uniques))
     return {str(k): int(n) for k, n in sorted((uniques[i], counts[i]) for i in np.flatnonzero(counts))}
+
+
+def _coded_in(codes: np.ndarray, uniques: np.ndarray, members: frozenset[str]) -> np.ndarray:
+    """Rows of a :func:`_coded` column whose value is one of ``members`` (NA is not), as ``isin`` has it."""
+    return np.array([u in members for u in uniques] + [False], dtype=bool)[codes]
 
 
 def _admitted_mask(admissions: pd.DataFrame) -> np.ndarray:
@@ -110,35 +118,42 @@ def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den > 0 else None
 
 
+def _first_rows(admissions: pd.DataFrame, admitted: np.ndarray) -> np.ndarray:
+    """Positions of each request's first admitted row, in table order (``admitted``: :func:`_admitted_mask`)."""
+    rows = np.flatnonzero(admitted)
+    codes, _ = pd.factorize(admissions["request_id"])
+    # The first position of every request id among the admitted rows (NA ids, code -1, count as one id).
+    _, first = np.unique(codes[rows], return_index=True)
+    return rows[np.sort(first)]
+
+
 def first_admissions(admissions: pd.DataFrame) -> pd.DataFrame:
     """Each request's first admitted row, in table order (see module docstring)."""
-    admitted = np.flatnonzero(_admitted_mask(admissions))
-    again = admissions["request_id"].iloc[admitted].duplicated(keep="first").to_numpy(dtype=bool)
-    return admissions.iloc[admitted[~again]]
+    return admissions.iloc[_first_rows(admissions, _admitted_mask(admissions))]
+
+
+def _hits(admissions: pd.DataFrame, columns: Sequence[str], rows: np.ndarray) -> np.ndarray:
+    """The ``rows`` of some ``hit_g<i>`` columns as an int64 matrix (one column each)."""
+    return admissions[list(columns)].to_numpy(dtype=np.int64)[rows]
 
 
 def divergence_counts(admissions: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, int]:
     """``mamba_deeper`` / ``fa_deeper`` counts over admitted rows (module docstring)."""
-    admitted = _admitted_mask(admissions)
+    return _divergences(admissions, group_kinds, _admitted_mask(admissions))
+
+
+def _divergences(admissions: pd.DataFrame, group_kinds: Sequence[str], admitted: np.ndarray) -> dict[str, int]:
     fa = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k == FULL_ATTENTION]
     other = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k != FULL_ATTENTION]
     if not fa or not other or not admitted.any():
         return {"mamba_deeper": 0, "fa_deeper": 0}
     # Hit columns are int64 (no NA), so numpy's row minimum equals pandas'.
-    fa_hit = admissions[fa].to_numpy(dtype=np.int64)[admitted].min(axis=1)
-    other_hits = admissions[other].to_numpy(dtype=np.int64)[admitted]
+    fa_hit = _hits(admissions, fa, admitted).min(axis=1)
+    other_hits = _hits(admissions, other, admitted)
     return {
         "mamba_deeper": int((fa_hit < other_hits.max(axis=1)).sum()),
         "fa_deeper": int((fa_hit > other_hits.min(axis=1)).sum()),
     }
-
-
-def _full_attention_rate(first: pd.DataFrame, group_kinds: Sequence[str], prompt: float) -> float | None:
-    """Hit rate of the full-attention groups alone (their minimum per admission), or None without FA groups."""
-    fa = [f"hit_g{i}" for i, kind in enumerate(group_kinds) if kind == FULL_ATTENTION]
-    if not fa:
-        return None
-    return _ratio(int(first[fa].to_numpy(dtype=np.int64).min(axis=1).sum()), prompt)
 
 
 def run_summary(
@@ -154,6 +169,11 @@ def run_summary(
     ``tables`` is a result or a mapping of table name to DataFrame; ``group_kinds`` names the attention type of each KV-cache
     group in group order; ``crash`` is ``None`` or ``{step, time_s,
     request_id, reason}`` (DESIGN.md §6).
+
+    Computed column by column on NumPy arrays (each column read once), with the
+    same operations in the same order as :func:`request_metrics` and pandas'
+    reductions (a float sum is NaN-as-0 then NumPy's sum, as ``Series.sum``),
+    so every statistic is the pandas definition's, bit for bit.
     """
     t = tables_of(tables)
     adm, req, kv = t["admissions"], t["requests"], t["kv_events"]
@@ -167,11 +187,9 @@ def run_summary(
         if value is not None and not value > 0:
             raise ValueError(f"{name} must be a positive number of seconds or null, got {value!r}")
 
-    per_req = request_metrics(req)
-    done = per_req[per_req["finished"]]
-    span = (req.loc[per_req["finished"], "finished_s"].max() - req["arrival_s"].min()) if len(done) else np.nan
-    duration = float(span) if pd.notna(span) and span > 0 else None
-    first = first_admissions(adm)
+    done = _Finished(req)
+    admitted = _admitted_mask(adm)
+    first = _first_rows(adm, admitted)
     return {
         "groups": list(group_kinds),
         "crash": dict(crash) if crash is not None else None,
@@ -179,89 +197,125 @@ def run_summary(
         "requests": _request_section(req, done),
         "latency_s": _latency_section(done),
         "throughput": {
-            "duration_s": duration,
-            "requests_per_s": _ratio(len(done), duration) if duration else None,
-            "output_tokens_per_s": _ratio(done["output_tokens"].sum(), duration) if duration else None,
+            "duration_s": done.duration,
+            "requests_per_s": _ratio(done.count, done.duration) if done.duration else None,
+            "output_tokens_per_s": _ratio(done.output_tokens.sum(), done.duration) if done.duration else None,
         },
-        "goodput": _goodput_section(done, duration, slo_ttft_s, slo_tpot_s),
-        "cache": _cache_section(first, group_kinds, num_groups),
-        "admissions": _admission_section(adm, group_kinds),
+        "goodput": _goodput_section(done, slo_ttft_s, slo_tpot_s),
+        "cache": _cache_section(adm, first, group_kinds, num_groups),
+        "admissions": _admission_section(adm, admitted, group_kinds),
         "evictions": _eviction_section(kv, num_groups),
     }
 
 
-def _request_section(req: pd.DataFrame, done: pd.DataFrame) -> dict[str, Any]:
+class _Finished:
+    """The finished requests' columns and latencies (:func:`request_metrics`' rows with ``finished``), as arrays."""
+
+    def __init__(self, req: pd.DataFrame) -> None:
+        arrival = req["arrival_s"].to_numpy()
+        first_token = req["first_token_s"].to_numpy()
+        finished_s = req["finished_s"].to_numpy()
+        out_tokens = req["output_tokens"].to_numpy()
+        self.outcome_codes, self.outcome_values = _coded(req["outcome"])
+        finished = ~np.isnan(finished_s) & _coded_in(self.outcome_codes, self.outcome_values, FINISHED_OUTCOMES)
+        rows = np.flatnonzero(finished)
+        decode_gaps = np.where(out_tokens > 1, out_tokens - 1, np.nan)
+        self.count = len(rows)
+        self.output_tokens = out_tokens[rows]
+        self.outcome = self.outcome_codes[rows]
+        self.ttft = (first_token - arrival)[rows]
+        self.tpot = ((finished_s - first_token) / decode_gaps)[rows]
+        self.e2e = (finished_s - arrival)[rows]
+        self.queueing = (req["first_scheduled_s"].to_numpy() - arrival)[rows]
+        # Throughput's span: the first arrival (of any request) to the last finish.
+        known = arrival[~np.isnan(arrival)]
+        span = finished_s[rows].max() - known.min() if self.count and len(known) else np.nan
+        self.duration = float(span) if not np.isnan(span) and span > 0 else None
+
+
+def _request_section(req: pd.DataFrame, done: _Finished) -> dict[str, Any]:
+    every = np.ones(len(req), dtype=bool)
+
+    def total(col: str) -> int:
+        return int(req[col].to_numpy().sum())
+
     return {
         "total": int(len(req)),
-        "finished": int(len(done)),
-        "failed": int(len(req) - len(done)),
-        "by_outcome": _counts(req["outcome"]),
-        "preemptions": int(req["preemptions"].sum()),
-        "local_hit_tokens": int(req["local_hit_tokens"].sum()),
-        "external_hit_tokens": int(req["external_hit_tokens"].sum()),
-        "prompt_tokens": int(req["prompt_tokens"].sum()),
-        "output_tokens": int(req["output_tokens"].sum()),
+        "finished": int(done.count),
+        "failed": int(len(req) - done.count),
+        "by_outcome": _coded_counts(done.outcome_codes, done.outcome_values, every),
+        "preemptions": total("preemptions"),
+        "local_hit_tokens": total("local_hit_tokens"),
+        "external_hit_tokens": total("external_hit_tokens"),
+        "prompt_tokens": total("prompt_tokens"),
+        "output_tokens": total("output_tokens"),
     }
 
 
-def _latency_section(done: pd.DataFrame) -> dict[str, Any]:
+def _latency_section(done: _Finished) -> dict[str, Any]:
     """Distributions over finished requests; ITL is decode time over decode gaps (requests with > 1 token)."""
-    decode_time = (done["tpot_s"] * (done["output_tokens"] - 1)).sum()
-    decode_gaps = (done["output_tokens"] - 1).where(done["output_tokens"] > 1).sum()
+    decode_time = _nansum(done.tpot * (done.output_tokens - 1))
+    decode_gaps = _nansum(np.where(done.output_tokens > 1, done.output_tokens - 1, np.nan))
     return {
-        "ttft": _distribution(done["ttft_s"]),
-        "tpot": _distribution(done["tpot_s"]),
-        "e2e": _distribution(done["e2e_s"]),
-        "queueing": _distribution(done["queueing_s"]),
+        "ttft": _distribution(done.ttft),
+        "tpot": _distribution(done.tpot),
+        "e2e": _distribution(done.e2e),
+        "queueing": _distribution(done.queueing),
         "itl": {"mean": _ratio(decode_time, decode_gaps) if decode_gaps > 0 else None},
     }
 
 
-def _goodput_section(
-    done: pd.DataFrame, duration: float | None, slo_ttft_s: float | None, slo_tpot_s: float | None
-) -> dict[str, Any]:
+def _goodput_section(done: _Finished, slo_ttft_s: float | None, slo_tpot_s: float | None) -> dict[str, Any]:
     """Finished, not corrupt, and within every SLO bound given (a single-token request has no TPOT)."""
-    good = done[done["outcome"] != "corrupt"]
+    good = ~_coded_in(done.outcome, done.outcome_values, frozenset({"corrupt"}))
     if slo_ttft_s is not None:
-        good = good[good["ttft_s"] <= slo_ttft_s]
+        good &= done.ttft <= slo_ttft_s
     if slo_tpot_s is not None:
-        good = good[good["tpot_s"].isna() | (good["tpot_s"] <= slo_tpot_s)]
+        good &= np.isnan(done.tpot) | (done.tpot <= slo_tpot_s)
+    count = int(good.sum())
     return {
         "slo_ttft_s": slo_ttft_s,
         "slo_tpot_s": slo_tpot_s,
-        "requests": int(len(good)),
-        "requests_per_s": _ratio(len(good), duration) if duration else None,
+        "requests": count,
+        "requests_per_s": _ratio(count, done.duration) if done.duration else None,
     }
 
 
-def _cache_section(first: pd.DataFrame, group_kinds: Sequence[str], num_groups: int) -> dict[str, Any]:
-    """Hit rates over each request's first admission, as fractions of their prompt tokens."""
-    prompt = float(first["prompt_tokens"].sum())
+def _cache_section(adm: pd.DataFrame, first: np.ndarray, group_kinds: Sequence[str], num_groups: int) -> dict[str, Any]:
+    """Hit rates over each request's first admission (rows ``first``), as fractions of their prompt tokens."""
+
+    def total(col: str) -> Any:
+        return adm[col].to_numpy()[first].sum()
+
+    prompt = float(total("prompt_tokens"))
+    fa = [f"hit_g{i}" for i, kind in enumerate(group_kinds) if kind == FULL_ATTENTION]
     return {
         "first_admissions": int(len(first)),
         "prompt_tokens": int(prompt),
-        "hit_rate": {f"g{i}": _ratio(first[f"hit_g{i}"].sum(), prompt) for i in range(num_groups)},
-        "local_rate": _ratio(first["local_tokens"].sum(), prompt),
-        "full_attention_hit_rate": _full_attention_rate(first, group_kinds, prompt),
-        "external_rate": _ratio(first["external_tokens"].sum(), prompt),
+        "hit_rate": {f"g{i}": _ratio(total(f"hit_g{i}"), prompt) for i in range(num_groups)},
+        "local_rate": _ratio(total("local_tokens"), prompt),
+        # The full-attention groups alone: their minimum hit per admission (None without such a group).
+        "full_attention_hit_rate": _ratio(int(_hits(adm, fa, first).min(axis=1).sum()), prompt) if fa else None,
+        "external_rate": _ratio(total("external_tokens"), prompt),
     }
 
 
-def _admission_section(adm: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, Any]:
+def _admission_section(adm: pd.DataFrame, admitted: np.ndarray, group_kinds: Sequence[str]) -> dict[str, Any]:
     outcomes, outcome_values = _coded(adm["outcome"])
     policies, policy_values = _coded(adm["policy"])
+    reasons, reason_values = _coded(adm["crash_reason"])
     every = np.ones(len(adm), dtype=bool)
     by_policy = sorted(range(len(policy_values)), key=lambda i: str(policy_values[i]))
     return {
         "attempts": int(len(adm)),
-        "admitted": int(_admitted_mask(adm).sum()),
+        "admitted": int(admitted.sum()),
         "by_outcome": _coded_counts(outcomes, outcome_values, every),
         "by_policy": {str(policy_values[i]): _coded_counts(outcomes, outcome_values, policies == i) for i in by_policy},
-        "crash_reasons": _counts(adm.loc[adm["crash_reason"] != "", "crash_reason"]),
-        "fallbacks": int(adm["fallback"].sum()),
-        "hit_diverged": int(adm["hit_diverged"].sum()),
-        "divergences": divergence_counts(adm, group_kinds),
-        "tokens_recomputed": int(adm["tokens_lost"].sum()),
+        "crash_reasons": _coded_counts(reasons, reason_values, ~_coded_in(reasons, reason_values, frozenset({""}))),
+        "fallbacks": int(adm["fallback"].to_numpy().sum()),
+        "hit_diverged": int(adm["hit_diverged"].to_numpy().sum()),
+        "divergences": _divergences(adm, group_kinds, admitted),
+        "tokens_recomputed": int(adm["tokens_lost"].to_numpy().sum()),
     }
 
 

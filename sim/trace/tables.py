@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from array import array as c_array
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -297,8 +297,34 @@ def _infer_dtype(values: pd.Series) -> str:
 # ---------------------------------------------------------------- public
 
 
-def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
-    """A recorder column (a plain list) straight to its schema dtype, or None to take the general path.
+def _int64_words(values: Sequence) -> np.ndarray | None:
+    """An int column as int64 in one C pass, or None for the inferring path (a value that is not an int).
+
+    array.array takes ints (and bools and numpy ints, by their integer value) for 'Q' and 'q' alike,
+    and refuses None, a str or a float (TypeError). 'Q' converts each value straight from the int
+    (about a quarter of the instructions of 'q', which parses every value as a call argument), so
+    it goes first; a negative (OverflowError) takes 'q'. A value of 2**63 or more fits 'Q' but not
+    int64: None, as 'q' refusing it would give.
+    """
+    try:
+        words = np.frombuffer(c_array("Q", values), dtype=np.int64)
+    except TypeError:
+        return None
+    except OverflowError:
+        try:
+            return np.frombuffer(c_array("q", values), dtype=np.int64)
+        except (TypeError, OverflowError):
+            return None
+    # Read as int64, a word of 2**63 or more is negative.
+    return None if words.min() < 0 else words
+
+
+#: What :func:`_fast_column` builds: a NumPy array or a pandas ``str`` extension array.
+ColumnArray: TypeAlias = "np.ndarray | pd.api.extensions.ExtensionArray"
+
+
+def _fast_column(values: Sequence, dtype: str) -> ColumnArray | None:
+    """A recorder column (a plain list) straight to an array of its schema dtype, or None to take the general path.
 
     Only the common case is handled here: every value already has the column's
     Python type (ints, floats or None for floats, bools, strs, 64-bit hash ints
@@ -306,32 +332,42 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
     Anything else goes through :func:`_coerce`, which gives the same result or
     the same error.
     """
-    if dtype in (_INT, _FLOAT) and values:
-        # One C pass, no dtype discovery: array.array takes ints (and bools, numpy ints) for 'q',
-        # and any real number for 'd', exactly the values the two columns hold; None, a str, a float
-        # in an int column or an int beyond 64 bits raise, and take the inferring path below.
+    if dtype == _INT and values:
+        packed = _int64_words(values)
+        if packed is not None:
+            return packed
+    if dtype == _FLOAT and values:
+        # One C pass, no dtype discovery: array.array's 'd' takes any real number, exactly what the
+        # column holds; None or a str raises and takes the inferring path below.
         try:
-            packed = c_array("q" if dtype == _INT else "d", values)
+            return np.frombuffer(c_array("d", values), dtype=np.float64)
         except (TypeError, OverflowError):
             pass
-        else:
-            return pd.Series(np.frombuffer(packed, dtype=np.int64 if dtype == _INT else np.float64), copy=False)
+    if dtype == _BOOL and values:
+        # pyarrow's boolean conversion takes exactly Python and NumPy bools (None gives a null;
+        # an int, even 0 or 1, a float or a str raises): the values NumPy infers a bool array from,
+        # converted without NumPy's per-value dtype discovery.
+        try:
+            bits = pa.array(values, type=pa.bool_())
+        except (TypeError, ValueError, OverflowError, pa.ArrowException):
+            bits = None
+        if bits is not None and not bits.null_count:
+            return bits.to_numpy(zero_copy_only=False)
     if dtype in (_INT, _BOOL, _FLOAT):
         # NumPy infers int64 / bool / float64 only from values of those kinds
         # (None or a str gives an object array, a huge int float64 or object).
         array = np.array(values) if values else None
         if array is None or array.ndim != 1:
             return None
-        # copy=False: the array is ours alone (pandas would otherwise copy it).
         if dtype == _INT:
-            return pd.Series(array, copy=False) if array.dtype == np.int64 else None
+            return array if array.dtype == np.int64 else None
         if dtype == _BOOL:
-            return pd.Series(array, copy=False) if array.dtype == np.bool_ else None
+            return array if array.dtype == np.bool_ else None
         if array.dtype.kind not in "if" and not set(map(type, values)) <= {float, int, type(None)}:
             return None
         if array.dtype.kind not in "if":
             array = np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-        return pd.Series(array.astype(np.float64, copy=False), copy=False)
+        return array.astype(np.float64, copy=False)
     if dtype == _STR and _ARROW_STR and values:
         # pyarrow infers its string type only when every value is a str (None gives a null, bytes make
         # it binary, anything else raises), so its inference doubles as the type check.
@@ -341,59 +377,62 @@ def _fast_column(values: Sequence, dtype: str) -> pd.Series | None:
             return None
         if inferred.type != pa.string() or inferred.null_count:
             return None
-        return _arrow_str_series(inferred.cast(pa.large_string()))
+        return _arrow_str_array(inferred.cast(pa.large_string()))
+    if dtype == HASH_DTYPE and _ARROW_STR and values and type(values[0]) is int:
+        # One C pass: array.array's 'Q' takes exactly the ints in [0, 2**64) (and bools and numpy
+        # ints, by their integer value, as hash_to_hex does once the first value is an int); None
+        # (an event without a hash), a float, a str, a negative or a too large int raise.
+        try:
+            words = c_array("Q", values)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            return _hex_array(np.frombuffer(words, dtype=np.uint64))
     types = set(map(type, values))
     if dtype == _STR:
-        return _str_series(values) if types <= {str} else None
+        return _str_array(values) if types <= {str} else None
     if dtype == HASH_DTYPE:
         if not types <= {int, type(None)}:
             return None
-        if type(None) not in types and _ARROW_STR:
-            return _hex_series(values)
-        hashes = [v for v in values if v is not None] if type(None) in types else values
+        hashes = [v for v in values if v is not None]
         if hashes and (min(hashes) < 0 or max(hashes) >= 1 << 64):
             return None
-        return pd.Series(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
+        return pd.array(["" if v is None else format(v, "016x") for v in values], dtype=_STR)
     return None
 
 
-#: pandas' ``str`` dtype; with pyarrow storage the two builders below make its arrays directly
-#: (the same values, dtype and arrow type as ``pd.Series(values, dtype="str")``, without the
+#: pandas' ``str`` dtype; with pyarrow storage the builders below make its arrays directly
+#: (the same values, dtype and arrow type as ``pd.array(values, dtype="str")``, without the
 #: per-value inference pass).
 _STR_DTYPE = pd.Series([], dtype=_STR).dtype
 _ARROW_STR = getattr(_STR_DTYPE, "storage", None) == "pyarrow"
 
+#: Byte ``b`` -> its two lower-case hex digits as one little-endian uint16 (ASCII), for :func:`_hex_array`.
+_HEX_PAIRS = np.array([int.from_bytes(format(b, "02x").encode("ascii"), "little") for b in range(256)], np.uint16)
 
-def _str_series(values: Sequence[str]) -> pd.Series:
+
+def _str_array(values: Sequence[str]) -> pd.api.extensions.ExtensionArray:
     if not _ARROW_STR:
-        return pd.Series(values, dtype=_STR)
-    return _arrow_str_series(pa.array(values, type=pa.large_string()))
+        return pd.array(values, dtype=_STR)
+    return _arrow_str_array(pa.array(values, type=pa.large_string()))
 
 
-def _arrow_str_series(array: pa.LargeStringArray) -> pd.Series:
-    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE))
+def _arrow_str_array(array: pa.LargeStringArray) -> pd.arrays.ArrowStringArray:
+    return pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE)
 
 
-def _hex_series(values: Sequence[int]) -> pd.Series | None:
-    """64-bit hash ints as 16-digit lower-case hex strings, in one vectorized pass
-    (big-endian bytes, hex-encoded, cut every 16 characters); None if one is out of range."""
-    try:
-        words = np.array(values, dtype=np.uint64)
-    except OverflowError:
-        return None
-    if words.ndim != 1:
-        return None
-    text = words.astype(">u8").tobytes().hex().encode("ascii")
-    offsets = np.arange(0, 16 * len(values) + 1, 16, dtype=np.int64)
-    array = pa.LargeStringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(text))
-    return pd.Series(pd.arrays.ArrowStringArray(pa.chunked_array([array]), dtype=_STR_DTYPE))
+def _hex_array(words: np.ndarray) -> pd.arrays.ArrowStringArray:
+    """64-bit hashes (a uint64 array) as 16-digit lower-case hex strings, in one vectorized pass:
+    the big-endian bytes through a byte -> two-digit table, cut every 16 characters."""
+    text = _HEX_PAIRS[words.astype(">u8").view(np.uint8)]
+    offsets = np.arange(0, 16 * len(words) + 1, 16, dtype=np.int64)
+    array = pa.LargeStringArray.from_buffers(len(words), pa.py_buffer(offsets), pa.py_buffer(text))
+    return _arrow_str_array(array)
 
 
-def _is_sorted(frame: pd.DataFrame, keys: list[str]) -> bool:
-    """True when one sort key is already non-decreasing (a stable sort would keep the order)."""
-    if len(keys) != 1:
-        return False
-    values = frame[keys[0]].to_numpy()
+def _is_sorted(values: ColumnArray) -> bool:
+    """True when an integer sort key is already non-decreasing (a stable sort would keep the order)."""
+    values = np.asarray(values)
     return values.dtype.kind in "iu" and bool((values[1:] >= values[:-1]).all())
 
 
@@ -405,7 +444,7 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     columns are kept as extensions with an inferred dtype.
     """
     _check_table(table)
-    fast: dict[str, pd.Series] = {}
+    fast: dict[str, ColumnArray] = {}
     df: pd.DataFrame | None
     if isinstance(frame, pd.DataFrame):
         df = frame
@@ -431,21 +470,21 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     if missing:
         raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
     order += [c for c in columns if c not in order]
-    out = {}
+    out: dict[str, ColumnArray] = {}
     for col in order:
         if col in fast:
             out[col] = fast[col]
             continue
         assert df is not None  # a column off the fast path means the frame was built
         dtype = column_dtype(table, col) or _infer_dtype(df[col])
-        out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col)
+        out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col).array
     # From the columns' arrays: every column has a default 0..n-1 index, so nothing needs aligning;
     # copy=False keeps one block per column instead of copying same-dtype columns into 2-D blocks.
-    result = pd.DataFrame({col: out[col].array for col in order}, columns=order, copy=False)
+    result = pd.DataFrame(out, columns=order, copy=False)
     keys = list(SORT_KEYS[table])
-    if len(result) > 1 and not _is_sorted(result, keys):
-        result = result.sort_values(keys, kind="mergesort", na_position="last")
-    return result.reset_index(drop=True)
+    if len(result) > 1 and not (len(keys) == 1 and _is_sorted(out[keys[0]])):
+        result = result.sort_values(keys, kind="mergesort", na_position="last").reset_index(drop=True)
+    return result
 
 
 def _with_explain_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -1,6 +1,8 @@
 import json
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from sim.core.kv.hashing import RequestBlockHasher
@@ -202,3 +204,116 @@ def test_counts_equal_the_pandas_definitions_on_random_tables(tables, kinds):
         }
         assert got == want
         assert list(got["by_policy"]) == list(want["by_policy"])  # the same key order in summary.json
+
+
+def _pandas_request_reference(req, slo_ttft_s, slo_tpot_s):
+    """The request, latency, throughput and goodput sections by their pandas definitions (Series ops on
+    :func:`request_metrics`' frame, pandas' ``sum`` / ``min`` / ``max``), to compare bit for bit."""
+
+    def dist(values):
+        v = values.dropna().to_numpy(dtype=float)
+        if len(v) == 0:
+            return {"mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
+        return {"mean": float(v.mean()), **{f"p{p}": float(np.percentile(v, p)) for p in (50, 90, 95, 99)}}
+
+    def ratio(num, den):
+        return float(num) / float(den) if den > 0 else None
+
+    per_req = request_metrics(req)
+    done = per_req[per_req["finished"]]
+    span = (req.loc[per_req["finished"], "finished_s"].max() - req["arrival_s"].min()) if len(done) else np.nan
+    duration = float(span) if pd.notna(span) and span > 0 else None
+    decode_time = (done["tpot_s"] * (done["output_tokens"] - 1)).sum()
+    decode_gaps = (done["output_tokens"] - 1).where(done["output_tokens"] > 1).sum()
+    good = done[done["outcome"] != "corrupt"]
+    if slo_ttft_s is not None:
+        good = good[good["ttft_s"] <= slo_ttft_s]
+    if slo_tpot_s is not None:
+        good = good[good["tpot_s"].isna() | (good["tpot_s"] <= slo_tpot_s)]
+    return {
+        "requests": {
+            "total": len(req),
+            "finished": len(done),
+            "failed": len(req) - len(done),
+            "by_outcome": {str(k): int(n) for k, n in sorted(req["outcome"].value_counts().items())},
+            **{c: int(req[c].sum()) for c in ("preemptions", "local_hit_tokens", "external_hit_tokens")},
+            "prompt_tokens": int(req["prompt_tokens"].sum()),
+            "output_tokens": int(req["output_tokens"].sum()),
+        },
+        "latency_s": {
+            "ttft": dist(done["ttft_s"]),
+            "tpot": dist(done["tpot_s"]),
+            "e2e": dist(done["e2e_s"]),
+            "queueing": dist(done["queueing_s"]),
+            "itl": {"mean": ratio(decode_time, decode_gaps) if decode_gaps > 0 else None},
+        },
+        "throughput": {
+            "duration_s": duration,
+            "requests_per_s": ratio(len(done), duration) if duration else None,
+            "output_tokens_per_s": ratio(done["output_tokens"].sum(), duration) if duration else None,
+        },
+        "goodput": {
+            "slo_ttft_s": slo_ttft_s,
+            "slo_tpot_s": slo_tpot_s,
+            "requests": len(good),
+            "requests_per_s": ratio(len(good), duration) if duration else None,
+        },
+    }
+
+
+def _random_requests(rng, n):
+    """``n`` requests with random times (NaN for a missing one), token counts (0, 1 and more) and outcomes."""
+    from sim.trace.tables import normalize_table
+
+    def times(p_missing):
+        t = rng.exponential(2.0, n) * rng.choice([1.0, 1e-3, 1e3], n)
+        return np.where(rng.random(n) < p_missing, np.nan, t)
+
+    arrival = times(0.05)
+    return normalize_table(
+        "requests",
+        pd.DataFrame(
+            {
+                "request_id": [f"r{i}" for i in rng.integers(0, max(n, 1), n)],
+                "arrival_s": arrival,
+                "first_scheduled_s": arrival + times(0.2),
+                "first_token_s": arrival + times(0.2),
+                "finished_s": arrival + times(0.3),
+                "prompt_tokens": rng.integers(0, 5000, n),
+                "output_tokens": rng.choice([0, 1, 2, 17, 400], n),
+                "local_hit_tokens": rng.integers(0, 100, n),
+                "external_hit_tokens": rng.integers(0, 100, n),
+                "preemptions": rng.integers(0, 3, n),
+                "outcome": rng.choice(["ok", "recompute", "corrupt", "crash", "failed", "unfinished", ""], n),
+            }
+        ),
+    )
+
+
+@pytest.mark.parametrize("slo", [(None, None), (0.5, None), (None, 0.01), (3.0, 0.2)])
+def test_request_sections_equal_the_pandas_definitions_bit_for_bit(tables, slo):
+    """Random requests tables (empty, one row, NaN times, single-token requests, all failed): the
+    NumPy summary equals the pandas definitions exactly (``==`` on every float, not approx)."""
+    rng = np.random.default_rng(11)
+    sizes = [0, 1, 1, 2, 3] + [int(x) for x in rng.integers(4, 400, 40)]
+    for n in sizes:
+        t = dict(tables)
+        t["requests"] = _random_requests(rng, n)
+        s = run_summary(t, group_kinds=KINDS, slo_ttft_s=slo[0], slo_tpot_s=slo[1])
+        want = _pandas_request_reference(t["requests"], *slo)
+        got = {k: s[k] for k in want}
+        assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True), n
+        assert got == want, n
+
+
+def test_summary_of_empty_tables_has_no_statistics():
+    t = {name: empty_table(name, 2) for name in ("kv_events", "admissions", "requests", "schedule", "steps")}
+    s = run_summary(t, group_kinds=KINDS)
+    assert s["latency_s"]["ttft"] == {"mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
+    assert s["latency_s"]["itl"] == {"mean": None}
+    assert s["throughput"] == {"duration_s": None, "requests_per_s": None, "output_tokens_per_s": None}
+    assert s["cache"]["hit_rate"] == {"g0": None, "g1": None} and s["cache"]["full_attention_hit_rate"] is None
+    assert s["admissions"]["by_outcome"] == {} and s["evictions"] == {
+        "total": 0,
+        "by_group": {"g0": {"total": 0, "by_cause": {}}, "g1": {"total": 0, "by_cause": {}}},
+    }

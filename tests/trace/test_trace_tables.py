@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -219,6 +221,17 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
         ("prompt_tokens", [1, 2.5]),  # refused by both
         ("prompt_tokens", [1, 2**64]),  # beyond int64
         ("prompt_tokens", [1, None]),
+        ("prompt_tokens", [1, 2**63 - 1, -(2**63)]),  # int64's ends: 'Q' refuses the negative, 'q' takes both
+        ("prompt_tokens", [1, 2**63]),  # fits 'Q', not int64
+        ("prompt_tokens", [2**64 - 1, 0]),
+        ("prompt_tokens", [-1, 2**63]),
+        ("prompt_tokens", [5, -(2**63) - 1]),
+        ("prompt_tokens", [-1, None]),
+        ("prompt_tokens", [-1, 2.0]),
+        ("prompt_tokens", [None, -1]),
+        ("prompt_tokens", [np.uint64(2**63), 1]),
+        ("prompt_tokens", [np.int64(-3), 1]),
+        ("prompt_tokens", [1, "2"]),
         ("arrival_s", [0, 1.5, np.float64(2.25), True]),
         ("arrival_s", [0.5, None, 3]),
         ("arrival_s", [1.0, "2"]),
@@ -245,6 +258,142 @@ def test_fast_columns_equal_the_general_path(monkeypatch, column, values):
     def build():
         try:
             return normalize_table("requests", {k: list(v) for k, v in frame.items()})
+        except (ValueError, TypeError, OverflowError) as exc:
+            return type(exc)
+
+    fast = build()
+    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+    general = build()
+    if isinstance(general, type):
+        assert fast is general
+    else:
+        assert _dtypes(fast) == _dtypes(general)
+        assert fast.equals(general)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [5, 2**64 - 1, 0],
+        [5, True, np.uint64(2**64 - 1), np.int64(7)],  # after an int first value: bools and numpy ints by value
+        [True, 5],  # a bool first: the type-checked path (the general path's int branch, too)
+        [True, False],  # no int at all: the general path reads text, and "True" is not hex
+        [np.uint64(3), 5],
+        [5, None],  # an event without a hash
+        [None, 5],
+        [5, -1],
+        [5, 2**64],
+        [5, 2.0],
+        [5, "00000000000000ff"],
+        ["00000000000000ff", ""],
+        [5, b"x"],
+    ],
+)
+def test_fast_hash_columns_equal_the_general_path(monkeypatch, values):
+    """Any mix of values in a recorder's block_hash column: the one-pass conversion or its fallback
+    gives the general path's column (values and dtype) or its error."""
+    import sim.trace.tables as tables
+
+    n = len(values)
+    frame = {c: list(range(n)) for c in ("seq", "step", "group", "block_id")}
+    frame.update(
+        time_s=[0.0] * n, kind=["stored"] * n, request_id=["r0"] * n, cause=["cache"] * n, block_hash=list(values)
+    )
+
+    def build():
+        try:
+            return normalize_table("kv_events", {k: list(v) for k, v in frame.items()})
+        except (ValueError, TypeError, OverflowError) as exc:
+            return type(exc)
+
+    fast = build()
+    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+    general = build()
+    if isinstance(general, type):
+        assert fast is general
+    else:
+        assert _dtypes(fast) == _dtypes(general)
+        assert fast.equals(general)
+
+
+def test_hash_hex_of_extreme_words():
+    """The byte -> hex-pair table gives format(h, "016x") for every byte value in every position."""
+    words = [0, 1, 2**64 - 1, 0x0123456789ABCDEF, 0xFEDCBA9876543210] + [b * 0x0101010101010101 for b in range(256)]
+    column = normalize_table(
+        "kv_events",
+        {
+            "seq": list(range(len(words))),
+            "step": [0] * len(words),
+            "time_s": [0.0] * len(words),
+            "kind": ["stored"] * len(words),
+            "group": [0] * len(words),
+            "block_id": [1] * len(words),
+            "block_hash": words,
+            "request_id": ["r"] * len(words),
+            "cause": ["cache"] * len(words),
+        },
+    )["block_hash"]
+    assert column.tolist() == [format(w, "016x") for w in words]
+
+
+REAL_SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@pytest.mark.parametrize(
+    "scenario", ["golden-pressure.yaml", "pathologies/dense-mamba-snapshots.yaml", "repro/nixl-mamba-deeper.yaml"]
+)
+def test_real_recorder_tables_equal_the_general_path(monkeypatch, scenario):
+    """A whole run's recorder columns: the fast path's five tables equal the general path's (values,
+    dtypes, index), table by table."""
+    import sim.trace.tables as tables
+    from sim.api import RunOptions
+    from sim.config import load_scenario
+    from sim.engine.run import build_run
+
+    record = build_run(load_scenario(REAL_SCENARIOS / scenario, ["outputs.plots=false"]), RunOptions()).execute()
+    fast = tables_from_recorder(record.recorder)
+    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+    general = tables_from_recorder(record.recorder)
+    for name in TABLE_NAMES:
+        assert len(fast[name]) or name == "schedule", name
+        assert _dtypes(fast[name]) == _dtypes(general[name]), name
+        assert fast[name].index.equals(general[name].index), name
+        assert fast[name].equals(general[name]), name
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [True, False, True],
+        [True, np.True_, np.False_],
+        [np.False_, np.False_],
+        [True, None],
+        [True, 1],  # an int: NumPy infers int64, the general path maps 1 to True
+        [False, 0, 2],
+        [True, 1.0],
+        [True, "True"],
+        [True, "yes"],
+        [True, float("nan")],
+    ],
+)
+def test_fast_bool_columns_equal_the_general_path(monkeypatch, values):
+    """Any mix of values in a recorder's bool column (``schedule.preempted``): the pyarrow conversion or its
+    fallback gives the general path's column (values and dtype) or its error."""
+    import sim.trace.tables as tables
+
+    n = len(values)
+    frame = {
+        "step": list(range(n)),
+        "request_id": ["r0"] * n,
+        "kind": ["prefill"] * n,
+        "num_scheduled_tokens": [1] * n,
+        "num_computed_tokens": [0] * n,
+        "preempted": list(values),
+    }
+
+    def build():
+        try:
+            return normalize_table("schedule", {k: list(v) for k, v in frame.items()})
         except (ValueError, TypeError, OverflowError) as exc:
             return type(exc)
 
