@@ -78,6 +78,27 @@ def _dtypes(df: pd.DataFrame) -> dict[str, str]:
     return {c: str(t) for c, t in df.dtypes.items()}
 
 
+def _assert_fast_equals_general(monkeypatch, table: str, frame: dict) -> None:
+    """``normalize_table`` of ``frame`` with the fast column paths and with the general path only:
+    the same frame (values and dtypes) or the same error type."""
+    import sim.trace.tables as tables
+
+    def build():
+        try:
+            return normalize_table(table, {k: list(v) for k, v in frame.items()})
+        except (ValueError, TypeError, OverflowError) as exc:
+            return type(exc)
+
+    fast = build()
+    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
+    general = build()
+    if isinstance(general, type):
+        assert fast is general
+    else:
+        assert _dtypes(fast) == _dtypes(general)
+        assert fast.equals(general)
+
+
 def test_columns_and_dtypes(recorder):
     t = tables_from_recorder(recorder)
     assert list(t) == list(TABLE_NAMES)
@@ -247,28 +268,13 @@ def test_fast_column_path_equals_general_path(recorder, monkeypatch):
 def test_fast_columns_equal_the_general_path(monkeypatch, column, values):
     """Any mix of values in a recorder's int, float or str column: the one-pass conversion or its fallback
     gives the general path's column (values and dtype) or its error."""
-    import sim.trace.tables as tables
-
     frame = {
         c: [v] * len(values)
         for c, v in zip(EXPECTED_COLUMNS["requests"], ["r", 0.0, 0.0, 0.0, 1.0, 1, 1, 0, 0, 0, "ok"])
     }
     frame[column] = list(values)
 
-    def build():
-        try:
-            return normalize_table("requests", {k: list(v) for k, v in frame.items()})
-        except (ValueError, TypeError, OverflowError) as exc:
-            return type(exc)
-
-    fast = build()
-    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
-    general = build()
-    if isinstance(general, type):
-        assert fast is general
-    else:
-        assert _dtypes(fast) == _dtypes(general)
-        assert fast.equals(general)
+    _assert_fast_equals_general(monkeypatch, "requests", frame)
 
 
 @pytest.mark.parametrize(
@@ -292,28 +298,13 @@ def test_fast_columns_equal_the_general_path(monkeypatch, column, values):
 def test_fast_hash_columns_equal_the_general_path(monkeypatch, values):
     """Any mix of values in a recorder's block_hash column: the one-pass conversion or its fallback
     gives the general path's column (values and dtype) or its error."""
-    import sim.trace.tables as tables
-
     n = len(values)
     frame = {c: list(range(n)) for c in ("seq", "step", "group", "block_id")}
     frame.update(
         time_s=[0.0] * n, kind=["stored"] * n, request_id=["r0"] * n, cause=["cache"] * n, block_hash=list(values)
     )
 
-    def build():
-        try:
-            return normalize_table("kv_events", {k: list(v) for k, v in frame.items()})
-        except (ValueError, TypeError, OverflowError) as exc:
-            return type(exc)
-
-    fast = build()
-    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
-    general = build()
-    if isinstance(general, type):
-        assert fast is general
-    else:
-        assert _dtypes(fast) == _dtypes(general)
-        assert fast.equals(general)
+    _assert_fast_equals_general(monkeypatch, "kv_events", frame)
 
 
 def test_hash_hex_of_extreme_words():

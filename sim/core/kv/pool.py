@@ -570,18 +570,7 @@ class BlockPool:
         """
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
-        caching = self.enable_caching
-        for block in ordered_blocks:
-            if block.is_null:
-                continue
-            block.ref_cnt -= 1
-            if block.ref_cnt == 0:
-                if block.block_hash is None or not caching:
-                    first.append(block)
-                else:
-                    last.append(block)
-            elif block.ref_cnt < 0:
-                raise AssertionError(f"negative ref count on block {block.block_id}")
+        self._drop_references(ordered_blocks, first, last)
         self.free_block_queue.prepend_n(first)
         self.free_block_queue.append_n(last)
         return len(first) + len(last)
@@ -593,21 +582,10 @@ class BlockPool:
         fronts: list[list[KVCacheBlock]] = []
         back: list[KVCacheBlock] = []
         counts: list[int] = []
-        caching = self.enable_caching
         for blocks in ordered_lists:
             first: list[KVCacheBlock] = []
             num_back = len(back)
-            for block in blocks:
-                if block.is_null:
-                    continue
-                block.ref_cnt -= 1
-                if block.ref_cnt == 0:
-                    if block.block_hash is None or not caching:
-                        first.append(block)
-                    else:
-                        back.append(block)
-                elif block.ref_cnt < 0:
-                    raise AssertionError(f"negative ref count on block {block.block_id}")
+            self._drop_references(blocks, first, back)
             fronts.append(first)
             counts.append(len(first) + len(back) - num_back)
         front: list[KVCacheBlock] = []
@@ -616,6 +594,24 @@ class BlockPool:
         self.free_block_queue.prepend_n(front)
         self.free_block_queue.append_n(back)
         return counts
+
+    def _drop_references(
+        self, blocks: Iterable[KVCacheBlock], first: list[KVCacheBlock], last: list[KVCacheBlock]
+    ) -> None:
+        """Drop one reference on each non-null block; append each that reaches 0 to ``first`` if it is
+        uncached (or caching is off) and to ``last`` if cached, in the given order."""
+        caching = self.enable_caching
+        for block in blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                if block.block_hash is None or not caching:
+                    first.append(block)
+                else:
+                    last.append(block)
+            elif block.ref_cnt < 0:
+                raise AssertionError(f"negative ref count on block {block.block_id}")
 
     def evict_blocks(self, block_ids: Iterable[int], request_id: str = "", cause: str = "evict_forced") -> None:
         """Drop the cache entries of the given blocks (vLLM ``evict_blocks``).
