@@ -414,9 +414,12 @@ class BlockPool:
         block_size: int,
         gid: int,
     ) -> None:
-        """:meth:`_insert` (cause ``cache``) of ``blocks[positions[j]]`` under ``hashes[j]`` for
-        each ``j``, in order, null blocks skipped; the group's map and counters are looked up
-        once (nothing reads them between the inserts)."""
+        """Key ``blocks[positions[j]]`` under ``hashes[j]`` in group ``gid`` for each ``j``, in order: add
+        the cache entry (beside any block already cached under that hash), set the block's key and the
+        tokens its entry covers (``(positions[j] + 1) * block_size``), note a watched hash, emit
+        ``stored`` (cause ``cache``) and call the cache listener. Null blocks are skipped, a block that
+        already holds that exact key is left alone (no event), and one holding another key is an error.
+        The group's map and counters are looked up once (nothing reads them between the inserts)."""
         group_map = self.cached_block_hash_to_block.get(gid)
         if group_map is None:
             group_map = self.cached_block_hash_to_block[gid] = {}
@@ -474,35 +477,9 @@ class BlockPool:
         if block.is_null:
             return None
         self.evict_cached_block(block, request_id, "checkpoint")
-        self._insert(block, block_hash, kv_cache_group_id, num_tokens, request_id, "cache")
+        # One block at "position 0" of a table whose blocks are ``num_tokens`` long: its entry covers them.
+        self._insert_at(request_id, [block], [0], [block_hash], num_tokens, kv_cache_group_id)
         return block.block_hash
-
-    def _insert(self, blk: KVCacheBlock, h: BlockHash, gid: int, num_tokens: int, request_id: str, cause: str) -> None:
-        key = blk.block_hash
-        if key is not None:
-            if key[0] == h and key[1] == gid:
-                return
-            raise AssertionError(f"block {blk.block_id} already cached under {key}, cannot cache {(h, gid)}")
-        group_map = self.cached_block_hash_to_block.get(gid)
-        if group_map is None:
-            group_map = self.cached_block_hash_to_block[gid] = {}
-        entry = group_map.get(h)
-        if entry is None:
-            group_map[h] = blk
-        elif type(entry) is dict:
-            entry[blk.block_id] = blk
-        else:
-            group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
-        blk.block_hash = group_key(h, gid)
-        blk.block_hash_num_tokens = num_tokens
-        self._num_cached[gid] = self._num_cached.get(gid, 0) + 1
-        self.cache_generation += 1
-        if self._watched is not None and h in self._watched:
-            self.watched_changed = True
-        if self.enable_kv_cache_events:
-            self._events.append("stored", gid, blk.block_id, h, request_id, cause)
-        if self.cache_listener is not None:
-            self.cache_listener(blk, request_id)
 
     def evict_cached_block(self, blk: KVCacheBlock, request_id: str, cause: str) -> bool:
         """Remove ``blk``'s cache entry (if any), emit ``removed``, clear its taint."""
