@@ -370,8 +370,6 @@ def test_real_recorder_tables_equal_the_general_path(monkeypatch, scenario):
 def test_fast_bool_columns_equal_the_general_path(monkeypatch, values):
     """Any mix of values in a recorder's bool column (``schedule.preempted``): the pyarrow conversion or its
     fallback gives the general path's column (values and dtype) or its error."""
-    import sim.trace.tables as tables
-
     n = len(values)
     frame = {
         "step": list(range(n)),
@@ -382,17 +380,4 @@ def test_fast_bool_columns_equal_the_general_path(monkeypatch, values):
         "preempted": list(values),
     }
 
-    def build():
-        try:
-            return normalize_table("schedule", {k: list(v) for k, v in frame.items()})
-        except (ValueError, TypeError, OverflowError) as exc:
-            return type(exc)
-
-    fast = build()
-    monkeypatch.setattr(tables, "_fast_column", lambda values, dtype: None)
-    general = build()
-    if isinstance(general, type):
-        assert fast is general
-    else:
-        assert _dtypes(fast) == _dtypes(general)
-        assert fast.equals(general)
+    _assert_fast_equals_general(monkeypatch, "schedule", frame)
