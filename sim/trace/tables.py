@@ -254,12 +254,28 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
                 raise ValueError(
                     f"{table}.{column}: expected integers, got {finite[finite != np.floor(finite)].iloc[0]!r}"
                 )
+        _check_int64_range(nums, table, column)
         if dtype == _INT:
             if nums.isna().any():
                 raise ValueError(f"{table}.{column}: missing value in a column that is always set")
             return nums.astype(_INT)
         return nums.astype(_NINT)
     raise AssertionError(f"unknown schema dtype {dtype!r}")
+
+
+def _check_int64_range(nums: pd.Series, table: str, column: str) -> None:
+    """An integer column's values must fit int64: ``astype`` would wrap a larger one silently
+    (``2**63`` to ``-2**63``), so such a value is an error naming it."""
+    if nums.dtype.kind == "u":
+        out = list(nums[nums > np.iinfo(np.int64).max])
+    elif nums.dtype.kind == "f":
+        out = list(nums[(nums >= 2.0**63) | (nums < -(2.0**63))])
+    elif nums.dtype == object:  # to_numeric keeps ints beyond 64 bits as Python ints
+        out = [v for v in nums if isinstance(v, int) and not -(2**63) <= v < 2**63]
+    else:
+        return
+    if out:
+        raise ValueError(f"{table}.{column}: {out[0]!r} is outside the 64-bit integer range")
 
 
 def _is_missing(v: object) -> bool:

@@ -381,3 +381,20 @@ def test_fast_bool_columns_equal_the_general_path(monkeypatch, values):
     }
 
     _assert_fast_equals_general(monkeypatch, "schedule", frame)
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1, 2**64, -(2**63) - 1, 1e30, -1e30, "9223372036854775808"])
+def test_an_int_column_value_beyond_64_bits_is_an_error_not_a_wrapped_number(value):
+    # a malformed bundle's column: casting would wrap 2**63 to -2**63 silently
+    frame = {c: [v, v] for c, v in zip(EXPECTED_COLUMNS["requests"], ["r", 0.0, 0.0, 0.0, 1.0, 1, 1, 0, 0, 0, "ok"])}
+    frame["prompt_tokens"] = [1, value]
+    with pytest.raises(ValueError, match=r"requests\.prompt_tokens: .* is outside the 64-bit integer range"):
+        normalize_table("requests", frame)
+    with pytest.raises(ValueError, match="outside the 64-bit integer range"):
+        normalize_table("requests", pd.DataFrame(frame))
+
+
+def test_int_columns_keep_the_64_bit_extremes():
+    frame = {c: [v, v, v] for c, v in zip(EXPECTED_COLUMNS["requests"], ["r", 0.0, 0.0, 0.0, 1.0, 1, 1, 0, 0, 0, "ok"])}
+    frame["prompt_tokens"] = [2**63 - 1, -(2**63), 7.0]
+    assert normalize_table("requests", frame)["prompt_tokens"].tolist() == [2**63 - 1, -(2**63), 7]
