@@ -451,12 +451,7 @@ class BlockPool:
             if watched is not None and h in watched:
                 self.watched_changed = True
             if events is not None:
-                events.kind.append("stored")
-                events.group.append(gid)
-                events.block_id.append(blk.block_id)
-                events.block_hash.append(h)
-                events.request_id.append(request_id)
-                events.cause.append("cache")
+                events.append("stored", gid, blk.block_id, h, request_id, "cache")
             if listener is not None:
                 listener(blk, request_id)
         if added:
