@@ -94,8 +94,9 @@ def _system_prefixes(
     if pool_spec is None:
         return [()] * n, [None] * n
     pool = _SystemPool(pool_spec, rng, base_dir)
-    picks = pool.pick(n)
-    return [pool.segments(int(k)) for k in picks], [int(k) for k in picks]
+    picks: list[int] = pool.pick(n).tolist()
+    prompts = {k: pool.segments(k) for k in set(picks)}  # segments are immutable: one tuple per pool prompt
+    return [prompts[k] for k in picks], picks
 
 
 def _unique(
@@ -122,15 +123,16 @@ def _shared_system(
 ) -> list[RequestDraft]:
     n = len(times)
     system, picks = _system_prefixes(s.system, n, rng, base_dir)
-    user = sample_lengths(s.user_len, rng, n, base_dir)
-    max_tokens, output_len = out.draw(n)
+    user = sample_lengths(s.user_len, rng, n, base_dir).tolist()
+    max_tokens, output_len = (a.tolist() for a in out.draw(n))
+    arrivals = times.astype(np.float64).tolist()
     return [
         RequestDraft(
             f"r{i}",
-            float(times[i]),
-            system[i] + (StreamSegment(f"gen:r{i}:user", 0, int(user[i])),),
-            int(max_tokens[i]),
-            int(output_len[i]),
+            arrivals[i],
+            system[i] + (StreamSegment(f"gen:r{i}:user", 0, user[i]),),
+            max_tokens[i],
+            output_len[i],
             order=i,
             metadata={"system_prompt": picks[i]},
         )
