@@ -32,6 +32,7 @@ join request per task that quotes every branch's answer and waits for them all.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class _SystemPool:
 
 def _system_prefixes(
     pool_spec: SystemPromptPool | None, n: int, rng: np.random.Generator, base_dir: Path
-) -> tuple[list[tuple[Segment, ...]], list[int | None]]:
+) -> tuple[list[tuple[Segment, ...]], Sequence[int | None]]:
     """Per arrival: the system-prompt segments (empty without a pool) and the pool index."""
     if pool_spec is None:
         return [()] * n, [None] * n
