@@ -299,6 +299,11 @@ class BlockPool:
         self._watched = set(hashes)
         self.watched_changed = False
 
+    def unwatch(self) -> None:
+        """Watch nothing (``watched_changed`` stays True until the next :meth:`watch_hashes`)."""
+        self._watched = None
+        self.watched_changed = True
+
     # ----------------------------------------------------------------- lookup
     def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
         """One cached block per group for ``block_hash``, or None if any group misses."""
@@ -323,7 +328,19 @@ class BlockPool:
         out: list[KVCacheBlock] = []
         if group_map is None:
             return out
-        for i in range(min(limit, len(block_hashes))):
+        n = min(limit, len(block_hashes))
+        if isinstance(block_hashes, list):
+            # The request's own list (a group at the hash block size): native indexing.
+            hashes: list[BlockHash] = block_hashes
+            for i in range(n):
+                entry = group_map.get(hashes[i])
+                if entry is None:
+                    break
+                if type(entry) is dict:
+                    entry = _first_cached(entry)
+                out.append(entry)  # type: ignore[arg-type]
+            return out
+        for i in range(n):
             entry = group_map.get(block_hashes[i])
             if entry is None:
                 break
@@ -372,7 +389,8 @@ class BlockPool:
         positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
         if positions:
             hashes = [block_hashes[i] for i in positions]
-            self._insert_at(request_id, blocks, positions, hashes, block_size, kv_cache_group_id)
+            table = blocks if isinstance(blocks, list) else list(blocks)
+            self._insert_at(request_id, table, positions, hashes, block_size, kv_cache_group_id)
 
     def cache_full_blocks_groups(
         self,
@@ -408,7 +426,7 @@ class BlockPool:
     def _insert_at(
         self,
         request_id: str,
-        blocks: Sequence[KVCacheBlock],
+        blocks: list[KVCacheBlock],
         positions: list[int],
         hashes: list[BlockHash],
         block_size: int,
