@@ -275,8 +275,9 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         #: group id -> hash -> block, or {block_id: block} when several hold it.
         self.cached_block_hash_to_block: dict[int, dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]]] = {}
-        #: group id -> number of cache entries (blocks findable by a key).
-        self._num_cached: dict[int, int] = {}
+        #: group id -> number of cache entries (blocks findable by a key); a list indexed by group id
+        #: (native integer slots, no dict lookup per insert or eviction), grown as groups first cache.
+        self._num_cached: list[int] = []
         #: Bumped whenever a cache entry is added or removed (and on reset): while it is
         #: unchanged, every ``get_cached_block`` answer is unchanged (lookups read only the map).
         self.cache_generation = 0
@@ -361,7 +362,8 @@ class BlockPool:
 
     def num_cached_entries(self, group_id: int) -> int:
         """Cache entries (blocks findable by a key) of one group."""
-        return self._num_cached.get(group_id, 0)
+        counts = self._num_cached
+        return counts[group_id] if 0 <= group_id < len(counts) else 0
 
     # ---------------------------------------------------------------- caching
     def cache_full_blocks(
@@ -456,13 +458,13 @@ class BlockPool:
                 if key[0] == h and key[1] == gid:
                     continue
                 raise AssertionError(f"block {blk.block_id} already cached under {key}, cannot cache {(h, gid)}")
-            entry = group_map.get(h)
-            if entry is None:
-                group_map[h] = blk
-            elif type(entry) is dict:
-                entry[blk.block_id] = blk
-            else:
-                group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
+            # One map lookup: a new hash gets the block (appended, as a set would); else beside the others.
+            entry = group_map.setdefault(h, blk)
+            if entry is not blk:
+                if type(entry) is dict:
+                    entry[blk.block_id] = blk
+                else:
+                    group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
             blk.block_hash = group_key(h, gid)
             blk.block_hash_num_tokens = (i + 1) * block_size
             added += 1
@@ -473,7 +475,10 @@ class BlockPool:
             if listener is not None:
                 listener(blk, request_id)
         if added:
-            self._num_cached[gid] = self._num_cached.get(gid, 0) + added
+            counts = self._num_cached
+            while len(counts) <= gid:
+                counts.append(0)
+            counts[gid] += added
             self.cache_generation += added
 
     def cache_block_at(
@@ -510,7 +515,7 @@ class BlockPool:
         blk.block_hash = None
         blk.block_hash_num_tokens = None
         blk.taint = None
-        self._num_cached[gid] = self._num_cached[gid] - 1
+        self._num_cached[gid] -= 1
         self.cache_generation += 1
         if self._watched is not None and h in self._watched:
             self.watched_changed = True
@@ -619,7 +624,7 @@ class BlockPool:
         if self.num_gpu_blocks - self.get_num_free_blocks() != 1:
             return False
         self.cached_block_hash_to_block = {}
-        self._num_cached = {}
+        self._num_cached = []
         self.cache_generation += 1
         self.watched_changed = True
         for block in self.blocks:
