@@ -107,7 +107,9 @@ class TruthChecker:
     """Callable ``AdmissionAttempt -> (outcome, tokens_lost, taint_origin)`` over one kv manager.
 
     Installs itself as the block pool's ``cache_listener`` (to taint blocks a
-    corrupt request caches later); one checker per kv manager.
+    corrupt request caches later) while some request is marked bad, and only
+    then: with ``bad`` empty the listener would do nothing, so the pool calls
+    none (one call per cached block saved). One checker per kv manager.
     """
 
     def __init__(self, kv_manager: KVCacheManager, connector: SchedulerConnector | None = None) -> None:
@@ -128,7 +130,11 @@ class TruthChecker:
         self.bad: dict[str, tuple[str, int]] = {}
         #: request id -> verdict of its async-load admission, repeated at the resume.
         self._async_verdicts: dict[str, tuple[str, str]] = {}
-        self.pool.cache_listener = self._on_cache
+        self.pool.cache_listener = None
+
+    def _listen_while_bad(self) -> None:
+        """The pool's listener is :meth:`_on_cache` iff some request is marked bad (call after ``bad`` changes)."""
+        self.pool.cache_listener = self._on_cache if self.bad else None
 
     # --------------------------------------------------------------- taint
     def _on_cache(self, block: Any, request_id: str) -> None:
@@ -154,7 +160,9 @@ class TruthChecker:
         if adm.kind == "after_async_load":
             outcome, origin = self._async_verdicts.pop(rid, (OK, ""))
             return outcome, 0, origin
-        self.bad.pop(rid, None)
+        if rid in self.bad:
+            del self.bad[rid]
+            self._listen_while_bad()
         outcome, lost, origin = self._classify(adm)
         if adm.load_async:
             self._async_verdicts[rid] = (outcome, origin)
@@ -194,6 +202,7 @@ class TruthChecker:
         if bad is not None:
             root = origin or request.request_id
             self.bad[request.request_id] = (root, bad)
+            self._listen_while_bad()
             self._taint_cached(request.request_id, claimed, root, bad)
             return CORRUPT, 0, origin
         best = max(self._best_local_boundary(adm, resume), self._best_connector_boundary(adm))
@@ -205,7 +214,13 @@ class TruthChecker:
     ) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
         lo, hi = need
-        if type(hashes) is list and lo < hi <= len(lst) and hi <= len(hashes) and _all_backed(lst, hashes, gid, lo, hi):
+        if (
+            type(lst) is list
+            and type(hashes) is list
+            and lo < hi <= len(lst)
+            and hi <= len(hashes)
+            and _all_backed(lst, hashes, gid, lo, hi)
+        ):
             return None, None
         for i in range(*need):
             if i >= len(lst) and refilled:
@@ -281,13 +296,16 @@ class TruthChecker:
         return best
 
 
-def _all_backed(lst: Sequence[KVCacheBlock], hashes: list[BlockHash], group_id: int, lo: int, hi: int) -> bool:
+def _all_backed(lst: list[KVCacheBlock], hashes: list[object], group_id: object, lo: int, hi: int) -> bool:
     """The common answer of :meth:`TruthChecker._first_unbacked` in one pass: each claimed block of
     ``[lo, hi)`` (all within ``lst`` and ``hashes``) is cached under the request's hash in this group
-    (a null block holds no key) and untainted."""
+    (a null block holds no key) and untainted.
+
+    The hashes and the key's parts are compared as objects: typed ``int``, the compiled core would
+    unbox each 64-bit hash (most do not fit a tagged int) only to compare it."""
     for i in range(lo, hi):
         block = lst[i]
-        key = block.block_hash
+        key: tuple[object, object] | None = block.block_hash
         if key is None or key[1] != group_id or key[0] != hashes[i] or block.taint is not None:
             return False
     return True

@@ -276,6 +276,9 @@ class Scheduler:
         #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
         self.reuse_prefix_lookups = True
         self._last_lookup: tuple[tuple[object, ...], tuple[int, ...], PrefixLookup] | None = None
+        #: The pool's ``cache_generation`` at the fresh lookup of the attempt under way, whose
+        #: hashes are watched only if the attempt does not admit (:meth:`_settle_lookup`); -1: none.
+        self._lookup_generation = -1
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
         #: The event-driven running set (sim.core.kv.fastpath): with the quiet horizons, when no
@@ -595,9 +598,11 @@ class Scheduler:
         try:
             self._run_attempt(attempt, budget, threshold)
         except EngineCrash as crash:
+            self._settle_lookup(request, False)
             attempt.outcome, attempt.crash_reason = "crash", crash.reason
             self._record_admission(attempt)
             raise
+        self._settle_lookup(request, attempt.end is not AttemptEnd.ADMITTED)
         self._record_admission(attempt)
         return attempt
 
@@ -807,10 +812,29 @@ class Scheduler:
         lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
         if key is not None:
             self._last_lookup = (key, hits, lookup)
-            pool.watch_hashes(request.block_hashes)
+            self._lookup_generation = pool.cache_generation
         else:
             self._last_lookup = None
         return hits, lookup
+
+    def _settle_lookup(self, request: Request, keep: bool) -> None:
+        """At the end of an attempt that made a fresh, reusable lookup: keep it for the next
+        attempt (``keep``: the request stays queued) by watching its hashes from now on, or drop it.
+
+        Watching from here instead of from the lookup is exact only if no cache entry was added or
+        removed in between, so it is kept only then (``cache_generation`` unchanged); a dropped
+        lookup is only redone. An admitted request's lookup is dropped: building the watched set
+        is most of the cost of a watch, and admitted requests are most attempts."""
+        generation = self._lookup_generation
+        if generation < 0:
+            return
+        self._lookup_generation = -1
+        pool = self.kv.block_pool
+        if keep and pool.cache_generation == generation:
+            pool.watch_hashes(request.block_hashes)
+        else:
+            self._last_lookup = None
+            pool.unwatch()
 
     def _check(self, ok: bool, assertion: str, request: Request) -> None:
         """vLLM ``assert <assertion>``: a failed one is an engine crash."""

@@ -86,6 +86,20 @@ def test_head_of_line_retry_reuses_the_lookup():
     assert (fast_calls, ref_calls) == (2, 8)
 
 
+def test_only_a_failed_attempt_keeps_its_lookup():
+    """An admitted request's lookup is dropped and nothing is watched; a request that fails to
+    admit (no cache change since its lookup) keeps its lookup and the pool watches its hashes."""
+    h = Harness(groups=("full_attention",), num_blocks=10, max_num_batched_tokens=48)
+    pool = h.kv.block_pool
+    h.add(req("r0", 100, max_tokens=6, content="a"), req("r1", 48, max_tokens=1, content="b"))
+    h.run_step()  # r0 admitted; its chunk takes the whole budget, so r1 is not tried
+    assert h.sched._last_lookup is None and pool.watched_changed
+    h.run_step()
+    h.run_step()  # r1 tried: no blocks
+    last = h.sched._last_lookup
+    assert last is not None and last[0][0] == "r1" and not pool.watched_changed
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     ops=st.lists(

@@ -274,6 +274,16 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         )
         return blocks, hit, 0
 
+    def find_per_group_hit_lengths(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[int, ...]:
+        """The one group's hit, asked of the memo for the hit alone (the found blocks are not copied)."""
+        return (
+            self.lookups.find_hit_length(
+                self._cls, block_hashes, max_cache_hit_length, (0,), self._spec, self._spec.block_size
+            ),
+        )
+
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
     def _init_layout(self) -> None:

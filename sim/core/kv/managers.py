@@ -26,7 +26,7 @@ R-SWA, boundary-state offload hand-offs, worker zeroing lists.
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from typing import ClassVar, Final, Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import BlockHash
@@ -60,7 +60,7 @@ def trim_null_head(blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
 
 
 #: "No bound" in a :meth:`SingleTypeKVCacheManager.quiet_horizon` answer.
-QUIET_NO_BOUND = 1 << 62
+QUIET_NO_BOUND: Final = 1 << 62
 
 
 class SingleTypeKVCacheManager:

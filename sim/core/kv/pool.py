@@ -275,8 +275,9 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         #: group id -> hash -> block, or {block_id: block} when several hold it.
         self.cached_block_hash_to_block: dict[int, dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]]] = {}
-        #: group id -> number of cache entries (blocks findable by a key).
-        self._num_cached: dict[int, int] = {}
+        #: group id -> number of cache entries (blocks findable by a key); a list indexed by group id
+        #: (native integer slots, no dict lookup per insert or eviction), grown as groups first cache.
+        self._num_cached: list[int] = []
         #: Bumped whenever a cache entry is added or removed (and on reset): while it is
         #: unchanged, every ``get_cached_block`` answer is unchanged (lookups read only the map).
         self.cache_generation = 0
@@ -298,6 +299,11 @@ class BlockPool:
         stays False, such a lookup made before the call would give the same answer now."""
         self._watched = set(hashes)
         self.watched_changed = False
+
+    def unwatch(self) -> None:
+        """Watch nothing (``watched_changed`` stays True until the next :meth:`watch_hashes`)."""
+        self._watched = None
+        self.watched_changed = True
 
     # ----------------------------------------------------------------- lookup
     def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -323,7 +329,19 @@ class BlockPool:
         out: list[KVCacheBlock] = []
         if group_map is None:
             return out
-        for i in range(min(limit, len(block_hashes))):
+        n = min(limit, len(block_hashes))
+        if isinstance(block_hashes, list):
+            # The request's own list (a group at the hash block size): native indexing.
+            hashes: list[BlockHash] = block_hashes
+            for i in range(n):
+                entry = group_map.get(hashes[i])
+                if entry is None:
+                    break
+                if type(entry) is dict:
+                    entry = _first_cached(entry)
+                out.append(entry)  # type: ignore[arg-type]
+            return out
+        for i in range(n):
             entry = group_map.get(block_hashes[i])
             if entry is None:
                 break
@@ -344,7 +362,8 @@ class BlockPool:
 
     def num_cached_entries(self, group_id: int) -> int:
         """Cache entries (blocks findable by a key) of one group."""
-        return self._num_cached.get(group_id, 0)
+        counts = self._num_cached
+        return counts[group_id] if 0 <= group_id < len(counts) else 0
 
     # ---------------------------------------------------------------- caching
     def cache_full_blocks(
@@ -372,7 +391,8 @@ class BlockPool:
         positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
         if positions:
             hashes = [block_hashes[i] for i in positions]
-            self._insert_at(request_id, blocks, positions, hashes, block_size, kv_cache_group_id)
+            table = blocks if isinstance(blocks, list) else list(blocks)
+            self._insert_at(request_id, table, positions, hashes, block_size, kv_cache_group_id)
 
     def cache_full_blocks_groups(
         self,
@@ -408,7 +428,7 @@ class BlockPool:
     def _insert_at(
         self,
         request_id: str,
-        blocks: Sequence[KVCacheBlock],
+        blocks: list[KVCacheBlock],
         positions: list[int],
         hashes: list[BlockHash],
         block_size: int,
@@ -438,13 +458,13 @@ class BlockPool:
                 if key[0] == h and key[1] == gid:
                     continue
                 raise AssertionError(f"block {blk.block_id} already cached under {key}, cannot cache {(h, gid)}")
-            entry = group_map.get(h)
-            if entry is None:
-                group_map[h] = blk
-            elif type(entry) is dict:
-                entry[blk.block_id] = blk
-            else:
-                group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
+            # One map lookup: a new hash gets the block (appended, as a set would); else beside the others.
+            entry = group_map.setdefault(h, blk)
+            if entry is not blk:
+                if type(entry) is dict:
+                    entry[blk.block_id] = blk
+                else:
+                    group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
             blk.block_hash = group_key(h, gid)
             blk.block_hash_num_tokens = (i + 1) * block_size
             added += 1
@@ -455,7 +475,10 @@ class BlockPool:
             if listener is not None:
                 listener(blk, request_id)
         if added:
-            self._num_cached[gid] = self._num_cached.get(gid, 0) + added
+            counts = self._num_cached
+            while len(counts) <= gid:
+                counts.append(0)
+            counts[gid] += added
             self.cache_generation += added
 
     def cache_block_at(
@@ -492,7 +515,7 @@ class BlockPool:
         blk.block_hash = None
         blk.block_hash_num_tokens = None
         blk.taint = None
-        self._num_cached[gid] = self._num_cached[gid] - 1
+        self._num_cached[gid] -= 1
         self.cache_generation += 1
         if self._watched is not None and h in self._watched:
             self.watched_changed = True
@@ -601,7 +624,7 @@ class BlockPool:
         if self.num_gpu_blocks - self.get_num_free_blocks() != 1:
             return False
         self.cached_block_hash_to_block = {}
-        self._num_cached = {}
+        self._num_cached = []
         self.cache_generation += 1
         self.watched_changed = True
         for block in self.blocks:
