@@ -532,7 +532,9 @@ def _mixed_run(fast: bool, seed: int, groups: tuple[str, ...]) -> tuple[Harness,
         if pending and rng.random() < 0.4:
             h.add(pending.pop(0))
         out = h.run_step()
-        totals.append((out.prefill_tokens, out.decode_tokens, out.decode_context_tokens, out.total_num_scheduled_tokens))
+        totals.append(
+            (out.prefill_tokens, out.decode_tokens, out.decode_context_tokens, out.total_num_scheduled_tokens)
+        )
         if out.num_parked_decodes:
             seen["members_with_new"] += bool(out.scheduled_new_reqs)
             seen["members_with_resumed"] += bool(out.scheduled_resumed_reqs)
