@@ -53,7 +53,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
 
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
@@ -135,37 +135,48 @@ class SchedulerConfig:
         return MAX_CONCURRENT_BATCHES * self.max_num_batched_tokens
 
 
-@dataclass
 class SchedulerOutput:
-    """What one ``schedule()`` decided (the model input of the step)."""
+    """What one ``schedule()`` decided (the model input of the step).
 
-    step: int
-    scheduled_new_reqs: list[Request] = field(default_factory=list)
-    scheduled_resumed_reqs: list[Request] = field(default_factory=list)
-    scheduled_running_reqs: list[Request] = field(default_factory=list)
-    #: request id -> tokens scheduled this step, in scheduling order.
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    preempted_req_ids: list[str] = field(default_factory=list)
-    #: Requests finished between the previous step and this one.
-    finished_req_ids: set[str] = field(default_factory=set)
-    prefill_tokens: int = 0
-    #: Decode requests (one new token each, all known tokens computed after it).
-    decode_tokens: int = 0
-    #: Sum over the decode requests of ``num_computed_tokens`` before this step.
-    decode_context_tokens: int = 0
-    #: ``(num_new_tokens, num_computed_tokens before)`` of every other scheduled
-    #: request, in scheduling order. With the two decode totals it describes
-    #: the batch without a per-request pass (the step-time model's input).
-    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
-    #: The scheduled requests whose known tokens are all computed after this
-    #: step, in scheduling order: each samples one token in ``update_from_output``.
-    sampling_reqs: list[Request] = field(default_factory=list)
-    #: ``num_computed_tokens`` before this step, parallel to ``num_scheduled_tokens``.
-    computed_before: list[int] = field(default_factory=list)
-    #: Parked decodes (:class:`sim.core.kv.fastpath.DecodeCohort`) scheduled for one token each this
-    #: step; they are in neither ``num_scheduled_tokens`` nor ``sampling_reqs`` but are counted
-    #: in ``decode_tokens`` / ``decode_context_tokens``. Always 0 on the plain path.
-    num_parked_decodes: int = 0
+    A plain class, not a dataclass: one is built per step, and under the compiled
+    core a dataclass's generated ``__init__`` with its default factories costs
+    several thousand instructions a call.
+    """
+
+    def __init__(self, step: int, finished_req_ids: set[str] | None = None) -> None:
+        self.step = step
+        self.scheduled_new_reqs: list[Request] = []
+        self.scheduled_resumed_reqs: list[Request] = []
+        self.scheduled_running_reqs: list[Request] = []
+        #: request id -> tokens scheduled this step, in scheduling order.
+        self.num_scheduled_tokens: dict[str, int] = {}
+        self.preempted_req_ids: list[str] = []
+        #: Requests finished between the previous step and this one.
+        self.finished_req_ids: set[str] = set() if finished_req_ids is None else finished_req_ids
+        self.prefill_tokens = 0
+        #: Decode requests (one new token each, all known tokens computed after it).
+        self.decode_tokens = 0
+        #: Sum over the decode requests of ``num_computed_tokens`` before this step.
+        self.decode_context_tokens = 0
+        #: ``(num_new_tokens, num_computed_tokens before)`` of every other scheduled
+        #: request, in scheduling order. With the two decode totals it describes
+        #: the batch without a per-request pass (the step-time model's input).
+        self.prefill_chunks: list[tuple[int, int]] = []
+        #: The scheduled requests whose known tokens are all computed after this
+        #: step, in scheduling order: each samples one token in ``update_from_output``.
+        self.sampling_reqs: list[Request] = []
+        #: ``num_computed_tokens`` before this step, parallel to ``num_scheduled_tokens``.
+        self.computed_before: list[int] = []
+        #: Parked decodes (:class:`sim.core.kv.fastpath.DecodeCohort`) scheduled for one token each this
+        #: step; they are in neither ``num_scheduled_tokens`` nor ``sampling_reqs`` but are counted
+        #: in ``decode_tokens`` / ``decode_context_tokens``. Always 0 on the plain path.
+        self.num_parked_decodes = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"SchedulerOutput(step={self.step}, num_scheduled_tokens={self.num_scheduled_tokens}, "
+            f"num_parked_decodes={self.num_parked_decodes}, preempted_req_ids={self.preempted_req_ids})"
+        )
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -933,13 +944,13 @@ class Scheduler:
         rec = self.recorder
         if rec is not None and rec.schedule_enabled:
             if out.num_parked_decodes:
-                self._record_schedule_with_parked(out, kinds)
+                self._record_schedule_with_parked(out, reqs, kinds)
                 return
             rids = list(num_scheduled)
             row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
             rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
 
-    def _record_schedule_with_parked(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+    def _record_schedule_with_parked(self, out: SchedulerOutput, reqs: list[Request], kinds: dict[str, str]) -> None:
         """The step's ``schedule`` rows when parked decodes (:class:`DecodeCohort`) were scheduled.
 
         The plain path writes one row per scheduled request in scheduling order:
@@ -947,34 +958,54 @@ class Scheduler:
         (appended to ``running`` as they were admitted). Every remaining cohort
         member was scheduled for one token (the others were unparked at the
         cut), and each is in ``running``; so walking ``running`` and taking the
-        members and the requests of ``num_scheduled_tokens`` gives exactly the
-        plain order. A member computed one token in this step (``sched_clock``
-        counts it already), so its count before the step is one less.
+        members and the scheduled requests gives exactly the plain order.
+
+        ``reqs`` are the scheduled requests in scheduling order (parallel to
+        ``num_scheduled_tokens`` and ``computed_before``): a subsequence of
+        ``running`` at the active positions (``_active_positions``, which hold
+        every non-member), so one walk over those positions merges them with the
+        runs of members between them. A member's row is ``running``, 1 token,
+        and its count before the step: ``sched_clock`` already counts this step,
+        so that is ``computed_base + sched_clock - 1``.
         """
         rec = self.recorder
         assert rec is not None
         cohort = self.cohort
         members = cohort.members
-        num_scheduled = out.num_scheduled_tokens
-        before_of = dict(zip(num_scheduled, out.computed_before)) if num_scheduled else {}
+        running = self.running
+        num_rows = len(members) + len(reqs)
+        # Most rows are members' ("running", 1 token): the scheduled ones overwrite theirs.
+        row_kinds = ["running"] * num_rows
+        counts = [1] * num_rows
         rids: list[str] = []
-        row_kinds: list[str] = []
-        counts: list[int] = []
         befores: list[int] = []
-        clock = cohort.sched_clock
-        for request in self.running:
-            rid = request.request_id
-            member = members.get(rid)
-            if member is not None:
+        sched_counts = list(out.num_scheduled_tokens.values())
+        sched_befores = out.computed_before
+        clock_before = cohort.sched_clock - 1
+        num_reqs = len(reqs)
+        j = 0  # the next scheduled request, in reqs
+        start = 0  # where the current run of members starts in running
+        for pos in self._active_positions:
+            for i in range(start, pos):
+                rid = running[i].request_id
                 rids.append(rid)
-                row_kinds.append("running")
-                counts.append(1)
-                befores.append(member.computed_at(clock) - 1)
-            elif rid in before_of:
+                befores.append(members[rid].computed_base + clock_before)
+            start = pos + 1
+            request = running[pos]
+            if j < num_reqs and reqs[j] is request:
+                rid = request.request_id
+                row = len(rids)
                 rids.append(rid)
-                row_kinds.append(kinds.get(rid, "running"))
-                counts.append(num_scheduled[rid])
-                befores.append(before_of[rid])
+                befores.append(sched_befores[j])
+                counts[row] = sched_counts[j]
+                if kinds:
+                    row_kinds[row] = kinds.get(rid, "running")
+                j += 1
+        for i in range(start, len(running)):
+            rid = running[i].request_id
+            rids.append(rid)
+            befores.append(members[rid].computed_base + clock_before)
+        assert j == num_reqs and len(rids) == num_rows, "schedule rows: the scheduled requests are not in running order"
         rec.record_schedule_rows(rids, row_kinds, counts, befores)
 
     def _preempt_request(self, request: Request) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 import simpy
 
@@ -186,7 +186,7 @@ class EngineLoop:
     def _has_work(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def _run(self):
+    def _run(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         while True:
             if (self._idle or not self._has_work()) and not self._due_now() and not self._counting_loads():
@@ -224,7 +224,7 @@ class EngineLoop:
         """A transfer is in flight: its completion can make a waiting request runnable."""
         return self.transfers is not None and self.transfers.pending()
 
-    def _one_step(self):
+    def _one_step(self) -> Generator[simpy.Event, Any, None]:
         env = self.env
         sched = self.scheduler
         rec = self.recorder
@@ -286,20 +286,29 @@ class EngineLoop:
         self._idle = not (output.num_scheduled_tokens or output.num_parked_decodes or output.preempted_req_ids)
         self.num_finished += len(finished)
         running, waiting = sched.get_request_counts()
-        row = (
-            duration,
-            running,
-            waiting,
-            output.prefill_tokens,
-            output.decode_tokens,
-            kv.num_free_blocks(),
-            kv.num_blocks_per_group(),
-            kv.num_cached_per_group(),
-        )
         if self.step_columns is None:
-            rec.record_step(*row)
+            rec.record_step(
+                duration,
+                running,
+                waiting,
+                output.prefill_tokens,
+                output.decode_tokens,
+                kv.num_free_blocks(),
+                kv.num_blocks_per_group(),
+                kv.num_cached_per_group(),
+            )
         else:
-            rec.record_step(*row, **self.step_columns())
+            rec.record_step(
+                duration,
+                running,
+                waiting,
+                output.prefill_tokens,
+                output.decode_tokens,
+                kv.num_free_blocks(),
+                kv.num_blocks_per_group(),
+                kv.num_cached_per_group(),
+                **self.step_columns(),
+            )
         if self.check_invariants is not None:
             try:
                 self.check_invariants()

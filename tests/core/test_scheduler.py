@@ -502,3 +502,61 @@ def test_parked_loop_active_positions_follow_running_and_match_the_plain_path(gr
     # the run went through every way the positions change
     assert seen["members"] >= 3 and seen["preemptions"] > 0 and seen["aborted_parked"] > 0, seen
     assert seen["unparked_due"] > 0, seen
+
+
+# --------------------------------------------------------------------------- the parked decodes' schedule rows
+
+
+def _mixed_run(fast: bool, seed: int, groups: tuple[str, ...]) -> tuple[Harness, list[tuple[int, int, int, int]], dict]:
+    """Requests arriving while others decode, long prompts chunked by the threshold, block pressure
+    (preemptions, so resumed admissions): steps whose rows mix parked members, running prefill
+    chunks, new and resumed admissions. Returns the harness, each step's batch totals and, on the fast
+    path, what the mixed steps held (to show the run reached every case)."""
+    rng = np.random.default_rng(seed)
+    h = Harness(
+        groups=groups,
+        num_blocks=70,
+        max_num_batched_tokens=int(rng.integers(40, 120)),
+        max_num_seqs=16,
+        long_prefill_token_threshold=24,
+        fast_paths=fast,
+    )
+    pending = [
+        req(f"r{i}", int(rng.integers(4, 90)), max_tokens=int(rng.integers(4, 70)), content=f"c{i % 4}-{i}")
+        for i in range(36)
+    ]
+    totals: list[tuple[int, int, int, int]] = []
+    seen = {"members_with_new": 0, "members_with_chunk": 0, "members_with_resumed": 0}
+    step = 0
+    while pending or h.sched.has_unfinished_requests():
+        if pending and rng.random() < 0.4:
+            h.add(pending.pop(0))
+        out = h.run_step()
+        totals.append(
+            (out.prefill_tokens, out.decode_tokens, out.decode_context_tokens, out.total_num_scheduled_tokens)
+        )
+        if out.num_parked_decodes:
+            seen["members_with_new"] += bool(out.scheduled_new_reqs)
+            seen["members_with_resumed"] += bool(out.scheduled_resumed_reqs)
+            seen["members_with_chunk"] += any(n > 1 for n in out.num_scheduled_tokens.values())
+        step += 1
+        assert step < 3000
+    h.sched.settle()
+    return h, totals, seen
+
+
+@pytest.mark.parametrize("groups", [("full_attention",), ("full_attention", "mamba")])
+def test_parked_schedule_rows_keep_the_plain_order_and_counts(groups):
+    """The rows written from the cohort (members merged with the scheduled requests over the active
+    positions) equal the plain path's, row for row: a member's row out of order, or a member's
+    ``num_computed_tokens`` off by one, would differ here."""
+    mixed = {"members_with_new": 0, "members_with_chunk": 0, "members_with_resumed": 0}
+    for seed in range(4):
+        fast, fast_totals, seen = _mixed_run(True, seed, groups)
+        plain, plain_totals, _ = _mixed_run(False, seed, groups)
+        assert fast.schedule_rows() == plain.schedule_rows(), seed
+        assert fast_totals == plain_totals, seed
+        assert fast.finished == plain.finished, seed
+        for key, value in seen.items():
+            mixed[key] += value
+    assert all(mixed.values()), mixed

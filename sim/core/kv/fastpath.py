@@ -39,7 +39,6 @@ The scheduler's reuse of a head-of-line request's last lookup across steps
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING, Any, Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
@@ -117,10 +116,16 @@ class QuietHorizons:
         first = self._first_tables.get(request_id)
         if first is None:
             return
-        max_main = max_processed = 1 << 62
         replicas = self._replicas
-        for group in self._lead_groups if replicas is not None and replicas.enabled else self._groups:
-            bounds = group.quiet_horizon(request_id)
+        groups = self._lead_groups if replicas is not None and replicas.enabled else self._groups
+        # The first group's bounds start the minimum (a bound may be QUIET_NO_BOUND, beyond a
+        # compiled short int: every comparison with it takes the slow path).
+        bounds = groups[0].quiet_horizon(request_id)
+        if bounds is None:
+            return
+        max_main, max_processed = bounds
+        for i in range(1, len(groups)):
+            bounds = groups[i].quiet_horizon(request_id)
             if bounds is None:
                 return
             if bounds[0] < max_main:
@@ -696,21 +701,17 @@ def _drop(table: dict[str, Any], request_id: str) -> None:
 
 
 class _Parked:
-    """One parked decode: its counters and both cohort clocks when it was parked."""
+    """One parked decode: its counters as offsets from both cohort clocks (constant while parked)."""
 
-    __slots__ = ("request", "computed", "output", "sched_entry", "out_entry", "due")
+    __slots__ = ("request", "computed_base", "output_base")
 
-    def __init__(self, request: Request, sched_entry: int, out_entry: int, due: int) -> None:
+    def __init__(self, request: Request, sched_clock: int, out_clock: int) -> None:
         self.request = request
-        self.computed = request.num_computed_tokens
-        self.output = request.num_output_tokens
-        self.sched_entry = sched_entry
-        self.out_entry = out_entry
-        self.due = due
-
-    def computed_at(self, sched_clock: int) -> int:
-        """Its ``num_computed_tokens`` when the cohort's ``sched_clock`` reads ``sched_clock``."""
-        return self.computed + sched_clock - self.sched_entry
+        #: ``num_computed_tokens - sched_clock``: its ``num_computed_tokens`` at any later ``sched_clock``
+        #: is this plus the clock (each step that scheduled the cohort computed one token).
+        self.computed_base = request.num_computed_tokens - sched_clock
+        #: ``num_output_tokens - out_clock``, likewise for the steps that sampled it.
+        self.output_base = request.num_output_tokens - out_clock
 
 
 class DecodeCohort:
@@ -725,16 +726,22 @@ class DecodeCohort:
     ``update_from_output`` sampled it: its ``num_output_tokens``); the step-time
     model's decode totals come from :meth:`decode_totals`. It is unparked
     (*materialized*: counters written back, block hashes caught up) at its event
-    (``due``: the ``sched_clock`` after its K parked steps), or earlier when
+    (*due*: the ``sched_clock`` after its K parked steps), or earlier when
     something else needs it: it is preempted, aborted, left unscheduled by the
     token budget, or the run ends.
 
     Invariant: every member is in the scheduler's ``running`` list, and each
     ``schedule()`` either schedules every member for one token or unparks it
-    first; so ``sched_clock - sched_entry`` is the number of steps it was
-    scheduled while parked. Members never finish, never cross a horizon
+    first; so ``sched_clock`` minus its value at parking is the number of steps
+    it was scheduled while parked. Members never finish, never cross a horizon
     bound and never touch a KV table while parked, so the plain path would
     have changed nothing else for them.
+
+    The members due at a clock value are kept in a bucket per value, in parking
+    order; :meth:`materialize_due` takes every bucket up to the clock (in the
+    scheduler one per call: ``sched_clock`` moves by one per step with members,
+    and each such ``schedule()`` calls it first). A member unparked earlier
+    leaves a stale entry in its bucket, skipped.
     """
 
     def __init__(self, *, enabled: bool) -> None:
@@ -742,50 +749,70 @@ class DecodeCohort:
         self.sched_clock = 0
         self.out_clock = 0
         self.members: dict[str, _Parked] = {}
-        #: Sum over members of ``computed - sched_entry`` (the context sum is this + n * sched_clock).
+        #: Sum over members of ``computed_base`` (the context sum is this + n * sched_clock).
         self._context_base = 0
-        self._heap: list[tuple[int, int, _Parked]] = []
-        self._seq = 0
+        #: due clock value -> the members parked until then, in parking order (maybe stale).
+        self._due: dict[int, list[_Parked]] = {}
+        #: Every bucket below this clock value has been taken.
+        self._next_due = 0
 
     def park(self, request: Request, steps: int) -> None:
         """Park ``request`` for its next ``steps`` decode steps (its counters are current)."""
-        member = _Parked(request, self.sched_clock, self.out_clock, self.sched_clock + steps)
+        member = _Parked(request, self.sched_clock, self.out_clock)
         self.members[request.request_id] = member
-        self._context_base += member.computed - member.sched_entry
-        self._seq += 1
-        heapq.heappush(self._heap, (member.due, self._seq, member))
+        self._context_base += member.computed_base
+        due = self.sched_clock + steps
+        bucket = self._due.get(due)
+        if bucket is None:
+            self._due[due] = [member]
+        else:
+            bucket.append(member)
 
     def materialize(self, request_id: str) -> Request | None:
         """Unpark one member (no-op for a non-member): write its counters back; returns it."""
         member = self.members.pop(request_id, None)
         if member is None:
             return None
+        return self._write_back(member)
+
+    def _write_back(self, member: _Parked) -> Request:
+        """``member`` has left ``members``: its counters back on the request, block hashes caught up."""
         request = member.request
-        request.num_computed_tokens = member.computed_at(self.sched_clock)
-        request.num_output_tokens = member.output + self.out_clock - member.out_entry
+        request.num_computed_tokens = member.computed_base + self.sched_clock
+        request.num_output_tokens = member.output_base + self.out_clock
         request.update_block_hashes()
-        self._context_base -= member.computed - member.sched_entry
+        self._context_base -= member.computed_base
         return request
 
     def materialize_due(self) -> list[Request]:
         """Before ``schedule()``: unpark every member whose parked steps are used up; returns them
-        (in due order), so the scheduler can track who is active without scanning ``running``."""
-        heap = self._heap
-        clock = self.sched_clock
-        members = self.members
+        (in parking order), so the scheduler can track who is active without scanning ``running``."""
         unparked: list[Request] = []
-        while heap and heap[0][0] <= clock:
-            member = heapq.heappop(heap)[2]
-            if members.get(member.request.request_id) is member:
-                self.materialize(member.request.request_id)
-                unparked.append(member.request)
+        clock = self.sched_clock
+        due = self._due
+        members = self.members
+        for value in range(self._next_due, clock + 1):
+            bucket = due.pop(value, None)
+            if bucket is None:
+                continue
+            for member in bucket:
+                rid = member.request.request_id
+                if members.get(rid) is member:
+                    del members[rid]
+                    unparked.append(self._write_back(member))
+        if self._next_due <= clock:
+            self._next_due = clock + 1
         return unparked
 
     def materialize_all(self) -> None:
         """Unpark everyone (the run ends, or a step the cohort cannot follow)."""
         for rid in list(self.members):
             self.materialize(rid)
-        self._heap.clear()
+        self._due.clear()
+
+    def computed_base(self, request_id: str) -> int:
+        """A member's ``num_computed_tokens`` minus ``sched_clock`` (KeyError for a non-member)."""
+        return self.members[request_id].computed_base
 
     def decode_totals(self) -> tuple[int, int]:
         """``(members, sum of their num_computed_tokens)`` at the current ``sched_clock``."""
@@ -806,9 +833,14 @@ class DecodeCohort:
         if horizon is None:
             return 0
         c = request.num_computed_tokens
-        return min(
-            max_model_len - c - 2,
-            horizon.max_main_tokens - c,
-            horizon.max_processed_tokens - c + 1,
-            request.output_len - request.num_output_tokens - 1,
-        )
+        # The minimum of the four bounds, as comparisons (the horizon's bounds may be
+        # QUIET_NO_BOUND, beyond a compiled short int: compared, not subtracted).
+        steps = max_model_len - c - 2
+        left = request.output_len - request.num_output_tokens - 1
+        if left < steps:
+            steps = left
+        if horizon.max_main_tokens < c + steps:
+            steps = horizon.max_main_tokens - c
+        if horizon.max_processed_tokens < c + steps - 1:
+            steps = horizon.max_processed_tokens - c + 1
+        return steps

@@ -226,3 +226,57 @@ def test_cohort_materialize_due_returns_exactly_the_members_it_unparked():
     cohort.sched_clock = 5
     assert cohort.materialize_due() == [a, b]
     assert not cohort.members and a.num_computed_tokens == b.num_computed_tokens == 16 + 5
+
+
+def test_cohort_counters_follow_both_clocks_and_the_due_buckets_keep_parking_order():
+    from support.scheduler import req
+
+    from sim.core.kv.fastpath import DecodeCohort
+
+    cohort = DecodeCohort(enabled=True)
+    cohort.sched_clock, cohort.out_clock = 7, 4
+    a, b, c, d = (req(rid, 16, max_tokens=50) for rid in "abcd")
+    for r, computed, output in ((a, 16, 0), (b, 20, 4), (c, 30, 14), (d, 17, 1)):
+        r.num_computed_tokens, r.num_output_tokens = computed, output
+    cohort.park(b, 3)
+    cohort.park(a, 3)  # the same due step as b, parked after it
+    cohort.park(c, 4)
+    cohort.park(d, 3)
+    assert cohort.decode_totals() == (4, 16 + 20 + 30 + 17)
+    assert cohort.computed_base("c") == 30 - 7
+    cohort.materialize("d")  # early: its bucket entry goes stale
+    cohort.sched_clock, cohort.out_clock = 9, 6
+    assert cohort.materialize_due() == []
+    assert cohort.decode_totals() == (3, 16 + 20 + 30 + 3 * 2)
+    cohort.sched_clock, cohort.out_clock = 10, 7
+    assert cohort.materialize_due() == [b, a]  # parking order within the step
+    assert (a.num_computed_tokens, a.num_output_tokens) == (16 + 3, 0 + 3)
+    assert (b.num_computed_tokens, b.num_output_tokens) == (20 + 3, 4 + 3)
+    assert list(cohort.members) == ["c"]
+    cohort.sched_clock = 11
+    assert cohort.materialize_due() == [c] and c.num_computed_tokens == 34
+    assert cohort.decode_totals() == (0, 0)
+
+
+def test_quiet_steps_is_the_least_of_its_four_bounds():
+    """The comparisons stand for ``min`` of the four bounds, also when a horizon bound is
+    ``QUIET_NO_BOUND`` (beyond a compiled short int)."""
+    import numpy as np
+    from support.scheduler import req
+
+    from sim.core.kv.fastpath import DecodeCohort, QuietHorizon
+    from sim.core.kv.managers import QUIET_NO_BOUND
+
+    rng = np.random.default_rng(5)
+    for _ in range(2000):
+        r = req("r", int(rng.integers(1, 200)), max_tokens=int(rng.integers(1, 300)))
+        r.num_output_tokens = int(rng.integers(0, r.output_len + 1))
+        c = r.num_prompt_tokens + r.num_output_tokens - 1
+        r.num_computed_tokens = c
+        main = QUIET_NO_BOUND if rng.random() < 0.2 else c + int(rng.integers(-3, 60))
+        processed = QUIET_NO_BOUND if rng.random() < 0.5 else c + int(rng.integers(-3, 60))
+        max_model_len = c + int(rng.integers(0, 400))
+        expected = min(max_model_len - c - 2, main - c, processed - c + 1, r.output_len - r.num_output_tokens - 1)
+        horizon = QuietHorizon([], main, processed)
+        assert DecodeCohort.quiet_steps(r, horizon, max_model_len) == expected
+    assert DecodeCohort.quiet_steps(r, None, 10**6) == 0
