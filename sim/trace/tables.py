@@ -504,14 +504,38 @@ def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, Sequence])
     keys = list(SORT_KEYS[table])
     rows = len(out[order[0]])
     if rows > 1 and not (len(keys) == 1 and _is_sorted(out[keys[0]])):
-        # The permutation of a frame of the key columns alone (the same stable sort the whole
-        # frame would take), applied to every column.
-        by = pd.DataFrame({k: out[k] for k in keys}, copy=False)
-        perm = by.sort_values(keys, kind="mergesort", na_position="last").index.to_numpy()
+        perm = _sort_order(out, keys)
         out = {
             col: values[perm] if isinstance(values, np.ndarray) else values.take(perm) for col, values in out.items()
         }
     return out
+
+
+def _sort_order(columns: Mapping[str, ColumnArray], keys: Sequence[str]) -> np.ndarray:
+    """The row order ``DataFrame.sort_values(keys, kind="mergesort", na_position="last")`` gives
+    a frame of these columns: a stable sort by the keys in turn, NaN last.
+
+    Numeric keys sort as they are and a ``str`` key (without NA) by the rank of its value, in one
+    ``np.lexsort`` (stable; NaN last, ties, -0.0 == 0.0 as pandas has them); any other key takes
+    pandas' sort on a frame of the key columns alone.
+    """
+    ranks: list[np.ndarray] = []
+    for key in keys:
+        values = columns[key]
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+            ranks.append(values)
+            continue
+        if values.dtype == _STR_DTYPE:
+            codes, uniques = pd.factorize(values)
+            if not (codes < 0).any():
+                # Python's str order (code points) is the order pandas sorts str values in.
+                rank = np.empty(len(uniques), dtype=np.int64)
+                rank[np.argsort(np.asarray(uniques, dtype=object), kind="stable")] = np.arange(len(uniques))
+                ranks.append(rank[codes])
+                continue
+        by = pd.DataFrame({k: columns[k] for k in keys}, copy=False)
+        return by.sort_values(list(keys), kind="mergesort", na_position="last").index.to_numpy()
+    return np.lexsort(ranks[::-1])
 
 
 def frame_from_columns(columns: Mapping[str, ColumnArray]) -> pd.DataFrame:
