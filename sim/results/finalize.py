@@ -19,7 +19,7 @@ from sim.results.metrics import add_ideal_hit_rate, run_summary
 from sim.results.sessions import session_table, sessions_summary, turn_table
 from sim.trace.bundle import LoadedResult
 from sim.trace.recorder import Recorder
-from sim.trace.tables import tables_from_recorder
+from sim.trace.tables import columns_from_recorder, frame_from_columns
 
 #: Statuses whose tables are complete (every other status writes ``partial: true``).
 COMPLETE_STATUSES: tuple[str, ...] = ("complete", "crashed")
@@ -68,9 +68,12 @@ def _crash_detail(recorder: Recorder, crash: dict[str, Any]) -> dict[str, Any]:
 def finalize(record: RunRecord) -> RunResult:
     """The tables and the summary of a finished run (no file is written)."""
     scenario = record.scenario
-    tables = tables_from_recorder(record.recorder)
+    # The summary reads the tables' column arrays, not the frames (the same values, without pandas'
+    # per-column Series).
+    columns = columns_from_recorder(record.recorder)
+    tables = {name: frame_from_columns(table) for name, table in columns.items()}
     summary = run_summary(
-        tables,
+        columns,
         group_kinds=record.group_kinds,
         slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
         slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,

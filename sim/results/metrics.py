@@ -38,13 +38,16 @@ Definitions (times in seconds of simulated time, from the ``requests`` table):
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, TypeAlias
 
 import numpy as np
 import pandas as pd
 
 from sim.trace.bundle import ResultSource, tables_of
-from sim.trace.tables import infer_num_groups
+from sim.trace.tables import ColumnArray, infer_num_groups
+
+#: One table's columns as arrays, by name in table order (:func:`sim.trace.tables.normalized_columns`).
+TableColumns: TypeAlias = Mapping[str, ColumnArray]
 
 #: ``requests.outcome`` values of a request that ran to completion.
 FINISHED_OUTCOMES: frozenset[str] = frozenset({"ok", "recompute", "corrupt"})
@@ -90,7 +93,37 @@ def _nansum(values: np.ndarray) -> Any:
     return np.where(np.isnan(values), 0.0, values).sum()
 
 
-def _coded(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+class _FrameColumns(Mapping[str, ColumnArray]):
+    """A DataFrame's columns as arrays (``to_numpy()``, or the extension array of a ``str`` column)."""
+
+    def __init__(self, frame: pd.DataFrame) -> None:
+        self.frame = frame
+
+    def __getitem__(self, name: str) -> ColumnArray:
+        column = self.frame[name]
+        return column.array if isinstance(column.dtype, pd.api.extensions.ExtensionDtype) else column.to_numpy()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.frame.columns)
+
+    def __len__(self) -> int:
+        return len(self.frame.columns)
+
+
+def _num_rows(table: TableColumns) -> int:
+    if isinstance(table, _FrameColumns):
+        return len(table.frame)
+    return len(next(iter(table.values()))) if table else 0
+
+
+def _columns_of(tables: ResultSource | Mapping[str, TableColumns]) -> Mapping[str, TableColumns]:
+    """Every table of ``tables`` as :data:`TableColumns` (a mapping of tables of arrays is taken as is)."""
+    if isinstance(tables, Mapping) and tables and not any(isinstance(t, pd.DataFrame) for t in tables.values()):
+        return tables
+    return {name: _FrameColumns(frame) for name, frame in tables_of(tables).items()}  # type: ignore[arg-type]
+
+
+def _coded(values: ColumnArray) -> tuple[np.ndarray, np.ndarray]:
     """``(codes, uniques)`` of a column, to count many subsets of it without filtering frames; NA is code -1."""
     codes, uniques = pd.factorize(values)
     return codes, np.asarray(uniques, dtype=object)
@@ -109,16 +142,16 @@ def _coded_in(codes: np.ndarray, uniques: np.ndarray, members: frozenset[str]) -
     return np.array([u in members for u in uniques] + [False], dtype=bool)[codes]
 
 
-def _admitted_mask(admissions: pd.DataFrame) -> np.ndarray:
+def _admitted_mask(admissions: TableColumns) -> np.ndarray:
     """Rows whose outcome admitted the request."""
-    return (admissions["outcome"] != NOT_ADMITTED).to_numpy(dtype=bool)
+    return np.asarray(admissions["outcome"] != NOT_ADMITTED, dtype=bool)
 
 
 def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den > 0 else None
 
 
-def _first_rows(admissions: pd.DataFrame, admitted: np.ndarray) -> np.ndarray:
+def _first_rows(admissions: TableColumns, admitted: np.ndarray) -> np.ndarray:
     """Positions of each request's first admitted row, in table order (``admitted``: :func:`_admitted_mask`)."""
     rows = np.flatnonzero(admitted)
     codes, _ = pd.factorize(admissions["request_id"])
@@ -129,20 +162,22 @@ def _first_rows(admissions: pd.DataFrame, admitted: np.ndarray) -> np.ndarray:
 
 def first_admissions(admissions: pd.DataFrame) -> pd.DataFrame:
     """Each request's first admitted row, in table order (see module docstring)."""
-    return admissions.iloc[_first_rows(admissions, _admitted_mask(admissions))]
+    columns = _FrameColumns(admissions)
+    return admissions.iloc[_first_rows(columns, _admitted_mask(columns))]
 
 
-def _hits(admissions: pd.DataFrame, columns: Sequence[str], rows: np.ndarray) -> np.ndarray:
-    """The ``rows`` of some ``hit_g<i>`` columns as an int64 matrix (one column each)."""
-    return admissions[list(columns)].to_numpy(dtype=np.int64)[rows]
+def _hits(admissions: TableColumns, columns: Sequence[str], rows: np.ndarray) -> np.ndarray:
+    """The ``rows`` (positions or a mask) of some ``hit_g<i>`` columns as an int64 matrix (one column each)."""
+    return np.column_stack([np.asarray(admissions[c], dtype=np.int64)[rows] for c in columns])
 
 
 def divergence_counts(admissions: pd.DataFrame, group_kinds: Sequence[str]) -> dict[str, int]:
     """``mamba_deeper`` / ``fa_deeper`` counts over admitted rows (module docstring)."""
-    return _divergences(admissions, group_kinds, _admitted_mask(admissions))
+    columns = _FrameColumns(admissions)
+    return _divergences(columns, group_kinds, _admitted_mask(columns))
 
 
-def _divergences(admissions: pd.DataFrame, group_kinds: Sequence[str], admitted: np.ndarray) -> dict[str, int]:
+def _divergences(admissions: TableColumns, group_kinds: Sequence[str], admitted: np.ndarray) -> dict[str, int]:
     fa = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k == FULL_ATTENTION]
     other = [f"hit_g{i}" for i, k in enumerate(group_kinds) if k != FULL_ATTENTION]
     if not fa or not other or not admitted.any():
@@ -157,7 +192,7 @@ def _divergences(admissions: pd.DataFrame, group_kinds: Sequence[str], admitted:
 
 
 def run_summary(
-    tables: ResultSource,
+    tables: ResultSource | Mapping[str, TableColumns],
     *,
     group_kinds: Sequence[str],
     slo_ttft_s: float | None = None,
@@ -166,7 +201,8 @@ def run_summary(
 ) -> dict[str, Any]:
     """The run's metrics as a JSON-able dict with sorted keys (the body of ``summary.json``).
 
-    ``tables`` is a result or a mapping of table name to DataFrame; ``group_kinds`` names the attention type of each KV-cache
+    ``tables`` is a result, a mapping of table name to DataFrame, or one of table name to
+    :data:`TableColumns` (a run's :func:`~sim.trace.tables.columns_from_recorder`); ``group_kinds`` names the attention type of each KV-cache
     group in group order; ``crash`` is ``None`` or ``{step, time_s,
     request_id, reason}`` (DESIGN.md §6).
 
@@ -175,9 +211,9 @@ def run_summary(
     reductions (a float sum is NaN-as-0 then NumPy's sum, as ``Series.sum``),
     so every statistic is the pandas definition's, bit for bit.
     """
-    t = tables_of(tables)
+    t = _columns_of(tables)
     adm, req, kv = t["admissions"], t["requests"], t["kv_events"]
-    num_groups = max(infer_num_groups(adm.columns), infer_num_groups(t["steps"].columns))
+    num_groups = max(infer_num_groups(adm), infer_num_groups(t["steps"]))
     if len(group_kinds) != num_groups:
         raise ValueError(
             f"group_kinds has {len(group_kinds)} entries {list(group_kinds)} but the tables have "
@@ -193,7 +229,7 @@ def run_summary(
     return {
         "groups": list(group_kinds),
         "crash": dict(crash) if crash is not None else None,
-        "num_steps": int(len(t["steps"])),
+        "num_steps": _num_rows(t["steps"]),
         "requests": _request_section(req, done),
         "latency_s": _latency_section(done),
         "throughput": {
@@ -211,11 +247,11 @@ def run_summary(
 class _Finished:
     """The finished requests' columns and latencies (:func:`request_metrics`' rows with ``finished``), as arrays."""
 
-    def __init__(self, req: pd.DataFrame) -> None:
-        arrival = req["arrival_s"].to_numpy()
-        first_token = req["first_token_s"].to_numpy()
-        finished_s = req["finished_s"].to_numpy()
-        out_tokens = req["output_tokens"].to_numpy()
+    def __init__(self, req: TableColumns) -> None:
+        arrival = np.asarray(req["arrival_s"])
+        first_token = np.asarray(req["first_token_s"])
+        finished_s = np.asarray(req["finished_s"])
+        out_tokens = np.asarray(req["output_tokens"])
         self.outcome_codes, self.outcome_values = _coded(req["outcome"])
         finished = ~np.isnan(finished_s) & _coded_in(self.outcome_codes, self.outcome_values, FINISHED_OUTCOMES)
         rows = np.flatnonzero(finished)
@@ -226,23 +262,24 @@ class _Finished:
         self.ttft = (first_token - arrival)[rows]
         self.tpot = ((finished_s - first_token) / decode_gaps)[rows]
         self.e2e = (finished_s - arrival)[rows]
-        self.queueing = (req["first_scheduled_s"].to_numpy() - arrival)[rows]
+        self.queueing = (np.asarray(req["first_scheduled_s"]) - arrival)[rows]
         # Throughput's span: the first arrival (of any request) to the last finish.
         known = arrival[~np.isnan(arrival)]
         span = finished_s[rows].max() - known.min() if self.count and len(known) else np.nan
         self.duration = float(span) if not np.isnan(span) and span > 0 else None
 
 
-def _request_section(req: pd.DataFrame, done: _Finished) -> dict[str, Any]:
-    every = np.ones(len(req), dtype=bool)
+def _request_section(req: TableColumns, done: _Finished) -> dict[str, Any]:
+    rows = _num_rows(req)
+    every = np.ones(rows, dtype=bool)
 
     def total(col: str) -> int:
-        return int(req[col].to_numpy().sum())
+        return int(np.asarray(req[col]).sum())
 
     return {
-        "total": int(len(req)),
+        "total": rows,
         "finished": int(done.count),
-        "failed": int(len(req) - done.count),
+        "failed": int(rows - done.count),
         "by_outcome": _coded_counts(done.outcome_codes, done.outcome_values, every),
         "preemptions": total("preemptions"),
         "local_hit_tokens": total("local_hit_tokens"),
@@ -281,11 +318,11 @@ def _goodput_section(done: _Finished, slo_ttft_s: float | None, slo_tpot_s: floa
     }
 
 
-def _cache_section(adm: pd.DataFrame, first: np.ndarray, group_kinds: Sequence[str], num_groups: int) -> dict[str, Any]:
+def _cache_section(adm: TableColumns, first: np.ndarray, group_kinds: Sequence[str], num_groups: int) -> dict[str, Any]:
     """Hit rates over each request's first admission (rows ``first``), as fractions of their prompt tokens."""
 
     def total(col: str) -> Any:
-        return adm[col].to_numpy()[first].sum()
+        return np.asarray(adm[col])[first].sum()
 
     prompt = float(total("prompt_tokens"))
     fa = [f"hit_g{i}" for i, kind in enumerate(group_kinds) if kind == FULL_ATTENTION]
@@ -300,29 +337,30 @@ def _cache_section(adm: pd.DataFrame, first: np.ndarray, group_kinds: Sequence[s
     }
 
 
-def _admission_section(adm: pd.DataFrame, admitted: np.ndarray, group_kinds: Sequence[str]) -> dict[str, Any]:
+def _admission_section(adm: TableColumns, admitted: np.ndarray, group_kinds: Sequence[str]) -> dict[str, Any]:
     outcomes, outcome_values = _coded(adm["outcome"])
     policies, policy_values = _coded(adm["policy"])
     reasons, reason_values = _coded(adm["crash_reason"])
-    every = np.ones(len(adm), dtype=bool)
+    attempts = _num_rows(adm)
+    every = np.ones(attempts, dtype=bool)
     by_policy = sorted(range(len(policy_values)), key=lambda i: str(policy_values[i]))
     return {
-        "attempts": int(len(adm)),
+        "attempts": attempts,
         "admitted": int(admitted.sum()),
         "by_outcome": _coded_counts(outcomes, outcome_values, every),
         "by_policy": {str(policy_values[i]): _coded_counts(outcomes, outcome_values, policies == i) for i in by_policy},
         "crash_reasons": _coded_counts(reasons, reason_values, ~_coded_in(reasons, reason_values, frozenset({""}))),
-        "fallbacks": int(adm["fallback"].to_numpy().sum()),
-        "hit_diverged": int(adm["hit_diverged"].to_numpy().sum()),
+        "fallbacks": int(np.asarray(adm["fallback"]).sum()),
+        "hit_diverged": int(np.asarray(adm["hit_diverged"]).sum()),
         "divergences": _divergences(adm, group_kinds, admitted),
-        "tokens_recomputed": int(adm["tokens_lost"].to_numpy().sum()),
+        "tokens_recomputed": int(np.asarray(adm["tokens_lost"]).sum()),
     }
 
 
-def _eviction_section(kv: pd.DataFrame, num_groups: int) -> dict[str, Any]:
+def _eviction_section(kv: TableColumns, num_groups: int) -> dict[str, Any]:
     # Column by column: filtering the whole (large) kv_events frame would copy every column.
-    removed = (kv["kind"] == "removed").to_numpy(dtype=bool)
-    groups = kv["group"].to_numpy()
+    removed = np.asarray(kv["kind"] == "removed", dtype=bool)
+    groups = np.asarray(kv["group"])
     causes, cause_values = _coded(kv["cause"])
     by_group = {}
     for g in range(num_groups):

@@ -26,6 +26,7 @@ float. :func:`hash_to_hex` / :func:`hex_to_hash` convert.
 
 from __future__ import annotations
 
+import functools
 import re
 from array import array as c_array
 from typing import Iterable, Mapping, Sequence, TypeAlias
@@ -459,6 +460,12 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     holds them). Columns missing from the contract are an error; unknown
     columns are kept as extensions with an inferred dtype.
     """
+    return frame_from_columns(normalized_columns(table, frame))
+
+
+def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> dict[str, ColumnArray]:
+    """The columns of :func:`normalize_table`'s frame as arrays, in its column and row order
+    (``frame_from_columns`` of them is that frame)."""
     _check_table(table)
     fast: dict[str, ColumnArray] = {}
     df: pd.DataFrame | None
@@ -494,13 +501,60 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
         assert df is not None  # a column off the fast path means the frame was built
         dtype = column_dtype(table, col) or _infer_dtype(df[col])
         out[col] = _coerce(df[col].reset_index(drop=True), dtype, table, col).array
-    # From the columns' arrays: every column has a default 0..n-1 index, so nothing needs aligning;
-    # copy=False keeps one block per column instead of copying same-dtype columns into 2-D blocks.
-    result = pd.DataFrame(out, columns=order, copy=False)
     keys = list(SORT_KEYS[table])
-    if len(result) > 1 and not (len(keys) == 1 and _is_sorted(out[keys[0]])):
-        result = result.sort_values(keys, kind="mergesort", na_position="last").reset_index(drop=True)
+    rows = len(out[order[0]])
+    if rows > 1 and not (len(keys) == 1 and _is_sorted(out[keys[0]])):
+        perm = _sort_order(out, keys)
+        out = {
+            col: values[perm] if isinstance(values, np.ndarray) else values.take(perm) for col, values in out.items()
+        }
+    return out
+
+
+def _sort_order(columns: Mapping[str, ColumnArray], keys: Sequence[str]) -> np.ndarray:
+    """The row order ``DataFrame.sort_values(keys, kind="mergesort", na_position="last")`` gives
+    a frame of these columns: a stable sort by the keys in turn, NaN last.
+
+    Numeric keys sort as they are and a ``str`` key (without NA) by the rank of its value, in one
+    ``np.lexsort`` (stable; NaN last, ties, -0.0 == 0.0 as pandas has them); any other key takes
+    pandas' sort on a frame of the key columns alone.
+    """
+    ranks: list[np.ndarray] = []
+    for key in keys:
+        values = columns[key]
+        if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+            ranks.append(values)
+            continue
+        if values.dtype == _STR_DTYPE:
+            codes, uniques = pd.factorize(values)
+            if not (codes < 0).any():
+                # Python's str order (code points) is the order pandas sorts str values in.
+                rank = np.empty(len(uniques), dtype=np.int64)
+                rank[np.argsort(np.asarray(uniques, dtype=object), kind="stable")] = np.arange(len(uniques))
+                ranks.append(rank[codes])
+                continue
+        by = pd.DataFrame({k: columns[k] for k in keys}, copy=False)
+        return by.sort_values(list(keys), kind="mergesort", na_position="last").index.to_numpy()
+    return np.lexsort(ranks[::-1])
+
+
+def frame_from_columns(columns: Mapping[str, ColumnArray]) -> pd.DataFrame:
+    """A DataFrame of equal-length column arrays, in their order, with a fresh ``RangeIndex``.
+
+    Built from an integer-keyed dict (a ``RangeIndex`` of columns, which pandas makes without
+    looking at names) and then given the names: the same frame as ``pd.DataFrame(columns)``,
+    without inferring the name index's dtype each time; copy=False keeps one block per column
+    instead of copying same-dtype columns into 2-D blocks.
+    """
+    result = pd.DataFrame(dict(enumerate(columns.values())), copy=False)
+    result.columns = _column_index(tuple(columns)).copy()
     return result
+
+
+@functools.lru_cache(maxsize=64)
+def _column_index(names: tuple[str, ...]) -> pd.Index:
+    """The column index pandas makes from these names (shared: callers take a ``copy()``)."""
+    return pd.DataFrame({name: [] for name in names}).columns
 
 
 def _with_explain_columns(df: pd.DataFrame) -> pd.DataFrame:
@@ -518,12 +572,22 @@ def _with_explain_columns(df: pd.DataFrame) -> pd.DataFrame:
 
 def table_from_columns(table: str, columns: Columns) -> pd.DataFrame:
     """One recorder table (:class:`~sim.trace.recorder.Columns`) as a normalized DataFrame."""
-    return normalize_table(table, {name: columns.data[name] for name in columns.names})
+    return frame_from_columns(_recorded_columns(table, columns))
+
+
+def _recorded_columns(table: str, columns: Columns) -> dict[str, ColumnArray]:
+    return normalized_columns(table, {name: columns.data[name] for name in columns.names})
+
+
+def columns_from_recorder(recorder: Recorder) -> dict[str, dict[str, ColumnArray]]:
+    """All five tables of a run as :func:`normalized_columns` arrays, keyed by :data:`TABLE_NAMES`
+    (:func:`frame_from_columns` of each is :func:`tables_from_recorder`'s frame)."""
+    return {name: _recorded_columns(name, getattr(recorder, name)) for name in TABLE_NAMES}
 
 
 def tables_from_recorder(recorder: Recorder) -> dict[str, pd.DataFrame]:
     """All five tables of a run, keyed by :data:`TABLE_NAMES` (in that order)."""
-    return {name: table_from_columns(name, getattr(recorder, name)) for name in TABLE_NAMES}
+    return {name: frame_from_columns(columns) for name, columns in columns_from_recorder(recorder).items()}
 
 
 def empty_table(table: str, num_groups: int) -> pd.DataFrame:

@@ -317,3 +317,33 @@ def test_summary_of_empty_tables_has_no_statistics():
         "total": 0,
         "by_group": {"g0": {"total": 0, "by_cause": {}}, "g1": {"total": 0, "by_cause": {}}},
     }
+
+
+def _float_bits(value):
+    """A summary with every float spelled by its bits (``float.hex``), to compare bit for bit."""
+    if isinstance(value, dict):
+        return {k: _float_bits(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_float_bits(v) for v in value]
+    return ("float", value.hex()) if isinstance(value, float) else (type(value).__name__, value)
+
+
+@pytest.mark.parametrize("scenario", ["golden-pressure.yaml", "repro/nixl-mamba-deeper.yaml"])
+@pytest.mark.parametrize("slo", [(None, None), (0.05, 0.01)])
+def test_summary_from_column_arrays_equals_summary_from_frames(scenario, slo):
+    """``finalize`` summarizes the tables' column arrays; the frames give the same dict, every float
+    bit for bit and every key in the same order."""
+    from pathlib import Path
+
+    from sim.api import RunOptions
+    from sim.config import load_scenario
+    from sim.engine.run import build_run
+    from sim.trace.tables import columns_from_recorder, tables_from_recorder
+
+    path = Path(__file__).resolve().parents[2] / "scenarios" / scenario
+    record = build_run(load_scenario(path, ["outputs.plots=false"]), RunOptions()).execute()
+    kwargs = dict(group_kinds=record.group_kinds, slo_ttft_s=slo[0], slo_tpot_s=slo[1], crash=record.crash)
+    from_arrays = run_summary(columns_from_recorder(record.recorder), **kwargs)
+    from_frames = run_summary(tables_from_recorder(record.recorder), **kwargs)
+    assert json.dumps(_float_bits(from_arrays)) == json.dumps(_float_bits(from_frames))
+    assert from_arrays["requests"]["total"] > 0 and from_arrays["admissions"]["attempts"] > 0

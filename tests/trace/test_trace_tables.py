@@ -398,3 +398,54 @@ def test_int_columns_keep_the_64_bit_extremes():
     frame = {c: [v, v, v] for c, v in zip(EXPECTED_COLUMNS["requests"], ["r", 0.0, 0.0, 0.0, 1.0, 1, 1, 0, 0, 0, "ok"])}
     frame["prompt_tokens"] = [2**63 - 1, -(2**63), 7.0]
     assert normalize_table("requests", frame)["prompt_tokens"].tolist() == [2**63 - 1, -(2**63), 7]
+
+
+def test_sort_order_is_pandas_stable_sort():
+    """``_sort_order`` gives ``DataFrame.sort_values(kind="mergesort", na_position="last")``'s row order
+    on keys with ties, NaN, infinities, -0.0 next to 0.0, empty and non-ASCII strings, and on a key
+    dtype it does not handle itself (bool, through pandas)."""
+    from sim.trace.tables import _sort_order
+
+    rng = np.random.default_rng(5)
+    floats = np.array([0.0, -0.0, 1.0, 2.5, np.nan, -1.0, np.inf, -np.inf])
+    texts = np.array(["a", "b", "ä", "Z", "", "ab", "\U0001f600", "a\x00"])
+    for _ in range(300):
+        n = int(rng.integers(0, 25))
+        cols = {
+            "f": rng.choice(floats, n),
+            "s": pd.array(rng.choice(texts, n), dtype="str"),
+            "i": rng.integers(-3, 3, n),
+            "b": rng.random(n) < 0.5,
+        }
+        for keys in (["f", "s"], ["f"], ["i", "s"], ["s"], ["i"], ["b", "i"]):
+            want = pd.DataFrame(cols).sort_values(keys, kind="mergesort", na_position="last").index.to_numpy()
+            assert _sort_order(cols, keys).tolist() == want.tolist(), (keys, cols)
+
+
+def test_frame_from_columns_is_the_plain_dataframe():
+    """The assembled frame equals ``pd.DataFrame(columns)``: values, dtypes, the column index (its
+    dtype too) and the row index; a frame's renamed column index does not leak into the next one."""
+    from sim.trace.tables import frame_from_columns
+
+    columns = {
+        "step": np.arange(3, dtype=np.int64),
+        "time_s": np.array([0.5, np.nan, -0.0]),
+        "request_id": pd.array(["a", "", "ä"], dtype="str"),
+        "preempted": np.array([True, False, True]),
+    }
+    want = pd.DataFrame(columns)
+    got = frame_from_columns(columns)
+    pd.testing.assert_frame_equal(got, want, check_exact=True, check_column_type=True, check_index_type=True)
+    assert got.columns.dtype == want.columns.dtype and list(got.columns) == list(columns)
+    got.columns.name = "renamed"
+    assert frame_from_columns(columns).columns.name is None
+
+
+def test_normalized_columns_are_the_frames_columns(recorder):
+    """``normalized_columns`` arrays are the normalized frame's columns, sorted tables included."""
+    from sim.trace.tables import columns_from_recorder, frame_from_columns
+
+    frames = tables_from_recorder(recorder)
+    for name, columns in columns_from_recorder(recorder).items():
+        assert frame_from_columns(columns).equals(frames[name]), name
+        assert _dtypes(frame_from_columns(columns)) == _dtypes(frames[name]), name
