@@ -286,29 +286,17 @@ class EngineLoop:
         self._idle = not (output.num_scheduled_tokens or output.num_parked_decodes or output.preempted_req_ids)
         self.num_finished += len(finished)
         running, waiting = sched.get_request_counts()
-        if self.step_columns is None:
-            rec.record_step(
-                duration,
-                running,
-                waiting,
-                output.prefill_tokens,
-                output.decode_tokens,
-                kv.num_free_blocks(),
-                kv.num_blocks_per_group(),
-                kv.num_cached_per_group(),
-            )
-        else:
-            rec.record_step(
-                duration,
-                running,
-                waiting,
-                output.prefill_tokens,
-                output.decode_tokens,
-                kv.num_free_blocks(),
-                kv.num_blocks_per_group(),
-                kv.num_cached_per_group(),
-                **self.step_columns(),
-            )
+        rec.record_step(
+            duration,
+            running,
+            waiting,
+            output.prefill_tokens,
+            output.decode_tokens,
+            kv.num_free_blocks(),
+            kv.num_blocks_per_group(),
+            kv.num_cached_per_group(),
+            self.step_columns() if self.step_columns is not None else None,
+        )
         if self.check_invariants is not None:
             try:
                 self.check_invariants()

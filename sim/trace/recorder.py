@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 
 def kv_event_columns() -> list[str]:
@@ -279,11 +279,12 @@ class Recorder:
         free_blocks: int,
         blocks_per_group: Sequence[int],
         cached_per_group: Sequence[int],
-        **extra,
+        extra: Mapping[str, object] | None = None,
     ) -> None:
-        """One engine step (values in column order); ``extra`` fills extension columns added with ``add_column``."""
+        """One engine step (values in column order); ``extra`` (column name -> value) fills the extension
+        columns, adding any it names that do not exist yet (:meth:`Columns.add_column`)."""
         if extra or self._num_step_columns != len(self.steps.names):
-            self._check_step_extras(extra)
+            self._check_step_extras(extra or {})
         a = self._step_appends
         a[0](self.step)
         a[1](self.time_s)
@@ -303,7 +304,7 @@ class Recorder:
             for name, value in extra.items():
                 cols[name].append(value)
 
-    def _check_step_extras(self, extra: dict) -> None:
+    def _check_step_extras(self, extra: Mapping[str, object]) -> None:
         """Add the extension columns ``extra`` names; a row must fill every extension column there is."""
         steps = self.steps
         for name in extra:

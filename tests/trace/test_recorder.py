@@ -30,14 +30,14 @@ def test_step_rows_fill_each_column_with_its_own_value():
 
 def test_a_step_row_must_fill_every_extension_column():
     rec = Recorder(num_groups=1)
-    rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), offload_bytes=8)
-    rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), offload_bytes=9)
+    rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), extra={"offload_bytes": 8})
+    rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), extra={"offload_bytes": 9})
     assert rec.steps.data["offload_bytes"] == [8, 9]
     with pytest.raises(KeyError, match="missing.*offload_bytes"):
         rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,))
     rec.steps.add_column("late", None)  # added by someone else: the next row must fill it too
     with pytest.raises(KeyError, match="missing.*late"):
-        rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), offload_bytes=1)
+        rec.record_step(**STEP, blocks_per_group=(1,), cached_per_group=(2,), extra={"offload_bytes": 1})
 
 
 def test_admission_rows_fill_each_column_with_its_own_value():
@@ -101,6 +101,6 @@ def test_an_event_log_becomes_rows_stamped_with_the_clock_in_order():
 
 def test_positional_step_rows_equal_keyword_ones():
     by_name, by_position = Recorder(num_groups=2), Recorder(num_groups=2)
-    by_name.record_step(**STEP, blocks_per_group=(10, 11), cached_per_group=(20, 21), offload_bytes=3)
-    by_position.record_step(*STEP.values(), (10, 11), (20, 21), offload_bytes=3)
+    by_name.record_step(**STEP, blocks_per_group=(10, 11), cached_per_group=(20, 21), extra={"offload_bytes": 3})
+    by_position.record_step(*STEP.values(), (10, 11), (20, 21), {"offload_bytes": 3})
     assert _rows(by_name.steps) == _rows(by_position.steps)

@@ -183,7 +183,7 @@ def test_extension_column_backfilled_and_typed():
     )
     rec.record_step(**kw)
     rec.set_clock(1, 0.1)
-    rec.record_step(**kw, offload_bytes=4096)
+    rec.record_step(**kw, extra={"offload_bytes": 4096})
     steps = tables_from_recorder(rec)["steps"]
     assert list(steps.columns)[-1] == "offload_bytes"
     assert str(steps["offload_bytes"].dtype) == "Int64"

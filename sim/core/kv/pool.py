@@ -330,19 +330,13 @@ class BlockPool:
         if group_map is None:
             return out
         n = min(limit, len(block_hashes))
-        if isinstance(block_hashes, list):
-            # The request's own list (a group at the hash block size): native indexing.
-            hashes: list[BlockHash] = block_hashes
-            for i in range(n):
-                entry = group_map.get(hashes[i])
-                if entry is None:
-                    break
-                if type(entry) is dict:
-                    entry = _first_cached(entry)
-                out.append(entry)  # type: ignore[arg-type]
-            return out
+        # The request's own list (a group at the hash block size) is indexed natively; a coarser
+        # group's view is read into a list first.
+        hashes: list[BlockHash] = (
+            block_hashes if isinstance(block_hashes, list) else [block_hashes[i] for i in range(n)]
+        )
         for i in range(n):
-            entry = group_map.get(block_hashes[i])
+            entry = group_map.get(hashes[i])
             if entry is None:
                 break
             if type(entry) is dict:
