@@ -810,10 +810,6 @@ class DecodeCohort:
             self.materialize(rid)
         self._due.clear()
 
-    def computed_base(self, request_id: str) -> int:
-        """A member's ``num_computed_tokens`` minus ``sched_clock`` (KeyError for a non-member)."""
-        return self.members[request_id].computed_base
-
     def decode_totals(self) -> tuple[int, int]:
         """``(members, sum of their num_computed_tokens)`` at the current ``sched_clock``."""
         n = len(self.members)

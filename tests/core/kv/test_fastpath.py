@@ -243,7 +243,7 @@ def test_cohort_counters_follow_both_clocks_and_the_due_buckets_keep_parking_ord
     cohort.park(c, 4)
     cohort.park(d, 3)
     assert cohort.decode_totals() == (4, 16 + 20 + 30 + 17)
-    assert cohort.computed_base("c") == 30 - 7
+    assert cohort.members["c"].computed_base == 30 - 7
     cohort.materialize("d")  # early: its bucket entry goes stale
     cohort.sched_clock, cohort.out_clock = 9, 6
     assert cohort.materialize_due() == []
