@@ -125,8 +125,9 @@ _POS: Final = struct.Struct("<qq")
 _Run = Union[tuple[str, int, int], np.ndarray]
 
 
-def _stream_head(stream: str) -> bytes:
-    """The bytes that open every canonical run of ``stream``; its start and length follow (``_POS``)."""
+def stream_head(stream: str) -> bytes:
+    """The bytes that open every canonical run of ``stream`` (``b"S" + stream + b"\\0"``, UTF-8); its start
+    and length follow (``_POS``, two little-endian int64)."""
     return b"S" + stream.encode() + b"\x00"
 
 
@@ -135,7 +136,7 @@ def _encode_runs(runs: list[_Run]) -> bytes:
     for run in runs:
         if type(run) is tuple:
             stream, start, length = run
-            parts.append(_stream_head(stream) + _POS.pack(start, length))
+            parts.append(stream_head(stream) + _POS.pack(start, length))
         else:
             parts.append(b"T" + run.astype("<i8", copy=False).tobytes())  # type: ignore[union-attr]  # not a tuple
     return b"".join(parts)
@@ -225,7 +226,7 @@ def _blocks_of_run(seg: StreamBlocksSegment, start: int, num_blocks: int, block_
     block, prefix, ids, length = seg.block, seg.prefix, seg.ids, seg.length
     whole = _POS.pack(0, block)  # the run of a trace block covered from its first to its last token
     k_end = (start // block + 1) * block  # where the trace block holding ``pos`` ends
-    head = _stream_head(f"{prefix}{ids[start // block]}")
+    head = stream_head(f"{prefix}{ids[start // block]}")
     pos = start
     out: list[bytes] = []
     for _ in range(num_blocks):
@@ -235,7 +236,7 @@ def _blocks_of_run(seg: StreamBlocksSegment, start: int, num_blocks: int, block_
             parts.append(head + (whole if pos == k_end - block else _POS.pack(pos - k_end + block, k_end - pos)))
             pos = k_end
             if pos < length:
-                head = _stream_head(f"{prefix}{ids[pos // block]}")
+                head = stream_head(f"{prefix}{ids[pos // block]}")
                 k_end += block
             if pos == end:
                 break
@@ -246,9 +247,51 @@ def _blocks_of_run(seg: StreamBlocksSegment, start: int, num_blocks: int, block_
     return out
 
 
-def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> list[bytes]:
-    """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
-    out: list[bytes] = []
+#: :class:`BlockPiece` kinds.
+PIECE_STREAM: Final = 0
+PIECE_TRACE: Final = 1
+PIECE_BYTES: Final = 2
+
+
+class BlockPiece:
+    """Consecutive full blocks whose canonical bytes follow one rule, so they can be made (or hashed) together.
+
+    * ``PIECE_STREAM``: ``count`` blocks wholly inside one stream; block ``j`` is the single run
+      ``head + _POS.pack(start + j * block_size, block_size)`` (``head`` is the stream's run head).
+    * ``PIECE_TRACE``: ``count`` blocks wholly inside ``trace``, a :class:`StreamBlocksSegment`, the
+      first at its position ``start`` (:func:`_blocks_of_run`).
+    * ``PIECE_BYTES``: one block of any other shape, its bytes in ``content``.
+
+    :meth:`contents` gives exactly the bytes :func:`block_content` gives for those blocks.
+    """
+
+    __slots__ = ("kind", "count", "start", "head", "trace", "content")
+
+    def __init__(
+        self, kind: int, count: int, start: int, head: bytes, trace: StreamBlocksSegment | None, content: bytes
+    ) -> None:
+        self.kind = kind
+        self.count = count
+        self.start = start
+        self.head = head
+        self.trace = trace
+        self.content = content
+
+    def contents(self, block_size: int) -> list[bytes]:
+        """The canonical bytes of each of the piece's blocks, in order."""
+        if self.kind == PIECE_STREAM:
+            head, start = self.head, self.start
+            return [head + _POS.pack(start + j * block_size, block_size) for j in range(self.count)]
+        if self.kind == PIECE_TRACE:
+            trace = self.trace
+            assert trace is not None
+            return _blocks_of_run(trace, self.start, self.count, block_size)
+        return [self.content]
+
+
+def block_pieces(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> list[BlockPiece]:
+    """Blocks ``start_block .. end_block - 1`` of ``segments`` as :class:`BlockPiece` s, in order, in one pass."""
+    out: list[BlockPiece] = []
     index = offset = 0
     num_segments = len(segments)
     head_of = -1  # index of the stream segment whose run head ``head`` is
@@ -256,36 +299,37 @@ def block_contents(segments: Sequence[Segment], start_block: int, end_block: int
     i = start_block
     while i < end_block:
         lo = i * block_size
-        hi = lo + block_size
         # Skip the segments that end before this block (as _runs_from would).
         while index < num_segments and offset + segments[index].length <= lo:
             offset += segments[index].length
             index += 1
         seg = segments[index] if index < num_segments else None
-        if type(seg) is StreamSegment and offset + seg.length >= hi:
-            # The block lies inside one stream segment: it is a single canonical run.
-            if head_of != index:
-                head_of, head = index, _stream_head(seg.stream)
-            out.append(head + _POS.pack(seg.start + lo - offset, block_size))
-            i += 1
-            continue
-        if type(seg) is StreamBlocksSegment and offset + seg.length >= hi:
-            # This block and the following ones that lie inside the same run of trace blocks.
-            n = min((offset + seg.length) // block_size, end_block) - i
-            out.extend(_blocks_of_run(seg, lo - offset, n, block_size))
-            i += n
-            continue
-        runs, index, offset = _runs_from(segments, index, offset, lo, hi)
-        out.append(_encode_runs(runs))
+        if seg is not None:
+            seg_end = offset + seg.length
+            # The blocks from here that lie wholly inside this segment.
+            n = min(seg_end // block_size, end_block) - i
+            if n > 0 and type(seg) is StreamSegment:
+                if head_of != index:
+                    head_of, head = index, stream_head(seg.stream)
+                out.append(BlockPiece(PIECE_STREAM, n, seg.start + lo - offset, head, None, b""))
+                i += n
+                continue
+            if n > 0 and type(seg) is StreamBlocksSegment:
+                out.append(BlockPiece(PIECE_TRACE, n, lo - offset, b"", seg, b""))
+                i += n
+                continue
+        runs, index, offset = _runs_from(segments, index, offset, lo, lo + block_size)
+        out.append(BlockPiece(PIECE_BYTES, 1, 0, b"", None, _encode_runs(runs)))
         i += 1
     return out
 
 
-def stream_block_contents(stream: str, first_position: int, num_blocks: int, block_size: int) -> list[bytes]:
-    """:func:`block_content` of ``num_blocks`` consecutive blocks that lie wholly in ``stream``, the first
-    starting at position ``first_position`` of it (each is a single canonical run)."""
-    head = _stream_head(stream)
-    return [head + _POS.pack(first_position + k * block_size, block_size) for k in range(num_blocks)]
+def block_contents(segments: Sequence[Segment], start_block: int, end_block: int, block_size: int) -> list[bytes]:
+    """:func:`block_content` of blocks ``start_block .. end_block - 1``, in one pass over ``segments``."""
+    out: list[bytes] = []
+    for piece in block_pieces(segments, start_block, end_block, block_size):
+        out.extend(piece.contents(block_size))
+    return out
 
 
 def block_content(segments: Sequence[Segment], start: int, end: int) -> bytes:

@@ -72,6 +72,10 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sim.engine.transfer",
     "sim.workload.traces.common",
 )
+#: The build's hand-written C extensions, dotted; the source of each is the ``.c`` file of that name
+#: (:func:`c_source_path`). ``sim.native._chainhash``: chained block hashes (``sim.core.kv.hashing``).
+#: They belong to the compiled build: used with it, never without it, and checked like its modules.
+C_EXTENSIONS: tuple[str, ...] = ("sim.native._chainhash",)
 #: mypyc's group name: the shared library holding all compiled code is ``<GROUP>__mypyc``.
 GROUP = "sim.native.hot"
 #: Where the package tree starts (the directory holding ``sim/``).
@@ -97,6 +101,11 @@ class NativeStatus:
 def source_path(module: str, root: Path = PACKAGE_ROOT) -> Path:
     """The ``.py`` file of a dotted module name under ``root``."""
     return root.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def c_source_path(module: str, root: Path = PACKAGE_ROOT) -> Path:
+    """The ``.c`` file of a dotted C extension name under ``root``."""
+    return root.joinpath(*module.split(".")).with_suffix(".c")
 
 
 def extension_path(module: str, root: Path = PACKAGE_ROOT) -> Path:
@@ -125,6 +134,7 @@ def decide(
     root: Path = PACKAGE_ROOT,
     env: Mapping[str, str] = os.environ,
     modules: Sequence[str] = COMPILED_MODULES,
+    c_extensions: Sequence[str] = C_EXTENSIONS,
 ) -> NativeStatus:
     """The choice :func:`install` makes, as a pure function of the manifest, the tree and the environment."""
     if manifest is None:
@@ -147,6 +157,17 @@ def decide(
         if not extension_path(module, root).is_file():
             return NativeStatus(False, f"interpreted: the compiled build lacks {module}; rebuild it", True)
         if not source.is_file() or source_digest(source) != digests[module]:
+            return NativeStatus(
+                False, f"interpreted: {source.relative_to(root)} changed since the compiled build; rebuild it", True
+            )
+    c_digests = manifest.get("c_extensions", {})
+    if not isinstance(c_digests, dict) or sorted(c_digests) != sorted(c_extensions):
+        return NativeStatus(False, "interpreted: the compiled build lists other C extensions; rebuild it", True)
+    for extension in c_extensions:
+        source = c_source_path(extension, root)
+        if not extension_path(extension, root).is_file():
+            return NativeStatus(False, f"interpreted: the compiled build lacks {extension}; rebuild it", True)
+        if not source.is_file() or source_digest(source) != c_digests[extension]:
             return NativeStatus(
                 False, f"interpreted: {source.relative_to(root)} changed since the compiled build; rebuild it", True
             )

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.native import (
+    C_EXTENSIONS,
     COMPILED_MODULES,
     GROUP,
     PACKAGE_ROOT,
+    c_source_path,
     extension_path,
     manifest_path,
     shared_library,
@@ -66,22 +68,27 @@ def _require_toolchain() -> str:
 
 
 def _outputs(root: Path) -> list[Path]:
-    return [*(extension_path(m, root) for m in COMPILED_MODULES), shared_library(root)]
+    return [*(extension_path(m, root) for m in (*COMPILED_MODULES, *C_EXTENSIONS)), shared_library(root)]
 
 
-def _setup_script(paths: list[str], build_dir: str, opt_level: str) -> str:
+def _setup_script(paths: list[str], c_extensions: dict[str, str], build_dir: str, opt_level: str) -> str:
+    """The setup script: mypyc's extensions for ``paths``, plus each C extension (name -> its ``.c`` file)."""
     return textwrap.dedent(
         f"""
-        from setuptools import setup
+        from setuptools import Extension, setup
         from mypyc.build import mypycify
 
+        c_extensions = [
+            Extension(name, [source], extra_compile_args=["-O{opt_level}"])
+            for name, source in {c_extensions!r}.items()
+        ]
         setup(
             name="hybridsim-native",
             script_args=["build_ext", "--inplace", "--build-temp", {build_dir + "/temp"!r}],
             ext_modules=mypycify(
                 {paths!r}, opt_level={opt_level!r}, debug_level="0", group_name={GROUP!r},
                 target_dir={build_dir + "/c"!r},
-            ),
+            ) + c_extensions,
         )
         """
     )
@@ -96,10 +103,15 @@ def build(opt_level: str = "3", root: Path = PACKAGE_ROOT, echo: bool = False) -
         output.unlink(missing_ok=True)
     sources = [source_path(m, root) for m in COMPILED_MODULES]
     digests = {m: source_digest(p) for m, p in zip(COMPILED_MODULES, sources)}
+    c_sources = {e: c_source_path(e, root) for e in C_EXTENSIONS}
+    c_digests = {e: source_digest(p) for e, p in c_sources.items()}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hybridsim-native-") as tmp:
         script = Path(tmp) / "setup.py"
-        script.write_text(_setup_script([str(p.relative_to(root)) for p in sources], tmp, opt_level), encoding="utf-8")
+        c_paths = {e: str(p.relative_to(root)) for e, p in c_sources.items()}
+        script.write_text(
+            _setup_script([str(p.relative_to(root)) for p in sources], c_paths, tmp, opt_level), encoding="utf-8"
+        )
         log = Path(tmp) / "build.log"
         with log.open("w", encoding="utf-8") as out:
             done = subprocess.run(
@@ -116,6 +128,7 @@ def build(opt_level: str = "3", root: Path = PACKAGE_ROOT, echo: bool = False) -
     if missing:
         raise NativeBuildError(f"mypyc finished but did not write {', '.join(missing)}")
     changed = [m for m, p in zip(COMPILED_MODULES, sources) if source_digest(p) != digests[m]]
+    changed += [e for e, p in c_sources.items() if source_digest(p) != c_digests[e]]
     if changed:
         raise NativeBuildError(f"sources changed during the build ({', '.join(changed)}); build again")
     seconds = round(time.monotonic() - started, 1)
@@ -125,6 +138,7 @@ def build(opt_level: str = "3", root: Path = PACKAGE_ROOT, echo: bool = False) -
         "opt_level": opt_level,
         "build_seconds": seconds,
         "modules": digests,
+        "c_extensions": c_digests,
     }
     partial = manifest_file.with_name(manifest_file.name + ".partial")
     partial.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")

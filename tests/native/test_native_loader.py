@@ -9,9 +9,18 @@ from pathlib import Path
 import pytest
 
 from sim import native
-from sim.native import SourceFirstFinder, decide, extension_path, shared_library, source_digest, source_path
+from sim.native import (
+    SourceFirstFinder,
+    c_source_path,
+    decide,
+    extension_path,
+    shared_library,
+    source_digest,
+    source_path,
+)
 
 MODULES = ("pkg.alpha", "pkg.sub.beta")
+C_EXTENSIONS = ("pkg._gamma",)
 
 
 def _tree(tmp_path: Path, compiled: bool = True) -> dict[str, object]:
@@ -22,6 +31,10 @@ def _tree(tmp_path: Path, compiled: bool = True) -> dict[str, object]:
         source.write_text(f"NAME = {module!r}\n", encoding="utf-8")
         if compiled:
             extension_path(module, tmp_path).write_bytes(b"not really an extension")
+    for extension in C_EXTENSIONS:
+        c_source_path(extension, tmp_path).write_text("/* C */\n", encoding="utf-8")
+        if compiled:
+            extension_path(extension, tmp_path).write_bytes(b"not really an extension")
     lib = shared_library(tmp_path)
     lib.parent.mkdir(parents=True, exist_ok=True)
     lib.write_bytes(b"")
@@ -29,11 +42,12 @@ def _tree(tmp_path: Path, compiled: bool = True) -> dict[str, object]:
         "cache_tag": sys.implementation.cache_tag,
         "mypyc": "test",
         "modules": {m: source_digest(source_path(m, tmp_path)) for m in MODULES},
+        "c_extensions": {e: source_digest(c_source_path(e, tmp_path)) for e in C_EXTENSIONS},
     }
 
 
 def _decide(manifest, root, env=None):
-    return decide(manifest, root, env={} if env is None else env, modules=MODULES)
+    return decide(manifest, root, env={} if env is None else env, modules=MODULES, c_extensions=C_EXTENSIONS)
 
 
 def test_a_fresh_build_is_used(tmp_path: Path) -> None:
@@ -63,7 +77,16 @@ def test_an_edited_source_makes_the_whole_build_unusable(tmp_path: Path) -> None
     assert "beta.py changed" in status.reason
 
 
-@pytest.mark.parametrize("damage", ["extension", "shared", "modules", "cache_tag"])
+def test_an_edited_c_extension_source_makes_the_whole_build_unusable(tmp_path: Path) -> None:
+    manifest = _tree(tmp_path)
+    gamma = c_source_path("pkg._gamma", tmp_path)
+    gamma.write_text(gamma.read_text() + "/* edited */\n", encoding="utf-8")
+    status = _decide(manifest, tmp_path)
+    assert not status.compiled and status.unusable_build
+    assert "_gamma.c changed" in status.reason
+
+
+@pytest.mark.parametrize("damage", ["extension", "shared", "modules", "cache_tag", "c_extension", "c_extensions"])
 def test_an_incomplete_or_foreign_build_is_not_used(tmp_path: Path, damage: str) -> None:
     manifest = _tree(tmp_path)
     if damage == "extension":
@@ -72,6 +95,10 @@ def test_an_incomplete_or_foreign_build_is_not_used(tmp_path: Path, damage: str)
         shared_library(tmp_path).unlink()
     elif damage == "modules":
         manifest["modules"] = {"pkg.alpha": manifest["modules"]["pkg.alpha"]}  # type: ignore[index]
+    elif damage == "c_extension":
+        extension_path("pkg._gamma", tmp_path).unlink()
+    elif damage == "c_extensions":
+        del manifest["c_extensions"]  # a build from before the C extensions
     else:
         manifest["cache_tag"] = "cpython-299"
     status = _decide(manifest, tmp_path)

@@ -16,6 +16,10 @@ Differences from vLLM, on purpose:
 * Tokens are described by :mod:`sim.core.tokens` runs instead of token-id tuples;
   equal tokens give equal bytes, so equal content gives equal hashes.
 
+How a chain is computed is an implementation choice behind one seam (``_NATIVE_CHAIN``): the compiled
+build hashes the blocks without extra keys in its C extension ``sim.native._chainhash`` (:class:`ChainBackend`),
+which gives exactly the ints the Python code gives; the interpreted build runs the Python code.
+
 A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 :func:`group_key`; each group therefore caches and evicts on its own.
 """
@@ -26,13 +30,18 @@ import struct
 from hashlib import blake2b
 from typing import Final, Protocol, Sequence, cast
 
+from sim import native
 from sim.core.tokens import (
+    PIECE_STREAM,
+    PIECE_TRACE,
+    BlockPiece,
     Segment,
     StreamBlocksSegment,
     StreamSegment,
     block_contents,
+    block_pieces,
     output_stream,
-    stream_block_contents,
+    stream_head,
 )
 
 BlockHash = int
@@ -89,24 +98,95 @@ def extend_block_hashes(
     """
     start_block = len(hashes)
     end_block = num_tokens // hash_block_size
+    if not lora_name and not (cache_salt and start_block == 0):  # no extra keys on any of these blocks
+        _chain_pieces(hashes, block_pieces(segments, start_block, end_block, hash_block_size), hash_block_size)
+        return end_block - start_block
     parent = hashes[-1] if hashes else None
     contents = block_contents(segments, start_block, end_block, hash_block_size)
-    if not lora_name and not (cache_salt and start_block == 0):  # no extra keys on any of these blocks
-        _chain_hashes(hashes, contents)
-        return end_block - start_block
     for i, content in enumerate(contents, start_block):
         parent = hash_block(parent, content, encode_extra_keys(lora_name, cache_salt, i))
         hashes.append(parent)
     return end_block - start_block
 
 
-def _chain_hashes(hashes: list[BlockHash], contents: list[bytes]) -> None:
+def _chain_contents(hashes: list[BlockHash], contents: list[bytes]) -> None:
     """Append the chained hashes of blocks with these token bytes and no extra keys
-    (:func:`hash_block` inlined: the hot path of every run)."""
+    (:func:`hash_block` inlined: the interpreted build's hot path)."""
     chained = hashes[-1] if hashes else NONE_HASH
     for content in contents:
         chained = _digest(_HEAD.pack(chained, len(content)) + content)
         hashes.append(chained)
+
+
+class ChainBackend(Protocol):
+    """Chained hashes of :class:`~sim.core.tokens.BlockPiece` s without building their bytes as objects
+    (the compiled build's C extension ``sim.native._chainhash``).
+
+    Invariant: each call appends to ``hashes`` exactly the ints :func:`_chain_contents` appends for the
+    piece's :meth:`~sim.core.tokens.BlockPiece.contents` under ``parent`` (the hash of the block before,
+    or :data:`NONE_HASH`); ``tests/native/test_chainhash.py`` compares the two on random pieces.
+    """
+
+    def chain_bytes(self, hashes: list[int], parent: int, contents: list[bytes], /) -> None: ...
+
+    def chain_stream(
+        self, hashes: list[int], parent: int, head: bytes, start: int, count: int, block_size: int, /
+    ) -> None: ...
+
+    def chain_trace(
+        self,
+        hashes: list[int],
+        parent: int,
+        prefix: bytes,
+        ids: tuple[int, ...],
+        block: int,
+        length: int,
+        start: int,
+        count: int,
+        block_size: int,
+        /,
+    ) -> None: ...
+
+
+def _native_backend() -> ChainBackend | None:
+    """The C backend when this process runs the compiled build (the build makes both or neither), else None."""
+    if not native.status().compiled:
+        return None
+    from sim.native import _chainhash
+
+    return _chainhash
+
+
+#: The one seam between the two ways of hashing: the C backend, or None for the Python code.
+_NATIVE_CHAIN: Final = _native_backend()
+
+
+def _chain_pieces(hashes: list[BlockHash], pieces: list[BlockPiece], block_size: int) -> None:
+    """Append the chained hashes of these pieces' blocks (no extra keys), through the C backend if there is one."""
+    backend = _NATIVE_CHAIN
+    for piece in pieces:
+        if backend is None:
+            _chain_contents(hashes, piece.contents(block_size))
+            continue
+        parent = hashes[-1] if hashes else NONE_HASH
+        if piece.kind == PIECE_STREAM:
+            backend.chain_stream(hashes, parent, piece.head, piece.start, piece.count, block_size)
+        elif piece.kind == PIECE_TRACE:
+            trace = piece.trace
+            assert trace is not None
+            backend.chain_trace(
+                hashes,
+                parent,
+                trace.prefix.encode(),
+                trace.ids,
+                trace.block,
+                trace.length,
+                piece.start,
+                piece.count,
+                block_size,
+            )
+        else:
+            backend.chain_bytes(hashes, parent, [piece.content])
 
 
 class HashedRequest(Protocol):
@@ -173,10 +253,9 @@ class RequestBlockHasher:
         if done and done >= request.num_prompt_tokens and not request.lora_name:
             num_blocks = request.num_tokens // block - len(hashes)
             if num_blocks > 0:
-                stream = output_stream(request.request_id)
-                _chain_hashes(
-                    hashes, stream_block_contents(stream, done - request.num_prompt_tokens, num_blocks, block)
-                )
+                head = stream_head(output_stream(request.request_id))
+                piece = BlockPiece(PIECE_STREAM, num_blocks, done - request.num_prompt_tokens, head, None, b"")
+                _chain_pieces(hashes, [piece], block)
             return
         segments = request.segments()
         keys: list[_PrefixKey] = []
