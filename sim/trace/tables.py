@@ -340,6 +340,9 @@ def _int64_words(values: Sequence) -> np.ndarray | None:
 #: The NumPy dtype of each numeric schema dtype (a 1-D array of it is a column as it is).
 _NUMPY_DTYPES: dict[str, np.dtype] = {_INT: np.dtype(np.int64), _FLOAT: np.dtype(np.float64), _BOOL: np.dtype(bool)}
 
+#: A column as :func:`normalized_columns` takes it: a sequence of values or a 1-D NumPy array.
+RawColumn: TypeAlias = "Sequence | np.ndarray"
+
 #: What :func:`_fast_column` builds: a NumPy array or a pandas ``str`` extension array.
 ColumnArray: TypeAlias = "np.ndarray | pd.api.extensions.ExtensionArray"
 
@@ -457,7 +460,7 @@ def _is_sorted(values: ColumnArray) -> bool:
     return values.dtype.kind in "iu" and bool((values[1:] >= values[:-1]).all())
 
 
-def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> pd.DataFrame:
+def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, RawColumn]) -> pd.DataFrame:
     """Schema dtypes, canonical column order and deterministic row order for one table.
 
     Accepts a DataFrame or a mapping of column name to values (lists, as the
@@ -467,7 +470,7 @@ def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) ->
     return frame_from_columns(normalized_columns(table, frame))
 
 
-def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> dict[str, ColumnArray]:
+def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, RawColumn]) -> dict[str, ColumnArray]:
     """The columns of :func:`normalize_table`'s frame as arrays, in its column and row order
     (``frame_from_columns`` of them is that frame)."""
     _check_table(table)
@@ -595,7 +598,7 @@ def _recorded_columns(table: str, columns: Columns | KVEventTable) -> dict[str, 
     return normalized_columns(table, {name: columns.data[name] for name in columns.names})
 
 
-def _kv_event_values(events: KVEventTable) -> dict[str, Sequence]:
+def _kv_event_values(events: KVEventTable) -> Mapping[str, RawColumn]:
     """The ``kv_events`` columns for :func:`normalized_columns`: ``seq`` and the clock stamps as
     arrays expanded from the runs (``np.arange`` / ``np.repeat``: the arrays the expanded lists
     convert to, since a run holds the values its rows do), the event fields as recorded. Stamps

@@ -479,17 +479,17 @@ def test_kv_event_stamps_expanded_from_runs_equal_the_listed_rows():
 
 @pytest.mark.parametrize(
     "table,column,values",
-    [("kv_events", "step", [3, 0, 2]), ("steps", "time_s", [0.5, -0.0, np.nan]), ("schedule", "preempted", [True, False])],
+    [
+        ("kv_events", "step", [3, 0, 2]),
+        ("steps", "time_s", [0.5, -0.0, np.nan]),
+        ("schedule", "preempted", [True, False]),
+    ],
 )
 def test_a_numpy_column_of_the_schema_dtype_equals_its_list(table, column, values):
     """A 1-D array of the column's NumPy dtype is taken as it is: the same column as its values as a list."""
     n = len(values)
-    base = {c: [0] * n for c in empty_table(table, 1).columns}
-    for c, dtype in zip(empty_table(table, 1).columns, empty_table(table, 1).dtypes):
-        if dtype == bool:
-            base[c] = [False] * n
-        elif str(dtype) == "str":
-            base[c] = [""] * n
+    fill = {"bool": False, "str": ""}
+    base = {c: [fill.get(str(dtype), 0)] * n for c, dtype in empty_table(table, 1).dtypes.items()}
     as_list = normalize_table(table, {**base, column: list(values)})
     as_array = normalize_table(table, {**base, column: np.array(values)})
     assert _dtypes(as_array) == _dtypes(as_list)
