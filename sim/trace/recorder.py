@@ -10,7 +10,7 @@ Invariants:
   extension columns come after them and are never reordered into them.
 * ``kv_events.seq`` is dense from 0 in emission order; every row carries the
   ``step`` / ``time_s`` the engine set with :meth:`Recorder.set_clock` before
-  the row was produced.
+  the row was produced. Neither is stored per row (:class:`KVEventTable`).
 * Per-group columns (``hit_g<i>``, ``blocks_g<i>``, ``cached_g<i>``) exist for
   ``i in range(num_groups)``.
 """
@@ -126,6 +126,80 @@ class Columns:
         return len(self.data[self.names[0]]) if self.names else 0
 
 
+class KVEventTable:
+    """The ``kv_events`` table: the six event fields as one list each, the clock stamps as runs.
+
+    Invariants: rows are only appended, one non-empty event log at a time
+    (:meth:`append_log`), so row ``i`` has ``seq == i`` and ``seq`` is not
+    stored; log ``r`` is run ``r``: ``run_lengths[r] > 0`` consecutive rows,
+    all stamped ``run_steps[r]`` / ``run_times[r]``. The six field lists have
+    ``len(self) == sum(run_lengths)`` entries each. :attr:`data` is the nine
+    columns as lists, in :attr:`names` order (a fresh copy, as
+    :class:`Columns` holds them); ``sim.trace.tables`` expands the runs with
+    NumPy instead.
+    """
+
+    __slots__ = (
+        "names",
+        "kind",
+        "group",
+        "block_id",
+        "block_hash",
+        "request_id",
+        "cause",
+        "run_steps",
+        "run_times",
+        "run_lengths",
+    )
+
+    def __init__(self) -> None:
+        self.names = kv_event_columns()
+        self.kind: list[str] = []
+        self.group: list[int] = []
+        self.block_id: list[int] = []
+        self.block_hash: list[int] = []
+        self.request_id: list[str] = []
+        self.cause: list[str] = []
+        self.run_steps: list[int] = []
+        self.run_times: list[float] = []
+        self.run_lengths: list[int] = []
+
+    def append_log(self, log: KVEventColumns, step: int, time_s: float) -> None:
+        """Append a non-empty event log's rows, all stamped ``step`` / ``time_s``."""
+        self.run_steps.append(step)
+        self.run_times.append(time_s)
+        self.run_lengths.append(len(log))
+        self.kind.extend(log.kind)
+        self.group.extend(log.group)
+        self.block_id.extend(log.block_id)
+        self.block_hash.extend(log.block_hash)
+        self.request_id.extend(log.request_id)
+        self.cause.extend(log.cause)
+
+    @property
+    def data(self) -> dict[str, list]:
+        """The nine columns as lists (``seq`` and the stamps expanded from the runs)."""
+        step: list[int] = []
+        time_s: list[float] = []
+        for s, t, n in zip(self.run_steps, self.run_times, self.run_lengths):
+            step.extend([s] * n)
+            time_s.extend([t] * n)
+        return {
+            "seq": list(range(len(self.kind))),
+            "step": step,
+            "time_s": time_s,
+            "kind": list(self.kind),
+            "group": list(self.group),
+            "block_id": list(self.block_id),
+            "block_hash": list(self.block_hash),
+            "request_id": list(self.request_id),
+            "cause": list(self.cause),
+        }
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
 class Recorder:
     """Collects the rows of every result table during one run."""
 
@@ -134,7 +208,7 @@ class Recorder:
         self.schedule_enabled = record_schedule
         self.step = 0
         self.time_s = 0.0
-        self.kv_events = Columns(kv_event_columns())
+        self.kv_events = KVEventTable()
         self.admissions = Columns(admission_columns(num_groups))
         self.requests = Columns(request_columns())
         self.schedule = Columns(schedule_columns())
@@ -158,25 +232,8 @@ class Recorder:
 
     def record_kv_event_log(self, log: KVEventColumns) -> None:
         """Append a pool's event log (``sim.core.kv.pool.KVEventLog``), stamped with the current step and time."""
-        n = len(log)
-        if not n:
-            return
-        cols = self._stamp_kv_events(n)
-        cols["kind"].extend(log.kind)
-        cols["group"].extend(log.group)
-        cols["block_id"].extend(log.block_id)
-        cols["block_hash"].extend(log.block_hash)
-        cols["request_id"].extend(log.request_id)
-        cols["cause"].extend(log.cause)
-
-    def _stamp_kv_events(self, n: int) -> dict[str, list]:
-        """Append the ``seq``, ``step`` and ``time_s`` of ``n`` new ``kv_events`` rows; the columns, for the rest."""
-        cols = self.kv_events.data
-        seq = len(cols["seq"])
-        cols["seq"].extend(range(seq, seq + n))
-        cols["step"].extend([self.step] * n)
-        cols["time_s"].extend([self.time_s] * n)
-        return cols
+        if len(log):
+            self.kv_events.append_log(log, self.step, self.time_s)
 
     def record_admission(
         self,

@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from sim.trace.recorder import (
     Columns,
+    KVEventTable,
     Recorder,
     admission_columns,
     kv_event_columns,
@@ -336,6 +337,12 @@ def _int64_words(values: Sequence) -> np.ndarray | None:
     return None if words.min() < 0 else words
 
 
+#: The NumPy dtype of each numeric schema dtype (a 1-D array of it is a column as it is).
+_NUMPY_DTYPES: dict[str, np.dtype] = {_INT: np.dtype(np.int64), _FLOAT: np.dtype(np.float64), _BOOL: np.dtype(bool)}
+
+#: A column as :func:`normalized_columns` takes it: a sequence of values or a 1-D NumPy array.
+RawColumn: TypeAlias = "Sequence | np.ndarray"
+
 #: What :func:`_fast_column` builds: a NumPy array or a pandas ``str`` extension array.
 ColumnArray: TypeAlias = "np.ndarray | pd.api.extensions.ExtensionArray"
 
@@ -453,17 +460,17 @@ def _is_sorted(values: ColumnArray) -> bool:
     return values.dtype.kind in "iu" and bool((values[1:] >= values[:-1]).all())
 
 
-def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> pd.DataFrame:
+def normalize_table(table: str, frame: pd.DataFrame | Mapping[str, RawColumn]) -> pd.DataFrame:
     """Schema dtypes, canonical column order and deterministic row order for one table.
 
-    Accepts a DataFrame or a mapping of column name to values (as the recorder
-    holds them). Columns missing from the contract are an error; unknown
+    Accepts a DataFrame or a mapping of column name to values (lists, as the
+    recorder holds them, or 1-D NumPy arrays). Columns missing from the contract are an error; unknown
     columns are kept as extensions with an inferred dtype.
     """
     return frame_from_columns(normalized_columns(table, frame))
 
 
-def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, Sequence]) -> dict[str, ColumnArray]:
+def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, RawColumn]) -> dict[str, ColumnArray]:
     """The columns of :func:`normalize_table`'s frame as arrays, in its column and row order
     (``frame_from_columns`` of them is that frame)."""
     _check_table(table)
@@ -474,7 +481,16 @@ def normalized_columns(table: str, frame: pd.DataFrame | Mapping[str, Sequence])
     else:
         for name, values in frame.items():
             dtype = column_dtype(table, name)
-            column = _fast_column(values, dtype) if dtype is not None and isinstance(values, list) else None
+            column = None
+            if dtype is not None and isinstance(values, list):
+                column = _fast_column(values, dtype)
+            elif (
+                isinstance(values, np.ndarray)
+                and values.ndim == 1
+                and dtype in _NUMPY_DTYPES
+                and values.dtype == _NUMPY_DTYPES[dtype]
+            ):
+                column = values  # already what _coerce would make of it
             if column is not None:
                 fast[name] = column
         # Every column on the fast path (the recorder's case): no intermediate frame is needed.
@@ -570,19 +586,53 @@ def _with_explain_columns(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def table_from_columns(table: str, columns: Columns) -> pd.DataFrame:
-    """One recorder table (:class:`~sim.trace.recorder.Columns`) as a normalized DataFrame."""
+def table_from_columns(table: str, columns: Columns | KVEventTable) -> pd.DataFrame:
+    """One recorder table (:class:`~sim.trace.recorder.Columns`, or the ``kv_events``
+    :class:`~sim.trace.recorder.KVEventTable`) as a normalized DataFrame."""
     return frame_from_columns(_recorded_columns(table, columns))
 
 
-def _recorded_columns(table: str, columns: Columns) -> dict[str, ColumnArray]:
+def _recorded_columns(table: str, columns: Columns | KVEventTable) -> dict[str, ColumnArray]:
+    if isinstance(columns, KVEventTable):
+        return normalized_columns(table, _kv_event_values(columns))
     return normalized_columns(table, {name: columns.data[name] for name in columns.names})
+
+
+def _kv_event_values(events: KVEventTable) -> Mapping[str, RawColumn]:
+    """The ``kv_events`` columns for :func:`normalized_columns`: ``seq`` and the clock stamps as
+    arrays expanded from the runs (``np.arange`` / ``np.repeat``: the arrays the expanded lists
+    convert to, since a run holds the values its rows do), the event fields as recorded. Stamps
+    the fast conversion refuses take the expanded lists (and the general path)."""
+    steps = _fast_column(events.run_steps, _INT)
+    times = _fast_column(events.run_times, _FLOAT)
+    if not isinstance(steps, np.ndarray) or not isinstance(times, np.ndarray):
+        return events.data
+    lengths = _int64_words(events.run_lengths)
+    assert lengths is not None  # run lengths are positive ints
+    return {
+        "seq": np.arange(len(events), dtype=np.int64),
+        "step": np.repeat(steps, lengths),
+        "time_s": np.repeat(times, lengths),
+        "kind": events.kind,
+        "group": events.group,
+        "block_id": events.block_id,
+        "block_hash": events.block_hash,
+        "request_id": events.request_id,
+        "cause": events.cause,
+    }
 
 
 def columns_from_recorder(recorder: Recorder) -> dict[str, dict[str, ColumnArray]]:
     """All five tables of a run as :func:`normalized_columns` arrays, keyed by :data:`TABLE_NAMES`
     (:func:`frame_from_columns` of each is :func:`tables_from_recorder`'s frame)."""
-    return {name: _recorded_columns(name, getattr(recorder, name)) for name in TABLE_NAMES}
+    recorded: dict[str, Columns | KVEventTable] = {
+        "kv_events": recorder.kv_events,
+        "admissions": recorder.admissions,
+        "requests": recorder.requests,
+        "schedule": recorder.schedule,
+        "steps": recorder.steps,
+    }
+    return {name: _recorded_columns(name, recorded[name]) for name in TABLE_NAMES}
 
 
 def tables_from_recorder(recorder: Recorder) -> dict[str, pd.DataFrame]:

@@ -449,3 +449,49 @@ def test_normalized_columns_are_the_frames_columns(recorder):
     for name, columns in columns_from_recorder(recorder).items():
         assert frame_from_columns(columns).equals(frames[name]), name
         assert _dtypes(frame_from_columns(columns)) == _dtypes(frames[name]), name
+
+
+def test_kv_event_stamps_expanded_from_runs_equal_the_listed_rows():
+    """``seq`` / ``step`` / ``time_s`` are kept as runs (one per log) and expanded with NumPy: the
+    table must be the one the per-row lists (``KVEventTable.data``) give, dtypes and all."""
+    rec = Recorder(num_groups=2)
+    logs = [
+        (0, 0.0, [KVEvent("stored", 0, 1, 7, "r0", "cache")] * 3),
+        (0, 0.0, [KVEvent("removed", 1, 2, 8, "r1", "evict_lru")]),  # same clock: a run of its own
+        (4, 0.125, [KVEvent("stored", 1, 5, 2**64 - 1, "r2", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset")]),
+        (9, 3.5, [KVEvent("removed", 0, 1, 7, "r0", "evict_lru")] * 5),
+    ]
+    for step, time_s, events in logs:
+        rec.set_clock(step, time_s)
+        rec.record_kv_event_log(event_log(*events))
+    kv = rec.kv_events
+    assert (kv.run_steps, kv.run_times, kv.run_lengths) == ([0, 0, 4, 9], [0.0, 0.0, 0.125, 3.5], [3, 1, 2, 5])
+    listed = kv.data
+    assert listed["seq"] == list(range(11)) and len(kv) == 11
+    assert listed["step"] == [0] * 4 + [4] * 2 + [9] * 5
+    assert listed["time_s"] == [0.0] * 4 + [0.125] * 2 + [3.5] * 5
+    expanded = tables_from_recorder(rec)["kv_events"]
+    general = normalize_table("kv_events", listed)
+    assert _dtypes(expanded) == _dtypes(general)
+    assert expanded.equals(general)
+    assert expanded["time_s"].to_numpy().tobytes() == general["time_s"].to_numpy().tobytes()
+
+
+@pytest.mark.parametrize(
+    "table,column,values",
+    [
+        ("kv_events", "step", [3, 0, 2]),
+        ("steps", "time_s", [0.5, -0.0, np.nan]),
+        ("schedule", "preempted", [True, False]),
+    ],
+)
+def test_a_numpy_column_of_the_schema_dtype_equals_its_list(table, column, values):
+    """A 1-D array of the column's NumPy dtype is taken as it is: the same column as its values as a list."""
+    n = len(values)
+    fill = {"bool": False, "str": ""}
+    base = {c: [fill.get(str(dtype), 0)] * n for c, dtype in empty_table(table, 1).dtypes.items()}
+    as_list = normalize_table(table, {**base, column: list(values)})
+    as_array = normalize_table(table, {**base, column: np.array(values)})
+    assert _dtypes(as_array) == _dtypes(as_list)
+    assert as_array.equals(as_list)
+    assert as_array[column].to_numpy().tobytes() == as_list[column].to_numpy().tobytes()
