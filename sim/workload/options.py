@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from operator import attrgetter
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -38,7 +39,7 @@ def apply_options(
         stream = (d for d in stream if rng.random() < spec.sample)  # one draw per request, in source order
     if spec.time_scale != 1.0 or clock == "steps":
         stream = _retime(stream, spec.time_scale, clock == "steps")
-    key = lambda d: (d.arrival, d.order)  # noqa: E731
+    key = attrgetter("arrival", "order")  # the tuple (arrival, order), made in C
     if spec.limit is not None:
         return heapq.nsmallest(spec.limit, stream, key=key)
     return sorted(stream, key=key)

@@ -140,3 +140,19 @@ def test_blocks_segment_pieces_and_bounds():
     for ids, length in [((1, 2), 1024 + 1), ((1, 2), 512), ((), 0)]:
         with pytest.raises(ValueError, match="cannot hold"):
             StreamBlocksSegment("mc:", ids, 512, length)
+
+
+def test_blocks_segment_written_init_keeps_the_dataclass():
+    """The hand-written __init__ sets the same fields as the generated one: keywords, equality, hash, frozen."""
+    import dataclasses
+
+    run = StreamBlocksSegment(prefix="mc:", ids=(4, 9), block=512, length=600)
+    assert run == StreamBlocksSegment("mc:", (4, 9), 512, 600) and hash(run) == hash(
+        StreamBlocksSegment("mc:", (4, 9), 512, 600)
+    )
+    assert run != StreamBlocksSegment("mc:", (4, 9), 512, 601)
+    assert dataclasses.astuple(run) == ("mc:", (4, 9), 512, 600)
+    assert repr(run) == "StreamBlocksSegment(prefix='mc:', ids=(4, 9), block=512, length=600)"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.length = 1  # type: ignore[misc]
+    assert dataclasses.replace(run, length=1024) == StreamBlocksSegment("mc:", (4, 9), 512, 1024)

@@ -6,6 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.core.kv.hashing import RequestBlockHasher, extend_block_hashes, hash_block
 from sim.core.tokens import IdsSegment, StreamBlocksSegment, StreamSegment, basic_segments, block_content
@@ -346,3 +348,132 @@ def test_jsonl_lines_parse_as_json_loads_of_the_bytes(tmp_path, raw):
     else:
         with pytest.raises(WorkloadError, match=r"t.jsonl:\d+: "):
             list(jsonl_objects(path))
+
+
+def _same_json(a, b):
+    """Equal, and of the same types all the way down (``1 == 1.0 == True``), with keys in the same order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same_json, a, b))
+    return a == b
+
+
+def test_flat_json_object_takes_json_dumps_lines_of_ints():
+    from sim.workload.traces.common import flat_json_object
+
+    rows = [*MOONCAKE, {}, {"a": []}, {"a": -0, "b": [-7, 0, 10**17]}, {"": 1, "k ~!}{[]": [3]}]
+    for row in rows:
+        for raw in (json.dumps(row).encode(), json.dumps(row).encode() + b"\n"):
+            got = flat_json_object(raw)
+            assert got is not None and _same_json(got, json.loads(raw))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1, "a": 2}',  # json.loads keeps the last
+        b'{"a": 01}',
+        b'{"a": [1, 02]}',
+        b'{"a": -}',
+        b'{"a": 1.0}',
+        b'{"a": 1e3}',
+        b'{"a": [1, 2.5]}',
+        b'{"a": 1234567890123456789}',  # 19 digits: json.loads'
+        b'{"a": [1,2]}',
+        b'{"a":1}',
+        b'{"a": 1}\r\n',
+        b'{"a": 1} ',
+        b'{"a": 1}}',
+        b'{"a": 1, }',
+        b'{"a": [1, ]}',
+        b'{"a": [ 1]}',
+        b'{"a\\u00e9": 1}',
+        b'{"a\\"": 1}',
+        b'{"\xc3\xa9": 1}',
+        b'{"a": true}',
+        b'{"a": "1"}',
+        b'{"a": [[1]]}',
+        b'{"a": 1',
+        b'{"a: 1}',
+        b'{"a"',
+        b"{",
+        b"}",
+        b"[1]",
+    ],
+)
+def test_flat_json_object_leaves_every_other_line_to_json_loads(raw):
+    from sim.workload.traces.common import flat_json_object
+
+    assert flat_json_object(raw) is None
+    assert flat_json_object(raw + b"\n") is None
+
+
+_JSON_PIECES = [
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b'"',
+    b": ",
+    b", ",
+    b",",
+    b":",
+    b" ",
+    b"-",
+    b"0",
+    b"1",
+    b"9",
+    b"42",
+    b"07",
+    b"1.5",
+    b"e3",
+    b'"k"',
+    b'"hash_ids"',
+    b"\\",
+    b"\n",
+    b"\xc3\xa9",
+    b"\x00",
+    b"null",
+    b"1234567890",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_JSON_PIECES), max_size=24), st.booleans())
+def test_flat_json_object_is_json_loads_or_none(pieces, wrap):
+    """On any bytes, the fast path gives json.loads' object (same types, same key order) or leaves the line."""
+    from sim.workload.traces.common import flat_json_object
+
+    raw = b"".join(pieces)
+    if wrap:
+        raw = b'{"k": ' + raw + b"}"
+    got = flat_json_object(raw)
+    if got is not None:
+        assert _same_json(got, json.loads(raw))
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 02]}', "invalid JSON"),
+        ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2.5]}', "got 2.5"),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', "'input_length' must be >= 1"),
+        ('{"timestamp": 0, "input_length": 600, "output_length": -1, "hash_ids": [1, 2]}', "'output_length' must be"),
+        ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2, 3]}', "3 hash_ids for"),
+        (  # a repeated key: json.loads keeps the last
+            '{"timestamp": 0, "input_length": 600, "input_length": 10, "output_length": 1, "hash_ids": [1, 2]}',
+            "2 hash_ids for input_length 10",
+        ),
+    ],
+)
+def test_mooncake_lines_of_the_fast_spelling_are_refused_as_before(build, tmp_path, line, message):
+    """Lines in (or one byte off) the spelling flat_json_object parses: the same errors as json.loads' path."""
+    path = tmp_path / "mc.jsonl"
+    path.write_text(json.dumps(MOONCAKE[0]) + "\n" + line + "\n")
+    with pytest.raises(WorkloadError) as exc:
+        build({"trace": {"format": "mooncake", "path": "mc.jsonl"}})
+    assert str(exc.value).startswith(f"{path}:2: ")
+    assert message in str(exc.value)
