@@ -152,26 +152,29 @@ def decide(
         )
     if not shared_library(root).is_file():
         return NativeStatus(False, "interpreted: the compiled build lacks its shared library; rebuild it", True)
-    for module in modules:
-        source = source_path(module, root)
-        if not extension_path(module, root).is_file():
-            return NativeStatus(False, f"interpreted: the compiled build lacks {module}; rebuild it", True)
-        if not source.is_file() or source_digest(source) != digests[module]:
-            return NativeStatus(
-                False, f"interpreted: {source.relative_to(root)} changed since the compiled build; rebuild it", True
-            )
+    unusable = _first_unusable({m: source_path(m, root) for m in modules}, digests, root)
+    if unusable is not None:
+        return unusable
     c_digests = manifest.get("c_extensions", {})
     if not isinstance(c_digests, dict) or sorted(c_digests) != sorted(c_extensions):
         return NativeStatus(False, "interpreted: the compiled build lists other C extensions; rebuild it", True)
-    for extension in c_extensions:
-        source = c_source_path(extension, root)
-        if not extension_path(extension, root).is_file():
-            return NativeStatus(False, f"interpreted: the compiled build lacks {extension}; rebuild it", True)
-        if not source.is_file() or source_digest(source) != c_digests[extension]:
+    unusable = _first_unusable({e: c_source_path(e, root) for e in c_extensions}, c_digests, root)
+    if unusable is not None:
+        return unusable
+    return NativeStatus(True, f"compiled: {len(modules)} modules (mypyc {manifest.get('mypyc', '?')})")
+
+
+def _first_unusable(sources: Mapping[str, Path], digests: Mapping[str, object], root: Path) -> NativeStatus | None:
+    """Why the build cannot be used for the first of these extensions (name -> its source) whose file is
+    missing or whose source no longer hashes to its recorded digest, or None when every one is fresh."""
+    for name, source in sources.items():
+        if not extension_path(name, root).is_file():
+            return NativeStatus(False, f"interpreted: the compiled build lacks {name}; rebuild it", True)
+        if not source.is_file() or source_digest(source) != digests[name]:
             return NativeStatus(
                 False, f"interpreted: {source.relative_to(root)} changed since the compiled build; rebuild it", True
             )
-    return NativeStatus(True, f"compiled: {len(modules)} modules (mypyc {manifest.get('mypyc', '?')})")
+    return None
 
 
 def read_manifest(path: Path | None = None) -> dict[str, object] | None:
