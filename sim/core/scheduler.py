@@ -59,7 +59,7 @@ from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
 from sim.core.kv.fastpath import DecodeCohort
-from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.kv.hashing import ChainBackend, RequestBlockHasher
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.core.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
@@ -243,6 +243,7 @@ class Scheduler:
         recorder: AdmissionRecorder | None = None,
         admission_checker: AdmissionChecker | None = None,
         on_crash: Literal["stop", "record"] = "stop",
+        chain_hasher: ChainBackend | None = None,
     ) -> None:
         if on_crash not in ("stop", "record"):
             raise ValueError(f"on_crash: expected 'stop' or 'record', got {on_crash!r}")
@@ -253,7 +254,8 @@ class Scheduler:
         self.max_model_len = config.max_model_len or kv_cfg.max_model_len
         self.block_size = kv_cfg.scheduler_block_size
         self.hash_block_size = kv_cfg.hash_block_size
-        self._block_hasher = RequestBlockHasher(self.hash_block_size)
+        # ``chain_hasher``: what hashes the requests' blocks (None: the Python code; the same hashes).
+        self._block_hasher = RequestBlockHasher(self.hash_block_size, chain_hasher)
         self.num_groups = len(kv_cfg.groups)
         # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
         if connector is not None and connector.name == "none":

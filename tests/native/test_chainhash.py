@@ -1,9 +1,9 @@
 """The compiled build's C chained hashing (``sim.native._chainhash``) gives exactly the Python code's hashes.
 
 Needs the compiled build (``hybridsim native build``): without a fresh one these
-tests skip, unless ``HYBRIDSIM_REQUIRE_NATIVE=1`` (CI), where they fail. The suite
-runs the interpreted core, so ``sim.core.kv.hashing`` hashes in Python here; each
-test points its one seam (``_NATIVE_CHAIN``) at the C extension and compares.
+tests skip, unless ``HYBRIDSIM_REQUIRE_NATIVE=1`` (CI), where they fail. Each test
+hashes through both backends of the one seam (``chain=``: None for the Python code,
+the C extension) and compares.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import hashlib
 import importlib
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-from sim.core.kv import hashing
 from sim.core.kv.hashing import NONE_HASH, extend_block_hashes
 from sim.core.tokens import IdsSegment, Segment, StreamBlocksSegment, StreamSegment, block_pieces
 from sim.native import decide, read_manifest
@@ -68,7 +70,7 @@ def _random_segments(rng: random.Random) -> list[Segment]:
     return out
 
 
-def test_every_piece_shape_hashes_alike_in_c_and_python(chainhash: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_piece_shape_hashes_alike_in_c_and_python(chainhash: ModuleType) -> None:
     rng = random.Random(20261202)
     kinds_seen: set[int] = set()
     checked = 0
@@ -83,10 +85,9 @@ def test_every_piece_shape_hashes_alike_in_c_and_python(chainhash: ModuleType, m
         kinds_seen.update(p.kind for p in block_pieces(segments, 0, total // bs, bs))
         results = []
         for backend in (None, chainhash):
-            monkeypatch.setattr(hashing, "_NATIVE_CHAIN", backend)
             hashes: list[int] = []
-            extend_block_hashes(hashes, segments, first * bs, bs)
-            extend_block_hashes(hashes, segments, total, bs)
+            extend_block_hashes(hashes, segments, first * bs, bs, chain=backend)
+            extend_block_hashes(hashes, segments, total, bs, chain=backend)
             results.append(hashes)
         assert results[0] == results[1]
         assert len(results[0]) == total // bs
@@ -105,3 +106,23 @@ def test_bad_arguments_raise_instead_of_hashing(chainhash: ModuleType) -> None:
     with pytest.raises(OverflowError):
         chainhash.chain_stream(hashes, -1, b"Sa\x00", 0, 1, 4)
     assert hashes == []
+
+
+def test_a_compiled_run_hashes_through_the_c_extension(chainhash: ModuleType) -> None:
+    """The engine hands the C hasher to the scheduler in a compiled process (and only then)."""
+    probe = (
+        "from sim.config import load_scenario; from sim.engine.build import build_components; "
+        "c = build_components(load_scenario('benchmarks/scenarios/step-fa-1000.yaml')); "
+        "print(c.scheduler._block_hasher.chain)"
+    )
+    root = Path(__file__).resolve().parents[2]
+    for switch, expected in (("1", "sim.native._chainhash"), ("0", "None")):
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**os.environ, "HYBRIDSIM_NATIVE": switch},
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert expected in done.stdout.strip().splitlines()[-1]

@@ -16,9 +16,11 @@ Differences from vLLM, on purpose:
 * Tokens are described by :mod:`sim.core.tokens` runs instead of token-id tuples;
   equal tokens give equal bytes, so equal content gives equal hashes.
 
-How a chain is computed is an implementation choice behind one seam (``_NATIVE_CHAIN``): the compiled
-build hashes the blocks without extra keys in its C extension ``sim.native._chainhash`` (:class:`ChainBackend`),
-which gives exactly the ints the Python code gives; the interpreted build runs the Python code.
+How a chain is computed is an implementation choice behind one seam, a :class:`ChainBackend` handed in
+(``RequestBlockHasher(..., chain=...)``, ``extend_block_hashes(..., chain=...)``): in a process running the
+compiled build the engine hands in its C extension ``sim.native._chainhash``, which gives exactly the ints
+the Python code gives; with None (the default, and always in the interpreted build) the Python code runs.
+The core itself never imports it.
 
 A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 :func:`group_key`; each group therefore caches and evicts on its own.
@@ -30,7 +32,6 @@ import struct
 from hashlib import blake2b
 from typing import Final, Protocol, Sequence, cast
 
-from sim import native
 from sim.core.tokens import (
     PIECE_STREAM,
     PIECE_TRACE,
@@ -90,16 +91,18 @@ def extend_block_hashes(
     hash_block_size: int,
     lora_name: str | None = None,
     cache_salt: str | None = None,
+    chain: ChainBackend | None = None,
 ) -> int:
     """Append the hashes of the full blocks of ``segments[:num_tokens]`` not yet in ``hashes``.
 
     ``hashes`` is a request's running hash list (vLLM: ``request.block_hashes``);
     it is extended in place, never recomputed. Returns the number appended.
+    ``chain`` hashes the blocks without extra keys (None: the Python code; the same hashes).
     """
     start_block = len(hashes)
     end_block = num_tokens // hash_block_size
     if not lora_name and not (cache_salt and start_block == 0):  # no extra keys on any of these blocks
-        _chain_pieces(hashes, block_pieces(segments, start_block, end_block, hash_block_size), hash_block_size)
+        _chain_pieces(hashes, block_pieces(segments, start_block, end_block, hash_block_size), hash_block_size, chain)
         return end_block - start_block
     parent = hashes[-1] if hashes else None
     contents = block_contents(segments, start_block, end_block, hash_block_size)
@@ -148,22 +151,11 @@ class ChainBackend(Protocol):
     ) -> None: ...
 
 
-def _native_backend() -> ChainBackend | None:
-    """The C backend when this process runs the compiled build (the build makes both or neither), else None."""
-    if not native.status().compiled:
-        return None
-    from sim.native import _chainhash
-
-    return _chainhash
-
-
-#: The one seam between the two ways of hashing: the C backend, or None for the Python code.
-_NATIVE_CHAIN: Final = _native_backend()
-
-
-def _chain_pieces(hashes: list[BlockHash], pieces: list[BlockPiece], block_size: int) -> None:
-    """Append the chained hashes of these pieces' blocks (no extra keys), through the C backend if there is one."""
-    backend = _NATIVE_CHAIN
+def _chain_pieces(
+    hashes: list[BlockHash], pieces: list[BlockPiece], block_size: int, backend: ChainBackend | None
+) -> None:
+    """Append the chained hashes of these pieces' blocks (no extra keys): through ``backend``, or the Python
+    code when it is None."""
     for piece in pieces:
         if backend is None:
             _chain_contents(hashes, piece.contents(block_size))
@@ -236,12 +228,14 @@ class RequestBlockHasher:
       (without a LoRA name: its key goes on every block).
     """
 
-    __slots__ = ("hash_block_size", "_prefixes")
+    __slots__ = ("hash_block_size", "chain", "_prefixes")
 
-    def __init__(self, hash_block_size: int) -> None:
+    def __init__(self, hash_block_size: int, chain: ChainBackend | None = None) -> None:
         if hash_block_size < 1:
             raise ValueError(f"hash_block_size must be >= 1, got {hash_block_size}")
         self.hash_block_size = hash_block_size
+        #: What hashes the blocks without extra keys (None: the Python code; the same hashes).
+        self.chain = chain
         #: prefix key -> (prompt segments, block hashes) of the last request hashed with that start;
         #: the hash list is the request's own (it only grows, so its head stays valid).
         self._prefixes: dict[_PrefixKey, tuple[tuple[Segment, ...], list[BlockHash]]] = {}
@@ -255,7 +249,7 @@ class RequestBlockHasher:
             if num_blocks > 0:
                 head = stream_head(output_stream(request.request_id))
                 piece = BlockPiece(PIECE_STREAM, num_blocks, done - request.num_prompt_tokens, head, None, b"")
-                _chain_pieces(hashes, [piece], block)
+                _chain_pieces(hashes, [piece], block, self.chain)
             return
         segments = request.segments()
         keys: list[_PrefixKey] = []
@@ -269,6 +263,7 @@ class RequestBlockHasher:
             block,
             request.lora_name,
             request.cache_salt,
+            self.chain,
         )
         for key in keys:
             self._prefixes[key] = (segments, hashes)
