@@ -27,7 +27,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Mapping, Optional
 
 import typer
 
@@ -392,38 +392,62 @@ def compare(
     labels: List[str] = typer.Option(
         [], "--label", help="A run's label (repeatable, in order; default the folder name)."
     ),
+    fmt: str = typer.Option("table", "--format", help="table | markdown (for an issue) | csv | json."),
+    tolerance: float = typer.Option(
+        0.02, "--tolerance", help="Relative difference from the first run under which a metric counts as equal."
+    ),
 ) -> None:
-    """One table and overlay plots across runs (e.g. one run per prefix policy)."""
-    from rich.table import Table
-
-    from sim.analysis.plots import compare_latency_cdfs, compare_outcomes
-    from sim.analysis.report import compare_rows
-    from sim.trace.bundle import load_result
+    """Metrics as rows, runs as columns; Δ marks what differs from the first run (with the ratio to it)."""
+    from sim.analysis.compare import FORMATS, table_rows, to_csv, to_json, to_markdown
+    from sim.analysis.compare import compare as compare_runs
 
     if len(result_dirs) < 2:
         _fail("compare needs at least two result directories")
     if len(labels) > len(result_dirs):
         _fail(f"--label given {len(labels)} times for {len(result_dirs)} result directories")
-    results = {}
+    if fmt not in FORMATS:
+        _fail(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    from sim.trace.bundle import LoadedResult, load_result
+
+    results: dict[str, LoadedResult] = {}
     for i, directory in enumerate(result_dirs):
-        label = labels[i] if i < len(labels) else directory.name
-        while label in results:
-            label = f"{label}'"
-        results[label] = load_result(directory)
-    header, rows = compare_rows({k: v.summary for k, v in results.items()})
-    table = Table(show_header=True)
-    for name in header:
-        table.add_column(name)
-    for row in rows:
-        table.add_row(*row)
-    _console().print(table)
+        results[_unique_label(labels[i] if i < len(labels) else directory.name, results)] = load_result(directory)
+    summaries = {k: v.summary for k, v in results.items()}
+    try:
+        comparison = compare_runs(summaries, tolerance)
+    except ValueError as e:
+        _fail(str(e))
+    if fmt == "table":
+        from rich.table import Table
+        from rich.text import Text
+
+        header, rows = table_rows(comparison)
+        table = Table(show_header=True)
+        for i, name in enumerate(header):
+            table.add_column(Text(name), justify="left" if i == 0 else "right", overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        _console().print(table)
+        typer.echo(f"Δ: differs from the first run by more than {tolerance:.0%}; ×r is the ratio to it.")
+    else:
+        render = {"markdown": to_markdown, "csv": to_csv, "json": to_json}[fmt]
+        sys.stdout.write(render(comparison))
     if out is not None:
+        from sim.analysis.plots import compare_latency_cdfs, compare_outcomes
+
         out.mkdir(parents=True, exist_ok=True)
         for name in ("latency_cdfs.png", "outcomes.png"):
             if out.is_symlink() or (out / name).is_symlink():
                 _fail(f"-o/--out {out}: {name} or the folder is a symbolic link; links are never followed")
-        typer.echo(str(compare_latency_cdfs(results, out / "latency_cdfs.png")))
-        typer.echo(str(compare_outcomes(results, out / "outcomes.png")))
+        typer.echo(str(compare_latency_cdfs(results, out / "latency_cdfs.png")), err=fmt != "table")
+        typer.echo(str(compare_outcomes(results, out / "outcomes.png")), err=fmt != "table")
+
+
+def _unique_label(label: str, taken: Mapping[str, object]) -> str:
+    """``label``, primed until no earlier run has it (two folders with one name)."""
+    while label in taken:
+        label = f"{label}'"
+    return label
 
 
 # -------------------------------------------------------------- trace diff

@@ -117,6 +117,10 @@ def test_show_plot_and_compare(bundles, tmp_path: Path) -> None:
     for name in ("latency_cdfs.png", "outcomes.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert invoke("compare", bundles["pr48425"]).exit_code == 2
+    md = invoke("compare", bundles["pr48425"], bundles["reconciled"], "--format", "markdown")
+    assert md.exit_code == 0 and md.stdout.startswith("| metric | pr48425 | reconciled | Δ |")
+    assert "| prefix policy | pr48425 | reconciled | * |" in md.stdout
+    assert invoke("compare", bundles["pr48425"], bundles["reconciled"], "--format", "xml").exit_code == 2
 
 
 def test_trace_diff_exit_codes(bundles, tmp_path: Path) -> None:

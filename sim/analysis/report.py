@@ -1,4 +1,5 @@
-"""Human-readable views of ``summary.json``: the end-of-run table and the cross-run comparison.
+"""Human-readable views of ``summary.json``: the end-of-run table, and the value formatting that
+``sim.analysis.compare`` shares.
 
 Pure formatting over the summary dict written by :func:`sim.results.metrics.run_summary`
 and the engine; a key a summary lacks is shown as ``-``.
@@ -6,10 +7,10 @@ and the engine; a key a summary lacks is shown as ``-``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 
-def _get(summary: Mapping[str, Any], path: str) -> Any:
+def lookup(summary: Mapping[str, Any], path: str) -> Any:
     node: Any = summary
     for part in path.split("."):
         if not isinstance(node, Mapping) or part not in node:
@@ -18,7 +19,7 @@ def _get(summary: Mapping[str, Any], path: str) -> Any:
     return node
 
 
-def _fmt(value: Any, unit: str = "") -> str:
+def format_value(value: Any, unit: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -30,7 +31,7 @@ def _fmt(value: Any, unit: str = "") -> str:
             return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.3f} s"
         return f"{value:.3g}"
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()) or "-"
+        return ", ".join(f"{k}={format_value(v)}" for k, v in value.items()) or "-"
     return str(value)
 
 
@@ -43,27 +44,30 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     unit = _time_unit(summary)
     steps_note = " (steps)" if unit == "" else ""
     kinds = summary.get("groups") or []
-    crashes = int(_get(summary, "admissions.by_outcome.crash") or 0)
-    status = _fmt(summary.get("status"))
+    crashes = int(lookup(summary, "admissions.by_outcome.crash") or 0)
+    status = format_value(summary.get("status"))
     if crashes and summary.get("status") == "complete":
         status += f" ({crashes} crash{'es' if crashes > 1 else ''} recorded)"
     rows: list[tuple[str, str]] = [
         ("status", status),
-        ("requests", f"{_fmt(_get(summary, 'requests.finished'))} finished / {_fmt(_get(summary, 'requests.total'))}"),
-        ("engine steps", _fmt(summary.get("steps"))),
+        (
+            "requests",
+            f"{format_value(lookup(summary, 'requests.finished'))} finished / {format_value(lookup(summary, 'requests.total'))}",
+        ),
+        ("engine steps", format_value(summary.get("steps"))),
     ]
     for name in ("ttft", "tpot", "e2e"):
-        p50 = _get(summary, f"latency_s.{name}.p50")
-        p99 = _get(summary, f"latency_s.{name}.p99")
-        rows.append((f"{name.upper()} p50 / p99{steps_note}", f"{_fmt(p50, unit)} / {_fmt(p99, unit)}"))
-    p50, p99 = _get(summary, "latency_s.queueing.p50"), _get(summary, "latency_s.queueing.p99")
-    rows.append((f"queueing p50 / p99{steps_note}", f"{_fmt(p50, unit)} / {_fmt(p99, unit)}"))
+        p50 = lookup(summary, f"latency_s.{name}.p50")
+        p99 = lookup(summary, f"latency_s.{name}.p99")
+        rows.append((f"{name.upper()} p50 / p99{steps_note}", f"{format_value(p50, unit)} / {format_value(p99, unit)}"))
+    p50, p99 = lookup(summary, "latency_s.queueing.p50"), lookup(summary, "latency_s.queueing.p99")
+    rows.append((f"queueing p50 / p99{steps_note}", f"{format_value(p50, unit)} / {format_value(p99, unit)}"))
     per = "step" if unit == "" else "s"
     rows.append(
         (
             f"throughput (req/{per}, tok/{per})",
-            f"{_fmt(_get(summary, 'throughput.requests_per_s'))}, "
-            f"{_fmt(_get(summary, 'throughput.output_tokens_per_s'))}",
+            f"{format_value(lookup(summary, 'throughput.requests_per_s'))}, "
+            f"{format_value(lookup(summary, 'throughput.output_tokens_per_s'))}",
         )
     )
     sizes = summary.get("block_sizes") or []
@@ -83,34 +87,72 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     connector = _connector_row(summary)
     if connector is not None:
         rows.append(("connector", connector))
-    hit = _get(summary, "cache.hit_rate") or {}
-    for key, value in hit.items():
-        i = int(key[1:]) if key[1:].isdigit() else None
-        kind = kinds[i] if i is not None and i < len(kinds) else ""
-        rows.append((f"hit rate {key} {kind}".rstrip(), _fmt(value, "%")))
+    hit = lookup(summary, "cache.hit_rate") or {}
+    for name, kind, value in collapse_groups(hit, kinds):
+        rows.append((f"hit rate {name} {kind}".rstrip(), format_value(value, "%")))
     rows += [
         (
             "local / external hit rate",
-            f"{_fmt(_get(summary, 'cache.local_rate'), '%')} / {_fmt(_get(summary, 'cache.external_rate'), '%')}",
+            f"{format_value(lookup(summary, 'cache.local_rate'), '%')} / {format_value(lookup(summary, 'cache.external_rate'), '%')}",
         ),
-        ("divergences", _fmt(_get(summary, "admissions.divergences"))),
-        ("fallbacks", _fmt(_get(summary, "admissions.fallbacks"))),
-        ("admission outcomes", _fmt(_get(summary, "admissions.by_outcome"))),
-        ("tokens recomputed by policy", _fmt(_get(summary, "admissions.tokens_recomputed"))),
-        ("preemptions", _fmt(_get(summary, "requests.preemptions"))),
+        ("divergences", format_value(lookup(summary, "admissions.divergences"))),
+        ("fallbacks", format_value(lookup(summary, "admissions.fallbacks"))),
+        ("admission outcomes", format_value(lookup(summary, "admissions.by_outcome"))),
+        ("tokens recomputed by policy", format_value(lookup(summary, "admissions.tokens_recomputed"))),
+        ("preemptions", format_value(lookup(summary, "requests.preemptions"))),
     ]
-    by_group = _get(summary, "evictions.by_group") or {}
-    rows.append(("evictions per group", ", ".join(f"{g}={_fmt(v.get('total'))}" for g, v in by_group.items()) or "-"))
-    rejected = (_get(summary, "requests.by_outcome") or {}).get("rejected")
+    by_group = lookup(summary, "evictions.by_group") or {}
+    totals = {g: v.get("total") if isinstance(v, Mapping) else None for g, v in by_group.items()}
+    rows.append(
+        (
+            "evictions per group",
+            ", ".join(f"{name}={format_value(value)}" for name, _, value in collapse_groups(totals, kinds)) or "-",
+        )
+    )
+    rejected = (lookup(summary, "requests.by_outcome") or {}).get("rejected")
     if rejected:
-        rows.append(("rejected (prompt > max_model_len)", _fmt(rejected)))
+        rows.append(("rejected (prompt > max_model_len)", format_value(rejected)))
     crash = summary.get("crash")
     if crash:
         rows.append(("CRASH", f"step {crash.get('step')} request {crash.get('request_id')}: {crash.get('reason')}"))
     return rows
 
 
-def _bytes(n: Any) -> str:
+def collapse_groups(per_group: Mapping[str, Any], kinds: list[str]) -> list[tuple[str, str, Any]]:
+    """``(name, kind, value)`` per run of consecutive groups of one type with equal values.
+
+    A run of several groups is named ``g0–g5`` and its kind reads ``mamba (6 groups)`` (Nemotron-H's six
+    identical Mamba groups are one row, as in the plots); a lone group keeps its own name (``g6``). Keys that
+    are not ``g<index>`` stay on their own.
+    """
+    out: list[tuple[str, str, Any]] = []
+    run: list[tuple[int, str, Any]] = []
+
+    def close() -> None:
+        if not run:
+            return
+        first, kind, value = run[0]
+        if len(run) == 1:
+            out.append((f"g{first}", kind, value))
+        else:
+            out.append((f"g{first}–g{run[-1][0]}", f"{kind} ({len(run)} groups)".lstrip(), value))
+        run.clear()
+
+    for key, value in per_group.items():
+        index = int(key[1:]) if key.startswith("g") and key[1:].isdigit() else None
+        if index is None:
+            close()
+            out.append((key, "", value))
+            continue
+        kind = kinds[index] if index < len(kinds) else ""
+        if run and (run[-1][0] + 1 != index or run[-1][1] != kind or run[-1][2] != value):
+            close()
+        run.append((index, kind, value))
+    close()
+    return out
+
+
+def bytes_text(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "-"
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
@@ -129,40 +171,12 @@ def _connector_row(summary: Mapping[str, Any]) -> str | None:
     if "queries" in m:
         parts.append(f"{m['queries']} queries, {m.get('hit_tokens', 0)} hit tokens")
     if "loads" in m:
-        parts.append(f"{m['loads']} loads ({_bytes(m.get('bytes_loaded'))})")
+        parts.append(f"{m['loads']} loads ({bytes_text(m.get('bytes_loaded'))})")
     if "stores" in m:
-        parts.append(f"{m['stores']} stores ({_bytes(m.get('bytes_stored'))})")
+        parts.append(f"{m['stores']} stores ({bytes_text(m.get('bytes_stored'))})")
     if "tier_bytes" in m:
-        parts.append(f"tier {_bytes(m['tier_bytes'])} / {_bytes(m.get('tier_capacity_bytes'))}")
+        parts.append(f"tier {bytes_text(m['tier_bytes'])} / {bytes_text(m.get('tier_capacity_bytes'))}")
     return f"{name}: {', '.join(parts)}" if parts else str(name)
-
-
-COMPARE_COLUMNS: Sequence[tuple[str, str, str]] = (
-    ("policy", "policy", ""),
-    ("status", "status", ""),
-    ("finished", "requests.finished", ""),
-    ("TTFT p50", "latency_s.ttft.p50", "t"),
-    ("TTFT p99", "latency_s.ttft.p99", "t"),
-)
-
-#: Group types in compare's column order, with their column names.
-KIND_COLUMNS: Sequence[tuple[str, str]] = (
-    ("full_attention", "hit FA"),
-    ("sliding_window", "hit SWA"),
-    ("mamba", "hit Mamba"),
-)
-
-COMPARE_TAIL: Sequence[tuple[str, str, str]] = (
-    ("local", "cache.local_rate", "%"),
-    ("external", "cache.external_rate", "%"),
-    ("fallbacks", "admissions.fallbacks", ""),
-    ("tokens lost", "admissions.tokens_recomputed", ""),
-    ("conn loaded", "connector_metrics.bytes_loaded", "B"),
-    ("conn stored", "connector_metrics.bytes_stored", "B"),
-    ("goodput", "goodput.requests_per_s", "rate"),
-    ("outcomes", "admissions.by_outcome", ""),
-    ("crash", "crash.reason", ""),
-)
 
 
 def kind_hit_rate(summary: Mapping[str, Any], kind: str) -> float | None:
@@ -171,37 +185,3 @@ def kind_hit_rate(summary: Mapping[str, Any], kind: str) -> float | None:
     rates = summary.get("cache", {}).get("hit_rate", {}) if isinstance(summary.get("cache"), Mapping) else {}
     values = [rates[f"g{i}"] for i, k in enumerate(kinds) if k == kind and f"g{i}" in rates]
     return sum(values) / len(values) if values else None
-
-
-def compare_rows(summaries: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """A header and one row per run for ``hybridsim compare``: hit rates per group type (only the types
-    some run has), local / external shares, tokens lost, connector bytes, goodput and the crash."""
-    kinds = [(k, name) for k, name in KIND_COLUMNS if any(k in (s.get("groups") or []) for s in summaries.values())]
-    # Summaries without group types (older bundles): the first two groups' columns.
-    legacy = not any(s.get("groups") for s in summaries.values())
-    header = (
-        ["run"]
-        + [label for label, _, _ in COMPARE_COLUMNS]
-        + [name for _, name in kinds]
-        + (["hit g0", "hit g1"] if legacy else [])
-        + [label for label, _, _ in COMPARE_TAIL]
-    )
-    rows = []
-    for label, summary in summaries.items():
-        unit = _time_unit(summary)
-        row = [label]
-        for _, path, kind in COMPARE_COLUMNS:
-            row.append(_fmt(_get(summary, path), unit if kind == "t" else kind))
-        row += [_fmt(kind_hit_rate(summary, k), "%") for k, _ in kinds]
-        if legacy:
-            row += [_fmt(_get(summary, "cache.hit_rate.g0"), "%"), _fmt(_get(summary, "cache.hit_rate.g1"), "%")]
-        for _, path, kind in COMPARE_TAIL:
-            value = _get(summary, path)
-            if kind == "B":
-                row.append(_bytes(value) if value is not None else "-")
-            elif kind == "rate":
-                row.append("-" if value is None else f"{value:.3g}/{'step' if unit == '' else 's'}")
-            else:
-                row.append(_fmt(value, kind))
-        rows.append(row)
-    return header, rows

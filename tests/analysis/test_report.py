@@ -1,8 +1,8 @@
-"""The terminal summary and the compare table (sim.analysis.report)."""
+"""The terminal summary (sim.analysis.report)."""
 
 from __future__ import annotations
 
-from sim.analysis.report import compare_rows, summary_rows
+from sim.analysis.report import collapse_groups, summary_rows
 
 NEMOTRON = ["mamba"] * 6 + ["full_attention"]
 
@@ -64,29 +64,23 @@ def test_step_clock_and_recorded_crash():
     assert not any("req/s," in label or "req/s)" in label for label in rows)
 
 
-def test_compare_has_one_column_per_group_type_and_the_new_columns():
-    header, rows = compare_rows({"a": _summary(), "b": _summary(crash={"reason": "AssertionError: x"}, clock="steps")})
-    assert header == [
-        "run",
-        "policy",
-        "status",
-        "finished",
-        "TTFT p50",
-        "TTFT p99",
-        "hit FA",
-        "hit Mamba",
-        "local",
-        "external",
-        "fallbacks",
-        "tokens lost",
-        "conn loaded",
-        "conn stored",
-        "goodput",
-        "outcomes",
-        "crash",
+def test_identical_groups_are_one_row():
+    rows = dict(
+        summary_rows(
+            _summary(evictions={"by_group": {**{f"g{i}": {"total": 233} for i in range(6)}, "g6": {"total": 418}}})
+        )
+    )
+    assert rows["hit rate g0–g5 mamba (6 groups)"] == "25.0%"
+    assert rows["hit rate g6 full_attention"] == "50.0%"
+    assert not any(label.startswith("hit rate g1") for label in rows)
+    assert rows["evictions per group"] == "g0–g5=233, g6=418"
+
+
+def test_groups_collapse_only_when_type_value_and_order_agree():
+    kinds = ["mamba", "mamba", "full_attention", "mamba"]
+    got = collapse_groups({"g0": 1, "g1": 2, "g2": 2, "g3": 2}, kinds)
+    assert got == [("g0", "mamba", 1), ("g1", "mamba", 2), ("g2", "full_attention", 2), ("g3", "mamba", 2)]
+    assert collapse_groups({"g0": 5, "g1": 5, "x": 1}, ["mamba", "mamba"]) == [
+        ("g0–g1", "mamba (2 groups)", 5),
+        ("x", "", 1),
     ]
-    a = dict(zip(header, rows[0]))
-    assert (a["hit FA"], a["hit Mamba"], a["local"], a["external"]) == ("50.0%", "25.0%", "25.0%", "12.5%")
-    assert (a["tokens lost"], a["conn loaded"], a["conn stored"], a["goodput"]) == ("48", "3.2 GB", "9.1 MB", "1.5/s")
-    b = dict(zip(header, rows[1]))
-    assert (b["goodput"], b["crash"]) == ("1.5/step", "AssertionError: x")
