@@ -278,11 +278,24 @@ def validate(
     scenarios: List[Path] = typer.Argument(..., help="Scenario YAML file(s)."),
     set_: List[str] = typer.Option([], "--set", help="Override a key: key.path=value."),
 ) -> None:
-    """Check scenario files (keys, types, presets, workload) without running them."""
+    """Check scenario files (keys, types, presets, workload) without running them.
+
+    A sweep file (one with a top-level ``scenario:`` key) is checked as a sweep: its grid, and the base scenario
+    at every grid point (seeds aside: a seed changes draws, not validity)."""
     from sim.config import load_scenario
     from sim.engine.build import build_components
+    from sim.sweep.grid import build_sweep, is_grid_file, plan_runs
 
     for path in scenarios:
+        if is_grid_file(path):
+            spec = build_sweep(path, overrides=list(set_))
+            points = {tuple(o for o in run.overrides if not o.startswith("seed=")) for run in plan_runs(spec, 0)}
+            for overrides in sorted(points):
+                scenario = load_scenario(spec.scenario, list(overrides))
+                with _naming_file(spec.scenario):
+                    build_components(scenario, dry_run=True)
+            typer.echo(f"{path}: ok (sweep of {spec.scenario.name}: {len(points)} grid points)")
+            continue
         scenario = load_scenario(path, list(set_))
         with _naming_file(path):
             build_components(scenario, dry_run=True)

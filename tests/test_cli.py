@@ -231,3 +231,15 @@ def test_sweep_runs_one_bundle_per_grid_point(tmp_path: Path) -> None:
         adm = load_result(tmp_path / f"scheduler.prefix_policy={policy}__seed=0").admissions.set_index("request_id")
         resume[policy] = (adm.loc["r", "num_computed_tokens"], adm.loc["r", "outcome"])
     assert resume == {"reconciled": (32, "recompute"), "trim_to_min": (48, "ok")}
+
+
+def test_validate_checks_a_sweep_file_as_a_sweep(tmp_path: Path) -> None:
+    """`validate scenarios/**/*.yaml` works: a sweep file is checked at every grid point, not as a scenario."""
+    ok = invoke("validate", ROOT / "scenarios/sweeps/pressure.yaml")
+    assert ok.exit_code == 0, ok.output
+    assert "sweep of pressure-base.yaml: 36 grid points" in ok.stdout
+    bad = tmp_path / "bad-sweep.yaml"
+    bad.write_text(f"scenario: {ROOT / 'scenarios/sweeps/pressure-base.yaml'}\ncache.num_blocks: [32, 0]\n")
+    refused = invoke("validate", bad)
+    assert refused.exit_code == 2
+    assert "num_blocks" in refused.output and "unknown key 'scenario'" not in refused.output
