@@ -392,7 +392,9 @@ def _redraw_plots(directory: Path, svg: bool) -> list[Path]:
         paths = plot_all(result, stage / "plots", fmt="svg" if svg else "png", group_kinds=result.group_kinds or None)
         drawn.extend(directory / p.relative_to(stage) for p in paths)
 
-    rewrite_bundle(directory, draw)
+    # The other format's figures stay (`plot --svg` adds SVGs beside the PNGs); the index is redrawn.
+    other = ".png" if svg else ".svg"
+    rewrite_bundle(directory, draw, keep=lambda rel: rel.endswith(other))
     return drawn
 
 

@@ -109,7 +109,15 @@ def test_show_plot_and_compare(bundles, tmp_path: Path) -> None:
     plotted = invoke("plot", bundles["pr48425"])
     assert plotted.exit_code == 0
     paths = [Path(line) for line in plotted.stdout.splitlines()]
-    assert paths and all(p.suffix == ".png" and p.stat().st_size > 0 for p in paths)
+    assert paths[-1].name == "index.md"
+    assert paths[:-1] and all(p.suffix == ".png" and p.stat().st_size > 0 for p in paths[:-1])
+    pngs = sorted(p.name for p in paths[:-1])
+    svg = invoke("plot", bundles["pr48425"], "--svg")
+    assert svg.exit_code == 0, svg.output
+    # --svg adds SVGs beside the PNGs, which stay (and stay in the manifest: the bundle still checks out).
+    assert sorted(p.name for p in (bundles["pr48425"] / "plots").glob("*.png")) == pngs
+    assert sorted(p.name for p in (bundles["pr48425"] / "plots").glob("*.svg")) == [n[:-4] + ".svg" for n in pngs]
+    assert load_result(bundles["pr48425"]).summary
 
     compared = invoke("compare", bundles["pr48425"], bundles["reconciled"], "-o", tmp_path)
     assert compared.exit_code == 0, compared.output

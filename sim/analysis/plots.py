@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import matplotlib
 import numpy as np
@@ -186,6 +186,17 @@ def eviction_marks(times: pd.Series, span: tuple[float, float], bins: int = 80) 
     return "density", edges, counts
 
 
+def eviction_count(removed: pd.DataFrame, groups: Sequence[int]) -> str:
+    """The one definition of a panel's eviction count, shared by the block-usage and raster plots: cache
+    entries removed *per group*. A merged panel says ``233 per group`` when its groups agree (they usually
+    do: they share the pool and the scheduler), else the range ``230-235 per group``."""
+    per_group = [int((removed["group"] == g).sum()) for g in groups]
+    if len(per_group) == 1:
+        return str(per_group[0])
+    lo, hi = min(per_group), max(per_group)
+    return f"{lo} per group" if lo == hi else f"{lo}-{hi} per group"
+
+
 def crash_positions(result: ResultSource, xcol: str) -> list[float]:
     """Where the run's crashes are on the x axis (crashed admission rows; else ``summary["crash"]``)."""
     adm = tables_of(result)["admissions"]
@@ -256,7 +267,9 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     for panel, ax in zip(panels, axes[1:, 0]):
         _series(ax, steps, xcol, "blocks_g", panel.groups, "blocks in use", "#1f77b4", "-")
         _series(ax, steps, xcol, "cached_g", panel.groups, "cached blocks", "#9467bd", "--")
-        ev = removed[removed["group"].isin(panel.groups)]
+        # Marks per group, like the count: the first group's evictions (a merged panel's groups agree).
+        ev = removed[removed["group"] == panel.groups[0]]
+        count = eviction_count(removed, panel.groups)
         kind, xs, counts = eviction_marks(ev[xcol], span)
         if kind == "ticks" and len(xs):
             ax.plot(
@@ -266,7 +279,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 marker="|",
                 markersize=12,
                 color="#d62728",
-                label=f"evictions ({len(xs)})",
+                label=f"evictions: {count}",
             )
         elif kind == "density":
             # Scaled into the panel (no second y axis, which cost a third of this figure's time).
@@ -282,8 +295,8 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 fill=True,
                 color="#d62728",
                 alpha=0.3,
-                label=f"evictions ({len(ev)}): density, peak {peak} per {(xs[1] - xs[0]):.3g} "
-                f"{'steps' if xcol == 'step' else 's'} at 40% height",
+                label=f"evictions: {count}\nbars: per {(xs[1] - xs[0]):.3g} {'steps' if xcol == 'step' else 's'}, "
+                f"peak {peak}",
             )
         _mark_crashes(ax, crashes, False)
         ax.set_title(panel.label, loc="left", fontsize=10)
@@ -393,7 +406,9 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
         ax.set_ylabel("block id")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         shown = f" (g{g} shown)" if len(panel.groups) > 1 else ""
-        ax.set_title(f"{panel.label}: {len(ev)} evictions{shown}", loc="left", fontsize=10)
+        ax.set_title(
+            f"{panel.label}: evictions {eviction_count(removed, panel.groups)}{shown}", loc="left", fontsize=10
+        )
         ax.grid(alpha=0.3)
     if not steps.empty:
         axes[-1, 0].set_xlim(
@@ -620,17 +635,54 @@ def plot_hit_rate_by_turn(
     return _save(fig, path)
 
 
+#: Below this many finished requests a latency CDF says nothing (a two-request step-clock script): left out.
+MIN_REQUESTS_FOR_CDFS = 20
+
+#: What each single-run figure shows, in drawing order (the lines of ``plots/index.md``).
+FIGURES: Mapping[str, str] = {
+    "block_usage": "free blocks of the shared pool; per group panel blocks in use, cached blocks, evictions per group",
+    "divergence": "each admission's full-attention hit against its Mamba (or second group's) hit, by outcome",
+    "eviction_raster": "one dot per evicted cache entry: time (or step) by block id, per group panel",
+    "latency_cdfs": "TTFT, TPOT, E2E and queueing distributions of the finished requests",
+    "outcomes": "admission outcomes: final per request, and per attempt",
+    "connector": "the connector's own per-step columns (tier blocks, loads in flight)",
+}
+
+
 def plot_all(
     result: ResultSource, out_dir: str | Path, fmt: str = "png", *, group_kinds: Sequence[str] | None = None
 ) -> list[Path]:
-    """Every single-run figure into ``out_dir``; returns the paths written, in a fixed order."""
+    """Every single-run figure that says something into ``out_dir``, plus ``index.md`` naming each figure and
+    each one left out with the reason; returns the paths written, in a fixed order (the index last).
+
+    Left out: the latency CDFs below :data:`MIN_REQUESTS_FOR_CDFS` finished requests, the connector panel
+    without connector columns."""
     if fmt not in PLOT_FORMATS:
         raise ValueError(f"plot format {fmt!r} is not one of {PLOT_FORMATS}")
     out = Path(out_dir)
-    return [
-        plot_block_usage(result, out / f"block_usage.{fmt}", group_kinds=group_kinds),
-        plot_divergence(result, out / f"divergence.{fmt}", group_kinds=group_kinds),
-        plot_eviction_raster(result, out / f"eviction_raster.{fmt}", group_kinds=group_kinds),
-        plot_latency_cdfs(result, out / f"latency_cdfs.{fmt}"),
-        plot_outcomes(result, out / f"outcomes.{fmt}"),
-    ] + ([plot_connector(result, out / f"connector.{fmt}")] if connector_columns(tables_of(result)["steps"]) else [])
+    tables = tables_of(result)
+    finished = int(tables["requests"]["finished_s"].notna().sum())
+    left_out: dict[str, str] = {}
+    if finished < MIN_REQUESTS_FOR_CDFS:
+        left_out["latency_cdfs"] = (
+            f"{finished} finished requests (fewer than {MIN_REQUESTS_FOR_CDFS}): a distribution of so few says nothing"
+        )
+    if not connector_columns(tables["steps"]):
+        left_out["connector"] = "the run has no connector columns"
+    draw: dict[str, Callable[[Path], Path]] = {
+        "block_usage": lambda p: plot_block_usage(result, p, group_kinds=group_kinds),
+        "divergence": lambda p: plot_divergence(result, p, group_kinds=group_kinds),
+        "eviction_raster": lambda p: plot_eviction_raster(result, p, group_kinds=group_kinds),
+        "latency_cdfs": lambda p: plot_latency_cdfs(result, p),
+        "outcomes": lambda p: plot_outcomes(result, p),
+        "connector": lambda p: plot_connector(result, p),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [draw[name](out / f"{name}.{fmt}") for name in FIGURES if name not in left_out]
+    lines = ["# Plots", ""]
+    lines += [f"- `{p.name}`: {FIGURES[p.stem]}" for p in paths]
+    if left_out:
+        lines += ["", "Left out:", ""] + [f"- `{name}`: {why}" for name, why in left_out.items()]
+    index = out / "index.md"
+    index.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return paths + [index]

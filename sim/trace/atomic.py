@@ -321,10 +321,15 @@ def staged_bundle(target: str | os.PathLike[str], *, force: bool = False) -> Ite
 
 
 def rewrite_bundle(
-    directory: str | os.PathLike[str], update: Callable[[Path], None], *, drop: str = "plots/"
+    directory: str | os.PathLike[str],
+    update: Callable[[Path], None],
+    *,
+    drop: str = "plots/",
+    keep: Callable[[str], bool] = lambda rel: False,
 ) -> list[str]:
     """Replace the bundle at ``directory`` whole with a copy whose files under ``drop`` are redrawn by
-    ``update(stage_dir)`` (e.g. ``hybridsim plot``). The rest must match the manifest. Returns the notes."""
+    ``update(stage_dir)`` (e.g. ``hybridsim plot``); files under ``drop`` for which ``keep(rel)`` holds are
+    carried over (``plot --svg`` keeps the PNGs). The rest must match the manifest. Returns the notes."""
     d = Path(os.path.abspath(directory))
     check = check_bundle(d)
     problems = [p for p in check.problems if not p.startswith(drop)]
@@ -335,7 +340,7 @@ def rewrite_bundle(
     with staged_bundle(d) as stage:
         stage.partial, stage.reason = check.partial, check.reason
         for rel in manifest["files"]:
-            if not rel.startswith(drop):
+            if not rel.startswith(drop) or keep(rel):
                 (stage.path / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(d / rel, stage.path / rel)
         for name, entry in manifest.get("tables", {}).items():

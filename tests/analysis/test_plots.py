@@ -28,7 +28,10 @@ def _check_png(path, min_colours=20):
     assert _distinct_colours(path) > min_colours, path
 
 
-def test_plot_all_writes_nonblank_pngs(tmp_path, tables):
+def test_plot_all_writes_nonblank_pngs_and_an_index(tmp_path, tables, monkeypatch):
+    import sim.analysis.plots as plots
+
+    monkeypatch.setattr(plots, "MIN_REQUESTS_FOR_CDFS", 1)
     result = LoadedResult.from_tables(tables, group_kinds=KINDS)
     paths = plot_all(result, tmp_path / "plots")
     assert [p.name for p in paths] == [
@@ -37,9 +40,23 @@ def test_plot_all_writes_nonblank_pngs(tmp_path, tables):
         "eviction_raster.png",
         "latency_cdfs.png",
         "outcomes.png",
+        "index.md",
     ]
-    for p in paths:
+    for p in paths[:-1]:
         _check_png(p)
+    index = paths[-1].read_text()
+    assert "- `latency_cdfs.png`: TTFT" in index and "Left out:\n\n- `connector`" in index
+
+
+def test_a_tiny_run_leaves_the_latency_cdfs_out_and_says_why(tmp_path, tables):
+    result = LoadedResult.from_tables(tables, group_kinds=KINDS)
+    finished = int(tables["requests"]["finished_s"].notna().sum())
+    assert 0 < finished < 20
+    paths = plot_all(result, tmp_path / "plots")
+    assert "latency_cdfs.png" not in [p.name for p in paths]
+    assert not (tmp_path / "plots" / "latency_cdfs.png").exists()
+    index = (tmp_path / "plots" / "index.md").read_text()
+    assert f"- `latency_cdfs`: {finished} finished requests (fewer than 20)" in index
 
 
 def test_png_and_svg_are_deterministic(tmp_path, tables):
@@ -57,7 +74,7 @@ def test_empty_result_gives_message_plots(tmp_path):
         {n: empty_table(n, 2) for n in ("kv_events", "admissions", "requests", "schedule", "steps")}, group_kinds=KINDS
     )
     for p in plot_all(result, tmp_path, fmt="svg"):
-        assert p.stat().st_size > 1000
+        assert p.stat().st_size > (100 if p.suffix == ".md" else 1000)
     p = plot_outcomes(result, tmp_path / "outcomes.png")
     # text only on a white canvas: few colours, but not blank
     assert 2 < _distinct_colours(p) < 300
@@ -145,13 +162,14 @@ def test_step_clock_latencies_are_in_steps(tables):
 
 def test_connector_panel_only_with_connector_columns(tmp_path, tables):
     assert connector_columns(tables["steps"]) == []
-    assert [p.name for p in plot_all(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path)][
-        -1
-    ] == "outcomes.png"
+    assert [p.name for p in plot_all(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path)][-2:] == [
+        "outcomes.png",
+        "index.md",
+    ]
     steps = tables["steps"].assign(
         conn_tier_bytes=[i * 10**9 for i in range(7)], conn_loads_in_flight=1, conn_stores_in_flight=0
     )
     with_conn = LoadedResult.from_tables(dict(tables, steps=steps), summary={"connector": "offload"}, group_kinds=KINDS)
     assert connector_columns(steps) == ["conn_tier_bytes", "conn_loads_in_flight", "conn_stores_in_flight"]
-    assert plot_all(with_conn, tmp_path)[-1].name == "connector.png"
+    assert plot_all(with_conn, tmp_path)[-2].name == "connector.png"
     _check_png(plot_connector(with_conn, tmp_path / "c.png"))
