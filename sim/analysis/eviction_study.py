@@ -112,15 +112,15 @@ def markdown_table(df: pd.DataFrame) -> str:
 
 def gap_figure(df: pd.DataFrame, path: Path) -> None:
     """Per (trace, pool) panel: the ideal as a line, FA-only and usable hit rate as bars per policy."""
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from sim.analysis.figures import save_figure
 
     traces = sorted(df["trace"].unique())
     pools = sorted(df["pool"].unique())
     policies = list(dict.fromkeys(df["policy"]))
-    fig, axes = plt.subplots(len(traces), len(pools), figsize=(4.2 * len(pools), 3.3 * len(traces)), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(pools), 3.3 * len(traces)), layout="tight")
+    axes = fig.subplots(len(traces), len(pools), squeeze=False)
     for i, trace in enumerate(traces):
         for j, pool in enumerate(pools):
             ax = axes[i][j]
@@ -135,10 +135,7 @@ def gap_figure(df: pd.DataFrame, path: Path) -> None:
                 ax.set_ylabel("prompt tokens hit (%)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle("Hybrid prefix-cache gap per eviction policy: ideal vs FA-only vs usable", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

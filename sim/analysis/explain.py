@@ -47,8 +47,21 @@ CELL_CLASSES: tuple[str, ...] = (
     "claimed_unbacked",
     "claimed_tainted",
     "external",
+    "resident_recomputed",
     "recomputed",
 )
+
+#: Legend text per cell class.
+CELL_LABELS: dict[str, str] = {
+    "absent": "absent",
+    "resident": "resident",
+    "claimed_backed": "claimed, backed",
+    "claimed_unbacked": "claimed, unbacked",
+    "claimed_tainted": "claimed, tainted",
+    "external": "external (connector)",
+    "resident_recomputed": "resident, recomputed anyway",
+    "recomputed": "recomputed",
+}
 
 _GROUP_LABEL = {"full_attention": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
 
@@ -459,7 +472,8 @@ def _cells(e: Explanation, g: GroupStory) -> tuple[str, ...]:
         elif g.kind == "mamba" and e.state_supplied and i == b // g.block_size - 1:
             cells.append("external")
         elif i * g.block_size >= b or (g.kind == "mamba" and (i + 1) * g.block_size > b):
-            cells.append("recomputed")
+            # Past the resume boundary: computed again, although the cache may still hold it (lost reuse).
+            cells.append("resident_recomputed" if i in g.resident else "recomputed")
         elif i in g.resident:
             cells.append("resident")
         else:
@@ -491,21 +505,25 @@ _COLOURS = {
     "claimed_unbacked": "#de2d26",
     "claimed_tainted": "#fd8d3c",
     "external": "#756bb1",
+    "resident_recomputed": "#c6dbef",
     "recomputed": "#bdbdbd",
 }
 
 
 def render_block_map(e: Explanation, path: str | Path) -> Path:
-    """Draw :func:`block_map` (one row per merged group, the resume boundary as a line) to ``path``."""
-    import matplotlib
+    """Draw :func:`block_map` (one row per merged group, the resume boundary as a line) to ``path``.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    The x axis counts blocks of the smallest group block size, with integer ticks only."""
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
+    from matplotlib.ticker import MaxNLocator
+
+    from sim.analysis.figures import save_figure
 
     rows = block_map(e)
     ncols = max(len(r.cells) for r in rows)
-    fig, ax = plt.subplots(figsize=(max(6.0, min(16.0, 2.5 + 0.35 * ncols)), 1.6 + 0.45 * len(rows)))
+    fig = Figure(figsize=(max(6.0, min(16.0, 2.5 + 0.35 * ncols)), 1.6 + 0.45 * len(rows)))
+    ax = fig.subplots()
     for y, r in enumerate(rows):
         scale = r.block_size / min(x.block_size for x in rows)
         for i, cls in enumerate(r.cells):
@@ -514,24 +532,21 @@ def render_block_map(e: Explanation, path: str | Path) -> Path:
     ax.axvline(e.claimed_boundary / smallest, color="black", linewidth=2)
     ax.text(e.claimed_boundary / smallest, len(rows) + 0.35, f"resume {e.claimed_boundary}", ha="center", fontsize=8)
     ax.set_xlim(0, max(len(r.cells) * r.block_size / smallest for r in rows))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(len(rows) + 0.4, 0)
     ax.set_yticks([y + 0.45 for y in range(len(rows))], [r.label for r in rows])
     ax.set_xlabel(f"block position ({smallest} tokens)")
     ax.set_title(f"{e.request_id} attempt {e.attempt}: {e.outcome}")
     used = [c for c in CELL_CLASSES if any(c in r.cells for r in rows)]
     ax.legend(
-        handles=[Patch(facecolor=_COLOURS[c], label=c.replace("_", " ")) for c in used],
+        handles=[Patch(facecolor=_COLOURS[c], label=CELL_LABELS[c]) for c in used],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.3),
         ncol=min(4, len(used)),
         fontsize=8,
         frameon=False,
     )
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return out
+    return save_figure(fig, path, tight=True)
 
 
 def explain_bundle(bundle: str | Path, request_id: str, attempt: int | None = None) -> Explanation:

@@ -32,11 +32,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from sim.analysis.figures import PLOT_FORMATS, save_figure
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
 from sim.trace.tables import infer_num_groups
-
-PLOT_FORMATS = ("png", "svg")
 
 #: Fixed colours for the outcomes DESIGN.md §3/§6 name; others cycle through tab10.
 OUTCOME_COLOURS = {
@@ -117,20 +116,6 @@ def _figure(
         wspace=0.28,
     )
     return fig, axes
-
-
-def _save(fig: Figure, path: str | Path) -> Path:
-    out = Path(path)
-    fmt = out.suffix.lstrip(".").lower()
-    if fmt not in PLOT_FORMATS:
-        raise ValueError(f"plot path {out} must end in one of {', '.join('.' + f for f in PLOT_FORMATS)}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {"Software": None} if fmt == "png" else {"Date": None, "Creator": None}
-    with matplotlib.rc_context({"svg.hashsalt": "hybridsim", "svg.fonttype": "path"}):
-        # Fast zlib level: PNG compression was a third of the plotting time.
-        extra: dict[str, Any] = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
-        fig.savefig(out, format=fmt, dpi=100, metadata=metadata, **extra)
-    return out
 
 
 # ---------------------------------------------------------------- single run
@@ -254,7 +239,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     fig.suptitle("KV-cache blocks over time")
     if steps.empty:
         _empty(axes[0, 0], "no steps recorded")
-        return _save(fig, path)
+        return save_figure(fig, path)
     xcol, xlabel = _time_axis(result, steps)
     crashes = crash_positions(result, xcol)
     span = (float(steps[xcol].min()), float(steps[xcol].max()))
@@ -302,7 +287,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
         ax.set_title(panel.label, loc="left", fontsize=10)
         _finish_panel(ax)
     axes[-1, 0].set_xlabel(xlabel)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _finish_panel(ax: Axes) -> None:
@@ -340,7 +325,7 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
     admitted = adm[adm["outcome"] != NOT_ADMITTED]
     if pair is None or admitted.empty:
         _empty(ax, "fewer than two KV-cache groups" if pair is None else "no admissions")
-        return _save(fig, path)
+        return save_figure(fig, path)
     gx, gy = pair
     xc, yc = f"hit_g{gx}", f"hit_g{gy}"
     counts = admitted.groupby([xc, yc, "outcome"], sort=True).size().reset_index(name="n")
@@ -371,7 +356,7 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
     )
     ax.legend(title="outcome (area ∝ count)", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
@@ -387,7 +372,7 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
     fig.suptitle("Evictions (cache entries removed)")
     if removed.empty or n == 0:
         _empty(axes[0, 0], "no evictions")
-        return _save(fig, path)
+        return save_figure(fig, path)
     xcol, xlabel = _time_axis(result, steps) if not steps.empty else ("step", "engine step")
     crashes = crash_positions(result, xcol)
     for panel, ax in zip(panels, axes[:, 0]):
@@ -415,7 +400,7 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
             steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1)
         )
     axes[-1, 0].set_xlabel(xlabel)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 _LINESTYLES = ("-", "--", ":", "-.")
@@ -457,7 +442,7 @@ def plot_latency_cdfs(result: ResultSource, path: str | Path) -> Path:
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
@@ -516,7 +501,7 @@ def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("count")
         ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def connector_columns(steps: pd.DataFrame) -> list[str]:
@@ -531,7 +516,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     fig.suptitle(f"Connector ({summary_of(result).get('connector', '')})")
     if steps.empty or not connector_columns(steps):
         _empty(axes[0, 0], "no connector columns in the steps table")
-        return _save(fig, path)
+        return save_figure(fig, path)
     xcol, xlabel = _time_axis(result, steps)
     ax = axes[0, 0]
     if "conn_tier_bytes" in steps:
@@ -554,7 +539,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_xlabel(xlabel)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------- several runs
@@ -579,7 +564,7 @@ def compare_latency_cdfs(results: Mapping[str, Any], path: str | Path) -> Path:
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
@@ -593,10 +578,10 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
     fig.suptitle("Admission outcomes by run")
     if adm.empty:
         _empty(axes[0, 0], "no admissions")
-        return _save(fig, path)
+        return save_figure(fig, path)
     table = _outcome_table(adm, "run").reindex([str(k) for k in results], fill_value=0)
     _bars(axes[0, 0], table, "admission attempts", "run")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_hit_rate_by_turn(
@@ -615,7 +600,7 @@ def plot_hit_rate_by_turn(
     ax.set_title(f"Usable prefix hit rate by turn (turn indices with >= {min_turns} turns)")
     if not len(table) or table["usable_hit_rate"].isna().all():
         _empty(ax, "no later turns with reusable tokens")
-        return _save(fig, path)
+        return save_figure(fig, path)
     ax.plot(table["turn"], table["usable_hit_rate"], marker="o", color="C0", label="local hit (all groups)")
     for i, col in enumerate(c for c in table.columns if c.startswith("usable_hit_g")):
         ax.plot(
@@ -632,7 +617,7 @@ def plot_hit_rate_by_turn(
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: Below this many finished requests a latency CDF says nothing (a two-request step-clock script): left out.

@@ -250,7 +250,7 @@ def plot_sweep(
     )
     fig.suptitle(f"{heading}\n{spread}", fontsize="medium")
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=120)
+        from sim.analysis.figures import save_figure
+
+        save_figure(fig, out, dpi=120)
     return fig

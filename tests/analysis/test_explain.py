@@ -65,9 +65,16 @@ def test_corrupt_by_taint_names_the_origin_and_the_tainted_blocks():
     assert _cells(story) == [
         (
             "full_attention",
-            ("claimed_backed", "claimed_backed", "claimed_tainted", "claimed_tainted", "claimed_tainted", "recomputed"),
+            (
+                "claimed_backed",
+                "claimed_backed",
+                "claimed_tainted",
+                "claimed_tainted",
+                "claimed_tainted",
+                "resident_recomputed",
+            ),
         ),
-        ("mamba", ("resident", "absent", "absent", "resident", "claimed_tainted", "recomputed")),
+        ("mamba", ("resident", "absent", "absent", "resident", "claimed_tainted", "resident_recomputed")),
     ]
 
 
@@ -90,7 +97,8 @@ def test_fallback_with_lost_reuse_shows_the_unasked_connector_and_the_recomputed
     assert f["outcome"] == "recompute: valid at 16, but 64 was valid: 48 tokens lost"
     assert f["best valid boundary"] == "64 (the truth checker's, local cache and connector)"
     assert _cells(story) == [
-        ("full_attention", ("claimed_backed",) + ("recomputed",) * 5),
+        # FA blocks 1-3 were cached at the lookup (hit 64): the fallback recomputes them although resident.
+        ("full_attention", ("claimed_backed",) + ("resident_recomputed",) * 3 + ("recomputed",) * 2),
         ("mamba", ("claimed_backed",) + ("recomputed",) * 5),
     ]
 
@@ -103,7 +111,8 @@ def test_ok_admission():
     assert f["unbacked"] == "none" and f["taint origin"] == "none"
     assert f["mamba state"] == "g1: cached at 16"
     assert f["best valid boundary"] == "16 (the truth checker's, local cache and connector)"
-    assert _cells(story)[1] == ("mamba", ("claimed_backed",) + ("recomputed",) * 5)
+    # The state at 96 is still cached (a tainted one): resident, but the resume at 16 computes past it.
+    assert _cells(story)[1] == ("mamba", ("claimed_backed",) + ("recomputed",) * 4 + ("resident_recomputed",))
 
 
 def test_identical_groups_merge_into_one_row():
