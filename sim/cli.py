@@ -598,11 +598,9 @@ def export_vllm_test_cmd(
 ) -> None:
     """Write a self-contained pytest that replays SCENARIO in vLLM 0.33 and asserts what hybridsim observed."""
     from sim.config import load_scenario
-    from sim.export.vllm_test import export_vllm_test
+    from sim.export.vllm_test import export_vllm_test, write_module
 
-    text = export_vllm_test(load_scenario(scenario), str(scenario))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    write_module(out, export_vllm_test(load_scenario(scenario), str(scenario)))
     typer.echo(f"{out}: run it with: VLLM_TARGET_DEVICE=cpu python -m pytest {out}")
 
 
