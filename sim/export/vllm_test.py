@@ -50,6 +50,7 @@ from sim.config.scenario import Scenario
 from sim.core.tokens import OUTPUT_STREAM_PREFIX, StreamSegment, basic_segments
 from sim.engine.build import CapacityWarning, build_components
 from sim.shrink.probe import under_policy
+from sim.shrink.property import DEFAULT_CONTRAST
 from sim.verify import vllm_side
 from sim.verify.lower import TOKEN_STRIDE, lower, not_verifiable_reason
 from sim.verify.run import hybridsim_trace
@@ -57,7 +58,7 @@ from sim.verify.vllm_side import DecisionTrace, LoweredScript
 
 ADMISSION_FIELDS = ("step", "request", "kind", "hits", "local", "external", "hit_diverged", "fallback", "result")
 #: The policy a crash under another policy is contrasted with: vLLM 0.33 as shipped (#48425 merged).
-CONTRAST_POLICY = "pr48425"
+CONTRAST_POLICY = DEFAULT_CONTRAST
 CASE_FORMAT = 1
 
 

@@ -129,7 +129,7 @@ class CrashReason:
 
 
 def _divergence_text(divergence: str | None) -> str:
-    if divergence is None:
+    if not divergence:  # not kept, or a crash outside an admission (no per-group hits)
         return ""
     if divergence == "none":
         return ", per-group hits equal"

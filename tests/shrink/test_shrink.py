@@ -416,3 +416,21 @@ def test_first_difference_keeps_the_same_item_of_the_difference(monkeypatch) -> 
     after = fake_with_difference(result.scenario, probe(result.scenario))
     assert after.difference is not None
     assert result.after.requests == 2 < result.before.requests  # one to cache a prefix, one to hit it
+
+
+def test_divergence_kind_ranks_group_types_by_hit() -> None:
+    from sim.shrink.probe import divergence_kind
+
+    assert divergence_kind([32, 64], ["full_attention", "mamba"]) == "mamba > full_attention"
+    assert divergence_kind([16, 0], ["full_attention", "mamba"]) == "full_attention > mamba"
+    assert divergence_kind([48, 48], ["full_attention", "mamba"]) == "none"
+    assert divergence_kind([48, 32, 48], ["full_attention", "mamba", "sliding_window"]) == (
+        "full_attention = sliding_window > mamba"
+    )
+
+
+def test_a_crash_outside_an_admission_has_no_divergence_to_describe() -> None:
+    from sim.shrink.property import CrashReason
+
+    prop = CrashReason("AssertionError: x", "step", "")
+    assert prop.name == "divergence" and prop.describe() == "crash 'AssertionError: x' outside an admission"
