@@ -557,7 +557,12 @@ def replay(
         raise typer.Exit(EXIT_DIFF)
     if shrink:
         shrink_cmd(
-            source=scenario_file, out=scenario_file.parent / "shrunk.yaml", keep="crash-reason", set_=[], quiet=False
+            source=scenario_file,
+            out=scenario_file.parent / "shrunk.yaml",
+            keep="auto",
+            contrast="pr48425",
+            set_=[],
+            quiet=False,
         )
 
 
@@ -597,15 +602,21 @@ def shrink_cmd(
     source: Path = typer.Argument(..., help="A scenario YAML, or a result/replay bundle (its replay.yaml is used)."),
     out: Path = typer.Option(..., "-o", "--out", help="The shrunk scenario YAML to write."),
     keep: str = typer.Option(
-        "auto", "--keep", help="Property to keep: auto, crash-reason, outcome or first-difference (needs vLLM)."
+        "auto",
+        "--keep",
+        help="Property to keep: auto (contrast if the policy causes it, else divergence), crash-reason, outcome, "
+        "divergence, contrast or first-difference (needs vLLM).",
+    ),
+    contrast: str = typer.Option(
+        "pr48425", "--contrast", help="The prefix policy under which a contrast must run clean."
     ),
     set_: List[str] = typer.Option([], "--set", help="Override a key of the input first: key.path=value."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
 ) -> None:
-    """Delta-debug a scenario down to a small one that keeps its crash reason or outcome (docs/shrink.md)."""
+    """Delta-debug a scenario down to a small one that keeps its crash or outcome and its cause (docs/shrink.md)."""
     from sim.shrink.command import run_shrink
 
-    result = run_shrink(source, out, keep, set_, progress=_show_progress() and not quiet)
+    result = run_shrink(source, out, keep, set_, progress=_show_progress() and not quiet, contrast=contrast)
     typer.echo(f"{out}: {result.property.describe()}")
     typer.echo(f"  {result.before.line(result.after)}; {result.candidates} candidate runs, {result.wall_s:.1f}s")
     if result.interrupted:
@@ -626,11 +637,9 @@ def export_vllm_test_cmd(
 ) -> None:
     """Write a self-contained pytest that replays SCENARIO in vLLM 0.33 and asserts what hybridsim observed."""
     from sim.config import load_scenario
-    from sim.export.vllm_test import export_vllm_test
+    from sim.export.vllm_test import export_vllm_test, write_module
 
-    text = export_vllm_test(load_scenario(scenario), str(scenario))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    write_module(out, export_vllm_test(load_scenario(scenario), str(scenario)))
     typer.echo(f"{out}: run it with: VLLM_TARGET_DEVICE=cpu python -m pytest {out}")
 
 

@@ -10,6 +10,7 @@ from sim.config import ScenarioError, load_scenario
 from sim.config.scenario import Scenario
 from sim.shrink.driver import ShrinkResult, shrink
 from sim.shrink.output import write_shrunk
+from sim.shrink.property import DEFAULT_CONTRAST
 
 
 def scenario_file(source: Path) -> Path:
@@ -57,7 +58,9 @@ class _Bar:
         self.bar.update(self.task, info=info)
 
 
-def run_shrink(source: Path, out: Path, keep: str, overrides: Sequence[str], progress: bool) -> ShrinkResult:
+def run_shrink(
+    source: Path, out: Path, keep: str, overrides: Sequence[str], progress: bool, contrast: str = DEFAULT_CONTRAST
+) -> ShrinkResult:
     """Shrink ``source`` into ``out``; returns the result (``interrupted`` after Ctrl-C, best so far written)."""
     path = scenario_file(source)
     scenario: Scenario = load_scenario(path, list(overrides))
@@ -66,9 +69,9 @@ def run_shrink(source: Path, out: Path, keep: str, overrides: Sequence[str], pro
     started = time.perf_counter()
     if progress:
         with _Bar(scenario.name) as bar:
-            result = shrink(scenario, keep, progress=bar.update)
+            result = shrink(scenario, keep, progress=bar.update, contrast=contrast)
     else:
-        result = shrink(scenario, keep)
+        result = shrink(scenario, keep, contrast=contrast)
     write_shrunk(result, str(source), out)
     result.wall_s = time.perf_counter() - started
     return result

@@ -18,7 +18,13 @@ changes nothing:
 
 Each candidate is validated and run in process by :func:`~sim.shrink.probe.probe`,
 capped at ``cap`` steps (the original property step plus a margin); a
-candidate the validator or builder rejects fails. Failures are memoised by the
+candidate the validator or builder rejects fails, and so does one that trips
+the capacity warning (a request no empty pool can hold) when the original did
+not: a shrunk scenario never warns because of its own shrinking. The
+original's warning is shown once per shrink; candidates' are never shown. For
+a ``contrast`` property each candidate that shows the base property runs a
+second time under the contrast policy, and the final scenario's contrast run
+is checked to its end (``ShrinkResult.contrast_to_end``). Failures are memoised by the
 candidate's canonical JSON. Every choice is a function of the input alone (no
 clock, no randomness), so the same input gives the same output. Ctrl-C stops
 the search and keeps the best scenario found so far (``interrupted``).
@@ -28,14 +34,16 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from sim.config.scenario import Scenario
-from sim.engine.build import build_kv_cache_config
+from sim.core.policy import prefix_policy_names
+from sim.engine.build import CapacityWarning, build_kv_cache_config
 from sim.shrink import convert, reducers
-from sim.shrink.probe import Observation, probe, with_difference
-from sim.shrink.property import Property, ShrinkError, property_for
+from sim.shrink.probe import Observation, probe, under_policy, with_contrast, with_difference
+from sim.shrink.property import DEFAULT_CONTRAST, Contrast, Property, ShrinkError, property_for
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ class ShrinkResult:
     candidates: int
     conversions: list[str] = field(default_factory=list)
     interrupted: bool = False
+    #: For a ``contrast``: the final scenario's uncapped run under the contrast policy (``None``: no contrast).
+    contrast_run: Observation | None = None
     #: Wall time of the shrink, set by the command for the terminal; never written into the scenario.
     wall_s: float | None = None
 
@@ -99,6 +109,8 @@ class _Search:
         self.best_obs = obs
         self.prop = prop
         self.cap = cap
+        #: The original trips the capacity warning, so a candidate may too.
+        self.may_warn = obs.capacity_warning is not None
         self.runs = 0
         self.pass_name = "start"
         self.progress = progress
@@ -111,13 +123,20 @@ class _Search:
         try:
             scenario = Scenario.model_validate(candidate)
             obs = probe(scenario, self.cap)
+            if obs.capacity_warning is not None and not self.may_warn:
+                return None
+            if isinstance(self.prop, Contrast):
+                if not self._shown_in_time(self.prop.base, obs):
+                    return None  # no need to run the contrast
+                obs = with_contrast(scenario, obs, self.prop.contrast_policy, self.cap)
             if self.prop.needs_vllm:
                 obs = with_difference(scenario, obs)
         except ValueError:  # pydantic, scenario and workload errors: a malformed candidate
             return None
-        if self.prop.holds(obs) and self.prop.step(obs) <= self.prop.step(self.best_obs):
-            return obs
-        return None
+        return obs if self._shown_in_time(self.prop, obs) else None
+
+    def _shown_in_time(self, prop: Property, obs: Observation) -> bool:
+        return prop.holds(obs) and prop.step(obs) <= prop.step(self.best_obs)
 
     def test(self, candidate: dict | None) -> bool:
         """Run ``candidate``; when it keeps the property it becomes the best. The best itself is no change."""
@@ -352,21 +371,41 @@ def _fix_num_blocks(data: dict, num_blocks: int) -> dict:
     return out
 
 
-def shrink(scenario: Scenario, keep: str = "auto", progress: ProgressFn | None = None) -> ShrinkResult:
-    """Reduce ``scenario`` while it keeps the ``keep`` property (see the module docstring)."""
+def _observe_original(scenario: Scenario, keep: str, contrast: str) -> Observation:
+    """The original's uncapped run, with what ``keep`` may read (the contrast run, vLLM's difference)."""
+    if contrast not in prefix_policy_names():
+        raise ShrinkError(f"--contrast {contrast!r}: not a prefix policy; valid: {', '.join(prefix_policy_names())}")
     original = probe(scenario)
+    if original.capacity_warning is not None:  # once per shrink: the input's own warning
+        warnings.warn(original.capacity_warning, CapacityWarning, stacklevel=3)
     if keep == "first-difference":
         original = with_difference(scenario, original)
+    if keep in ("auto", "contrast") and scenario.scheduler.prefix_policy != contrast:
+        try:
+            original = with_contrast(scenario, original, contrast, None)
+        except ValueError as exc:
+            if keep == "contrast":
+                raise ShrinkError(f"--contrast {contrast}: the scenario cannot run under it ({exc})") from None
+    return original
+
+
+def shrink(
+    scenario: Scenario, keep: str = "auto", progress: ProgressFn | None = None, contrast: str = DEFAULT_CONTRAST
+) -> ShrinkResult:
+    """Reduce ``scenario`` while it keeps the ``keep`` property (see the module docstring); ``contrast`` is the
+    policy a ``contrast`` property compares with."""
+    original = _observe_original(scenario, keep, contrast)
     prop = property_for(keep, original)
     prop_step = prop.step(original)
     before = figures(scenario, original)
     data = scenario.model_dump(mode="json")
-    if prop.name == "crash-reason":
+    if prop.crash:
         data["on_crash"] = "stop"
     data["name"] = f"{scenario.name}-shrunk"
     search = _Search(data, original, prop, step_cap(prop_step), progress)
     conversions: list[str] = []
     interrupted = False
+    contrast_run = None
     try:
         search.pass_name = "convert"
         first = search.evaluate(data)
@@ -381,6 +420,8 @@ def shrink(scenario: Scenario, keep: str = "auto", progress: ProgressFn | None =
             conversions.append("model preset -> explicit cache.groups")
         search.test(_fix_num_blocks(search.best, search.best_obs.num_blocks))
         search.rounds()
+        if prop.contrast_policy is not None:  # the contrast, to the end
+            contrast_run = probe(under_policy(Scenario.model_validate(search.best), prop.contrast_policy))
     except KeyboardInterrupt:
         interrupted = True
     best = Scenario.model_validate(search.best)
@@ -395,4 +436,5 @@ def shrink(scenario: Scenario, keep: str = "auto", progress: ProgressFn | None =
         candidates=search.runs,
         conversions=conversions,
         interrupted=interrupted,
+        contrast_run=contrast_run,
     )

@@ -3,9 +3,12 @@
 The YAML holds only keys that differ from their defaults (loading it gives the
 same :class:`Scenario` as the shrink produced); each request and action is one
 flow-style line, like the hand-written reproductions in ``scenarios/repro/``.
-The header says what the scenario preserves, where it came from, the
-reduction figures and the hybridsim version; it holds no timestamp, so the same
-input gives byte-identical output.
+The header says what the scenario preserves (the ``--keep`` property: for a
+``contrast``, also how the final scenario runs under the contrast policy), where
+it came from, the reduction figures and the hybridsim version; it holds no
+timestamp, so the same input gives byte-identical output. The header quotes
+user strings (the source path, a crash reason): each line is escaped so that it
+stays one comment line (:func:`comment_text`).
 """
 
 from __future__ import annotations
@@ -72,6 +75,24 @@ def _request_first(request: dict) -> dict:
     return ordered
 
 
+def comment_text(text: str) -> str:
+    """``text`` safe inside one YAML comment line: every non-printable character (newlines, tabs, U+0085,
+    U+2028, lone surrogates, ...) escaped as ``\\xNN`` / ``\\uNNNN``; what stays is what YAML accepts."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _contrast_line(result: ShrinkResult) -> str | None:
+    run, policy = result.contrast_run, result.property.contrast_policy
+    if run is None or policy is None:
+        return None
+    if run.crash is None:
+        return f"Under prefix_policy {policy} it runs clean to the end ({run.steps} steps)."
+    return (
+        f"Under prefix_policy {policy} it runs clean for the steps the shrink checked, "
+        f"but crashes later, at step {run.crash.step} ({run.crash.reason})."
+    )
+
+
 def header(result: ShrinkResult, source: str) -> str:
     r = result
     lines = [
@@ -80,11 +101,14 @@ def header(result: ShrinkResult, source: str) -> str:
         f"  original at step {r.property_step_before}, here at step {r.property_step_after}.",
         f"Reduction: {r.before.line(r.after)}; {r.candidates} candidate runs.",
     ]
+    contrast = _contrast_line(r)
+    if contrast is not None:
+        lines.append(contrast)
     if r.conversions:
         lines.append(f"Rewritten: {'; '.join(r.conversions)}.")
     if r.interrupted:
         lines.append("Interrupted: this is the smallest scenario found before Ctrl-C, not a fixed point.")
-    return "".join(f"# {line}\n" for line in lines)
+    return "".join(f"# {comment_text(line)}\n" for line in lines)
 
 
 def write_shrunk(result: ShrinkResult, source: str, out: Path) -> None:

@@ -5,15 +5,21 @@
 and the recorder's columns: the crash, every admission attempt's outcome
 signature, the number of steps, and each arrived request with the step it
 arrived at (what :mod:`sim.shrink.convert` turns into a step-clock script).
+
+A :class:`~sim.engine.build.CapacityWarning` raised while building the run is
+caught and kept in the observation (``capacity_warning``), never printed: a
+shrink runs hundreds of candidates and decides itself what to show.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 from sim.config.scenario import Scenario
 from sim.core.request import Request
+from sim.engine.build import CapacityWarning
 from sim.engine.loop import InvariantViolation, StopRun
 from sim.engine.run import RunOptions, build_run
 
@@ -37,13 +43,16 @@ class CrashSite:
     """A crash: its reason and where it happened.
 
     ``site`` is :meth:`AdmissionShape.label` of the crashing admission attempt, or
-    ``step`` when the crash is not at an admission (e.g. a decode allocation).
+    ``step`` when the crash is not at an admission (e.g. a decode allocation);
+    ``divergence`` the :func:`divergence_kind` of that admission's per-group hits
+    (``""`` when the crash is not at an admission).
     """
 
     step: int
     request_id: str | None
     reason: str
     site: str
+    divergence: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,19 +79,55 @@ class AdmissionShape:
         return ", ".join(parts)
 
 
+NO_DIVERGENCE = "none"
+
+
+def divergence_kind(hits: Sequence[int], group_types: Sequence[str]) -> str:
+    """How an admission's per-group hits (``hit_g*``) diverge, by group type, deepest first.
+
+    ``none`` when every group hit the same number of tokens; else the group
+    types ranked by their hit, ties joined with ``=``: ``mamba > full_attention``
+    (the Mamba state reaches deeper than full attention's blocks, #46453's
+    pattern) is another cause than ``full_attention > mamba``.
+    """
+    if len(set(hits)) <= 1:
+        return NO_DIVERGENCE
+    tiers: dict[int, list[str]] = {}
+    for hit, kind in zip(hits, group_types):
+        if kind not in tiers.setdefault(hit, []):
+            tiers[hit].append(kind)
+    return " > ".join(" = ".join(tiers[hit]) for hit in sorted(tiers, reverse=True))
+
+
+class Admitted(NamedTuple):
+    """One admission attempt that was admitted (outcome ok/recompute/corrupt/crash)."""
+
+    step: int
+    request_id: str
+    signature: AdmissionSignature
+    #: :func:`divergence_kind` of its per-group hits.
+    divergence: str
+
+
 @dataclass
 class Observation:
     """What one capped run showed."""
 
     crash: CrashSite | None
-    #: One (step, request id, signature) per admission attempt that was admitted (outcome ok/recompute/corrupt/crash).
-    admissions: list[tuple[int, str, AdmissionSignature]]
+    #: One entry per admission attempt that was admitted, in order.
+    admissions: list[Admitted]
     steps: int
     #: Requests that arrived, in arrival order, with the step each arrived at.
     arrivals: list[tuple[int, Request]]
     num_blocks: int
+    #: The run's ``scheduler.prefix_policy``.
+    policy: str = ""
     #: First difference from vLLM (``hybridsim verify``'s compare); filled only for a property that needs it.
     difference: Any = None
+    #: The capacity warning the build gave (``None``: every request fits an empty pool).
+    capacity_warning: str | None = None
+    #: The same scenario run under another prefix policy; filled only for a property that needs it.
+    contrast: "Observation | None" = None
 
 
 def with_difference(scenario: Scenario, obs: Observation) -> Observation:
@@ -100,41 +145,63 @@ def with_difference(scenario: Scenario, obs: Observation) -> Observation:
     return obs
 
 
+def under_policy(scenario: Scenario, policy: str) -> Scenario:
+    """``scenario`` with ``scheduler.prefix_policy`` replaced (validated again: a :class:`ValueError` if refused)."""
+    data = scenario.model_dump(mode="json")
+    data["scheduler"]["prefix_policy"] = policy
+    return Scenario.model_validate(data)
+
+
+def with_contrast(scenario: Scenario, obs: Observation, policy: str, max_steps: int | None) -> Observation:
+    """``obs`` with ``contrast``: the run of ``scenario`` under ``policy``, capped as ``obs``'s run was."""
+    obs.contrast = probe(under_policy(scenario, policy), max_steps)
+    return obs
+
+
 def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
     """Run ``scenario`` in process (at most ``max_steps`` steps) and observe it.
 
     Build errors (a candidate the builder rejects) propagate as the builder's
     exceptions; the caller decides that such a candidate fails the property.
     """
-    run = build_run(scenario, RunOptions(max_steps=max_steps))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CapacityWarning)
+        run = build_run(scenario, RunOptions(max_steps=max_steps))
+    capacity = [str(w.message) for w in caught if issubclass(w.category, CapacityWarning)]
+    for w in caught:  # anything else is not ours to swallow
+        if not issubclass(w.category, CapacityWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     components, loop = run.components, run.loop
     try:
         run.env.run(until=loop.process)
     except (StopRun, InvariantViolation):  # a crash, a stall, the step cap: what was recorded is the observation
         pass
     cols = components.recorder.admissions.data
-    admissions: list[tuple[int, str, AdmissionSignature]] = []
-    crash_site = "step"
+    group_types = [g.spec.kind for g in components.kv_cache_config.groups]
+    admissions: list[Admitted] = []
+    crash_site, crash_divergence = "step", ""
     for i, outcome in enumerate(cols["outcome"]):
         if outcome == "not_admitted":
             continue
-        hits = {cols[f"hit_g{g}"][i] for g in range(components.recorder.num_groups)}
+        hits = [cols[f"hit_g{g}"][i] for g in range(components.recorder.num_groups)]
         shape = AdmissionShape(
             kind=cols["kind"][i],
             local=cols["local_tokens"][i] > 0,
             external=cols["external_tokens"][i] > 0,
-            diverged=len(hits) > 1,
+            diverged=len(set(hits)) > 1,
         )
-        admissions.append(
-            (cols["step"][i], cols["request_id"][i], AdmissionSignature(outcome, shape, bool(cols["taint_origin"][i])))
-        )
+        signature = AdmissionSignature(outcome, shape, bool(cols["taint_origin"][i]))
+        admitted = Admitted(cols["step"][i], cols["request_id"][i], signature, divergence_kind(hits, group_types))
+        admissions.append(admitted)
         c = loop.crash
-        if c is not None and outcome == "crash" and cols["request_id"][i] == c.request_id and cols["step"][i] == c.step:
-            crash_site = shape.label()
+        if c is not None and outcome == "crash" and admitted.request_id == c.request_id and admitted.step == c.step:
+            crash_site, crash_divergence = shape.label(), admitted.divergence
     crash = None
     if loop.crash is not None:
         c = loop.crash
-        crash = CrashSite(step=c.step, request_id=c.request_id, reason=c.reason, site=crash_site)
+        crash = CrashSite(
+            step=c.step, request_id=c.request_id, reason=c.reason, site=crash_site, divergence=crash_divergence
+        )
     by_id = {r.request_id: r for r in loop.requests}
     arrivals = sorted(
         ((t.arrival_step, by_id[rid]) for rid, t in loop.times.items()),
@@ -146,4 +213,6 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
         steps=loop.step,
         arrivals=arrivals,
         num_blocks=components.kv_cache_config.num_blocks,
+        policy=scenario.scheduler.prefix_policy,
+        capacity_warning=capacity[0] if capacity else None,
     )

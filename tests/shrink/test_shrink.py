@@ -15,7 +15,7 @@ from sim.config.scenario import Scenario
 from sim.shrink import ShrinkError, shrink
 from sim.shrink import driver as shrink_driver
 from sim.shrink.output import header, scenario_yaml
-from sim.shrink.probe import probe
+from sim.shrink.probe import probe, under_policy, with_contrast
 from sim.shrink.property import property_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,16 +52,18 @@ workload:
 """
 
 
-def _check_shrunk(original: Scenario, keep: str = "auto") -> tuple[str, Scenario]:
-    """Shrink, then reload the written text and check the property on it from scratch."""
-    before = probe(original)
-    prop = property_for(keep, before)
-    result = shrink(original, keep)
+def _check_shrunk(original: Scenario, keep: str = "auto", contrast: str = "pr48425") -> tuple[str, Scenario]:
+    """Shrink, then reload the written text and check the property on it from scratch (a contrast to the end)."""
+    result = shrink(original, keep, contrast=contrast)
+    prop = result.property
     text = header(result, "test") + scenario_yaml(result.scenario)
     reloaded = scenario_from_text(text)
     assert reloaded == result.scenario
     after = probe(reloaded)
+    if prop.contrast_policy is not None:
+        after = with_contrast(reloaded, after, prop.contrast_policy, None)
     assert prop.holds(after), (prop.describe(), text)
+    assert f"Preserves ({prop.name})" in text
     assert result.after.prompt_tokens < result.before.prompt_tokens, text
     assert result.after.requests <= result.before.requests
     assert result.after.steps <= result.before.steps
@@ -75,14 +77,148 @@ def test_shrink_keeps_the_property_of_bundled_reproductions(name: str, overrides
     assert len(small.workload.requests or []) < len(original.workload.requests or [])
 
 
-def test_the_default_property_of_a_crash_is_its_reason_at_the_same_kind_of_admission() -> None:
-    original = load_scenario(REPRO / "pr48425-mamba-deeper-ext16.yaml", ["scheduler.prefix_policy=max_per_group"])
+# ------------------------------------------------------------------ the property keeps the cause
+
+MAMBA_DEEPER = "mamba > full_attention"
+NUM_NEW_TOKENS = "AssertionError: num_new_tokens > 0"
+
+
+def _ext16_max_per_group() -> Scenario:
+    return load_scenario(REPRO / "pr48425-mamba-deeper-ext16.yaml", ["scheduler.prefix_policy=max_per_group"])
+
+
+def _noisy_46453() -> Scenario:
+    """#46453's pattern (FA tail evicted, the Mamba state deeper, the connector +16, ``max_per_group``) among
+    unrelated requests on other documents, a second connector answer, and extra actions."""
+    data = _ext16_max_per_group().model_dump(mode="json")
+    noise = [
+        {"id": "n0", "at": 1, "prompt": [{"content": "other", "tokens": 40}], "max_tokens": 3},
+        {"id": "n1", "at": 5, "prompt": [{"content": "other", "tokens": 70}], "max_tokens": 2},
+        {"id": "n2", "at": 9, "prompt": [{"content": "noise", "tokens": 30}], "max_tokens": 4},
+        {"id": "n3", "at": 14, "prompt": [{"content": "noise", "tokens": 50}], "max_tokens": 1},
+        {"id": "n4", "at": 20, "prompt": [{"content": "other", "tokens": 20}], "max_tokens": 2},
+    ]
+    data["workload"]["requests"] = sorted(data["workload"]["requests"] + noise, key=lambda r: r["at"])
+    data["connector"]["matched_tokens"]["n1"] = 16
+    data["actions"] += [
+        {"at": 7, "evict": {"prefix_of": "n1", "group": "full_attention", "blocks": [1]}},
+        {"at": 15, "evict": {"prefix_of": "n3", "group": "mamba", "blocks": [0]}},
+        {"at": 25, "reset_prefix_cache": True},
+    ]
+    data["name"] = "noisy-46453"
+    return Scenario.model_validate(data)
+
+
+def _crash_at(scenario: Scenario, policy: str | None = None):
+    return probe(scenario if policy is None else under_policy(scenario, policy)).crash
+
+
+def test_shrinking_46453_out_of_a_noisy_workload_keeps_its_cause() -> None:
+    """The default keeps the cause: the shrunk scenario crashes under max_per_group with the Mamba hit deeper
+    than full attention's, and runs clean under pr48425 (the fix), so an exported test blames the right code."""
+    original = _noisy_46453()
+    crash = _crash_at(original)
+    assert crash is not None and crash.reason == NUM_NEW_TOKENS and crash.divergence == MAMBA_DEEPER
+    assert _crash_at(original, "pr48425") is None
     text, small = _check_shrunk(original)
-    crash = probe(small).crash
-    assert crash is not None and crash.reason == "AssertionError: num_new_tokens > 0"
-    # The crash stays one with a diverged per-group hit and a connector answer, not any num_new_tokens crash.
+    assert "Preserves (contrast)" in text and "Under prefix_policy pr48425 it runs clean to the end" in text
+    assert small.scheduler.prefix_policy == "max_per_group" and small.on_crash == "stop"
+    crash = _crash_at(small)
+    assert crash is not None and crash.reason == NUM_NEW_TOKENS and crash.divergence == MAMBA_DEEPER
+    assert _crash_at(small, "pr48425") is None
+    assert len(small.workload.requests or []) == 2 and len(small.actions) <= 1
+
+
+def test_keep_crash_reason_keeps_only_the_reason_and_the_admission_shape() -> None:
+    text, small = _check_shrunk(_ext16_max_per_group(), "crash-reason")
+    crash = _crash_at(small)
+    assert crash is not None and crash.reason == NUM_NEW_TOKENS
     assert crash.site == "first, local hit, external tokens, per-group hits diverged"
-    assert small.on_crash == "stop" and "Preserves (crash-reason)" in text
+    assert "Preserves (crash-reason)" in text and "pr48425" not in text.split("name:")[0]
+
+
+def test_keep_divergence_keeps_the_divergence_kind_of_the_crashing_admission() -> None:
+    result = shrink(_ext16_max_per_group(), "divergence")
+    assert result.property.name == "divergence" and result.contrast_run is None
+    assert result.property.describe().endswith(f"per-group hits {MAMBA_DEEPER}")
+    crash = _crash_at(result.scenario)
+    assert crash is not None and crash.reason == NUM_NEW_TOKENS and crash.divergence == MAMBA_DEEPER
+
+
+def test_keep_divergence_of_an_outcome_keeps_the_target_admissions_divergence() -> None:
+    original = load_scenario(REPRO / "divergence-fa-deeper.yaml", ["scheduler.prefix_policy=max_per_group"])
+    before = probe(original)
+    prop = property_for("divergence", before)
+    assert prop.name == "divergence" and "per-group hits full_attention > mamba" in prop.describe()
+    _, small = _check_shrunk(original, "divergence")
+    assert any(
+        a.divergence == "full_attention > mamba" and a.signature.outcome == "corrupt" for a in probe(small).admissions
+    )
+
+
+def test_keep_outcome_keeps_the_worst_admission_signature() -> None:
+    original = load_scenario(REPRO / "taint-propagation.yaml")
+    text, small = _check_shrunk(original, "outcome")
+    assert "Preserves (outcome): an admission with outcome 'corrupt'" in text
+    assert probe(small).crash is None
+
+
+def test_keep_contrast_against_a_named_policy() -> None:
+    """``--contrast trim_to_min``: the shrunk crash also runs clean under that policy."""
+    text, small = _check_shrunk(_ext16_max_per_group(), "contrast", contrast="trim_to_min")
+    assert "under prefix_policy trim_to_min it runs clean (no crash)" in text
+    assert _crash_at(small, "trim_to_min") is None
+    crash = _crash_at(small)
+    assert crash is not None and crash.divergence == MAMBA_DEEPER
+
+
+def test_auto_without_a_contrast_keeps_the_divergence() -> None:
+    """Under pr48425 the repro only recomputes: nothing to contrast with pr48425 itself, so auto keeps the
+    recompute with its divergence kind."""
+    result = shrink(load_scenario(REPRO / "pr48425-mamba-deeper-ext16.yaml"))
+    assert result.property.name == "divergence" and MAMBA_DEEPER in result.property.describe()
+
+
+def test_a_contrast_that_cannot_be_kept_is_an_error() -> None:
+    with pytest.raises(ShrinkError, match="already runs under the contrast policy"):
+        shrink(load_scenario(REPRO / "pr48425-mamba-deeper-ext16.yaml"), "contrast")
+    with pytest.raises(ShrinkError, match="--contrast 'nonsense': not a prefix policy; valid: max_per_group"):
+        shrink(_ext16_max_per_group(), "contrast", contrast="nonsense")
+    # Under pr48425 the repro recomputes too: the recompute is no contrast.
+    original = load_scenario(REPRO / "pr48425-mamba-deeper-ext16.yaml")
+    with pytest.raises(ShrinkError, match="shows it too: nothing to contrast"):
+        shrink(original, "contrast", contrast="reconciled")
+
+
+def test_the_header_is_comment_lines_whatever_the_source_name() -> None:
+    result = shrink(_ext16_max_per_group(), "divergence")
+    hostile = "x\nname: injected\r\n\u2028\x85- [evil]\ty"
+    text = header(result, hostile)
+    assert all(line.startswith("# ") for line in text.splitlines())
+    assert len(text.splitlines()) == len(text.split("\n")) - 1 == 4
+    assert scenario_from_text(text + scenario_yaml(result.scenario)) == result.scenario
+    assert "x\\nname: injected\\r\\n\\u2028\\x85- [evil]\\ty" in text
+
+
+def test_the_capacity_warning_is_shown_once_and_never_caused_by_the_shrink() -> None:
+    import warnings
+
+    from sim.engine.build import CapacityWarning, build_components
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = shrink(_ext16_max_per_group(), "crash-reason")
+    assert not [w for w in caught if issubclass(w.category, CapacityWarning)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CapacityWarning)
+        build_components(result.scenario)  # the shrunk scenario fits: no warning of its own making
+    # An input that warns itself: the warning once, not once per candidate.
+    late_and_too_long = "  - {id: big, at: 50, prompt: [{content: other, tokens: 400}], max_tokens: 1}\n"
+    text = scenario_yaml(result.scenario).replace("on_crash:", late_and_too_long + "on_crash:")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shrink(scenario_from_text(text), "crash-reason")
+    assert len([w for w in caught if issubclass(w.category, CapacityWarning)]) == 1
 
 
 def test_shrink_is_deterministic() -> None:
@@ -269,7 +405,7 @@ def test_first_difference_keeps_the_same_item_of_the_difference(monkeypatch) -> 
     from sim.verify.compare import Difference
 
     def fake_with_difference(scenario, obs):
-        step = next((s for s, _, sig in obs.admissions if sig.shape.local), None)
+        step = next((a.step for a in obs.admissions if a.signature.shape.local), None)
         obs.difference = None if step is None else Difference(step, "admissions[1].local", 16, 0)
         return obs
 
@@ -280,3 +416,21 @@ def test_first_difference_keeps_the_same_item_of_the_difference(monkeypatch) -> 
     after = fake_with_difference(result.scenario, probe(result.scenario))
     assert after.difference is not None
     assert result.after.requests == 2 < result.before.requests  # one to cache a prefix, one to hit it
+
+
+def test_divergence_kind_ranks_group_types_by_hit() -> None:
+    from sim.shrink.probe import divergence_kind
+
+    assert divergence_kind([32, 64], ["full_attention", "mamba"]) == "mamba > full_attention"
+    assert divergence_kind([16, 0], ["full_attention", "mamba"]) == "full_attention > mamba"
+    assert divergence_kind([48, 48], ["full_attention", "mamba"]) == "none"
+    assert divergence_kind([48, 32, 48], ["full_attention", "mamba", "sliding_window"]) == (
+        "full_attention = sliding_window > mamba"
+    )
+
+
+def test_a_crash_outside_an_admission_has_no_divergence_to_describe() -> None:
+    from sim.shrink.property import CrashReason
+
+    prop = CrashReason("AssertionError: x", "step", "")
+    assert prop.name == "divergence" and prop.describe() == "crash 'AssertionError: x' outside an admission"
