@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -338,10 +339,18 @@ def _parse_plots(items: Any, where: str) -> tuple[PlotSpec, ...]:
 
 
 def is_grid_file(path: Path) -> bool:
-    """A YAML mapping with a top-level ``scenario:`` key is a sweep (grid) file, not a scenario."""
+    """A YAML mapping with a top-level ``scenario:`` key is a sweep (grid) file, not a scenario.
+
+    Only a regular file within the YAML size limit is read (a FIFO, a device or a huge file is no grid file,
+    and the scenario loader then gives its own error); anything unreadable or malformed is no grid file."""
+    from sim.limits import limit
+
+    path = Path(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError):
+        if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > limit("yaml_bytes"):
+            return False
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
         return False
     return isinstance(data, dict) and "scenario" in data
 
