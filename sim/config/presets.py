@@ -1,7 +1,8 @@
 """Model and hardware presets, and the KV-memory budget derived from them.
 
-Every model number below comes from the model's public Hugging Face
-``config.json``; the comment next to it names the field. Cache-state shapes
+The numbers are data: ``preset_data/models/<name>.yaml`` holds a model's public Hugging Face ``config.json``
+fields under their own names (``preset_data/hardware.yaml`` the GPU datasheet figures, each with its source),
+and one builder turns them into presets by the architecture's layout rule (``ARCHITECTURES``). Cache-state shapes
 follow vLLM 0.33's ``MambaStateShapeCalculator`` / ``MambaStateDtypeCalculator``
 (``vllm/model_executor/layers/mamba/mamba_utils.py``) at tensor-parallel size 1,
 no speculative tokens and the default ``mamba_cache_dtype = "auto"`` (the model
@@ -32,6 +33,10 @@ others, whose small per-layer extras such as biases are not modelled).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
 
 from sim.config.yamlio import did_you_mean
 from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
@@ -210,38 +215,39 @@ class ModelPreset:
         return replace(self.shape, layers=layers)
 
 
-def _nemotron_h_8b() -> ModelPreset:
-    """nvidia/Nemotron-H-8B-Base-8K, ``NemotronHForCausalLM``.
+# ---------------------------------------------------------------------------
+# The one builder: a model's config.json fields (sim/config/preset_data/models/*.yaml) -> ModelPreset.
+# Each architecture's layout rule reads config.json's own field names; no model number lives in code.
+# ---------------------------------------------------------------------------
 
-    config.json: hidden_size 4096; num_hidden_layers 52;
-    hybrid_override_pattern "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-    (M = Mamba2 mixer, * = attention, - = MLP: 24 / 4 / 24);
-    num_attention_heads 32; num_key_value_heads 8; head_dim 128;
-    mamba_num_heads 128; mamba_head_dim 64 (d_inner = 8192); n_groups 8;
-    ssm_state_size 128; conv_kernel 4; intermediate_size 21504 with
-    mlp_hidden_act relu2 (ungated); vocab_size 131072; tie_word_embeddings
-    false; max_position_embeddings 8192. SSM state float32 (vLLM's NemotronH
-    default ``mamba_ssm_cache_dtype``).
-    """
-    pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-    h, heads, kv, hd = 4096, 32, 8, 128
-    m_heads, m_hd, groups, d_state, d_conv = 128, 64, 8, 128, 4
+Config = Mapping[str, Any]
+
+
+def _nemotron_h(name: str, hf_repo: str, c: Config, cache: Config) -> ModelPreset:
+    """``NemotronHForCausalLM``: ``hybrid_override_pattern`` lays out Mamba2 (``M``), attention (``*``) and
+    MLP (``-``) blocks; the MLP is ungated (``relu2``); one RMSNorm per block plus the final one."""
+    pattern = c["hybrid_override_pattern"]
+    h, heads, kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    m_heads, m_hd, groups = c["mamba_num_heads"], c["mamba_head_dim"], c["n_groups"]
+    d_state, d_conv = c["ssm_state_size"], c["conv_kernel"]
     d_inner = m_heads * m_hd
-    inter, vocab = 21504, 131072
+    inter, vocab = c["intermediate_size"], c["vocab_size"]
+    ssm_bytes = FP32 if cache.get("mamba_ssm_dtype") == "float32" else BF16
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
-    mamba = mamba2_layer(d_inner, groups, m_heads, m_hd, d_state, d_conv, ssm_dtype_bytes=FP32)
-    layers = tuple(attn if c == "*" else mamba for c in pattern if c in "*M")
+    mamba = mamba2_layer(d_inner, groups, m_heads, m_hd, d_state, d_conv, ssm_dtype_bytes=ssm_bytes)
+    layers = tuple(attn if ch == "*" else mamba for ch in pattern if ch in "*M")
     n_attn, n_mamba, n_mlp = pattern.count("*"), pattern.count("M"), pattern.count("-")
+    gated = c["mlp_hidden_act"] != "relu2"
     dense = (
         n_attn * _attention_params(h, heads, kv, hd)
         + n_mamba * _mamba2_params(h, d_inner, groups, d_state, m_heads, d_conv)
-        + n_mlp * _mlp_params(h, inter, gated=False)
-        + (len(pattern) + 1) * h  # one RMSNorm per block, final norm
+        + n_mlp * _mlp_params(h, inter, gated=gated)
+        + (len(pattern) + 1) * h
     )
     return ModelPreset(
-        name="nemotron-h-8b",
-        hf_repo="nvidia/Nemotron-H-8B-Base-8K",
-        shape=ModelShape("nemotron-h-8b", layers, max_model_len=8192),
+        name=name,
+        hf_repo=hf_repo,
+        shape=ModelShape(name, layers, max_model_len=c["max_position_embeddings"]),
         hidden_size=h,
         vocab_size=vocab,
         num_decoder_layers=len(pattern),
@@ -258,48 +264,40 @@ def _nemotron_h_8b() -> ModelPreset:
         num_experts=0,
         experts_per_token=0,
         embedding_params=vocab * h,
-        lm_head_params=vocab * h,
+        lm_head_params=0 if c["tie_word_embeddings"] else vocab * h,
         dense_params=dense,
         expert_params=0,
-        mlp_gated=False,
+        mlp_gated=gated,
     )
 
 
-def _jamba_15_mini() -> ModelPreset:
-    """ai21labs/AI21-Jamba-1.5-Mini, ``JambaForCausalLM`` (Mamba1 + MoE).
-
-    config.json: hidden_size 4096; num_hidden_layers 32; attn_layer_period 8,
-    attn_layer_offset 4 (attention at 4, 12, 20, 28; Mamba1 elsewhere);
-    expert_layer_period 2, expert_layer_offset 1 (MoE at odd layers, dense
-    MLP at even); num_attention_heads 32; num_key_value_heads 8 (head_dim =
-    4096 / 32 = 128); intermediate_size 14336 (SwiGLU, experts and dense);
-    num_experts 16; num_experts_per_tok 2; mamba_d_state 16; mamba_d_conv 4;
-    mamba_expand 2 (d_inner 8192); mamba_dt_rank 256; vocab_size 65536;
-    tie_word_embeddings false; max_position_embeddings 262144.
-    """
-    h, n, heads, kv = 4096, 32, 32, 8
+def _jamba(name: str, hf_repo: str, c: Config, cache: Config) -> ModelPreset:
+    """``JambaForCausalLM``: attention every ``attn_layer_period`` layers at ``attn_layer_offset`` (Mamba1
+    elsewhere), MoE every ``expert_layer_period`` at ``expert_layer_offset`` (dense SwiGLU MLP elsewhere);
+    head_dim = hidden / heads; two RMSNorms per layer plus the final one."""
+    h, n, heads, kv = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]
     hd = h // heads
-    inter, experts, topk = 14336, 16, 2
-    d_state, d_conv, d_inner, dt_rank, vocab = 16, 4, 2 * h, 256, 65536
+    inter, experts, topk = c["intermediate_size"], c["num_experts"], c["num_experts_per_tok"]
+    d_state, d_conv, d_inner = c["mamba_d_state"], c["mamba_d_conv"], c["mamba_expand"] * h
+    dt_rank, vocab = c["mamba_dt_rank"], c["vocab_size"]
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
     mamba = mamba1_layer(d_inner, d_state, d_conv)
-    is_attn = [i % 8 == 4 for i in range(n)]
-    is_moe = [i % 2 == 1 for i in range(n)]
+    is_attn = [i % c["attn_layer_period"] == c["attn_layer_offset"] for i in range(n)]
+    is_moe = [i % c["expert_layer_period"] == c["expert_layer_offset"] for i in range(n)]
     layers = tuple(attn if a else mamba for a in is_attn)
     n_attn, n_moe = sum(is_attn), sum(is_moe)
     n_mamba, n_mlp = n - n_attn, n - n_moe
-    expert_one = _mlp_params(h, inter, gated=True)
     dense = (
         n_attn * _attention_params(h, heads, kv, hd)
         + n_mamba * _mamba1_params(h, d_inner, d_state, dt_rank, d_conv)
         + n_mlp * _mlp_params(h, inter, gated=True)
         + n_moe * h * experts  # router
-        + (2 * n + 1) * h  # two RMSNorms per layer, final norm
+        + (2 * n + 1) * h
     )
     return ModelPreset(
-        name="jamba-1.5-mini",
-        hf_repo="ai21labs/AI21-Jamba-1.5-Mini",
-        shape=ModelShape("jamba-1.5-mini", layers, max_model_len=262144),
+        name=name,
+        hf_repo=hf_repo,
+        shape=ModelShape(name, layers, max_model_len=c["max_position_embeddings"]),
         hidden_size=h,
         vocab_size=vocab,
         num_decoder_layers=n,
@@ -316,44 +314,38 @@ def _jamba_15_mini() -> ModelPreset:
         num_experts=experts,
         experts_per_token=topk,
         embedding_params=vocab * h,
-        lm_head_params=vocab * h,
+        lm_head_params=0 if c["tie_word_embeddings"] else vocab * h,
         dense_params=dense,
-        expert_params=n_moe * experts * expert_one,
+        expert_params=n_moe * experts * _mlp_params(h, inter, gated=True),
     )
 
 
-def _granite_40_h_small() -> ModelPreset:
-    """ibm-granite/granite-4.0-h-small, ``GraniteMoeHybridForCausalLM`` (Mamba2 + MoE).
-
-    config.json: hidden_size 4096; num_hidden_layers 40; layer_types: 36
-    "mamba", 4 "attention" (at 5, 15, 25, 35); num_attention_heads 32;
-    num_key_value_heads 8 (head_dim 128); mamba_n_heads 128; mamba_d_head 64;
-    mamba_n_groups 1; mamba_d_state 128; mamba_d_conv 4; mamba_expand 2
-    (d_inner 8192); every layer has a MoE block: num_local_experts 72,
-    num_experts_per_tok 10, intermediate_size 768 (per expert, SwiGLU),
-    shared_intermediate_size 1536; vocab_size 100352; tie_word_embeddings
-    true; max_position_embeddings 131072.
-    """
-    h, n, heads, kv, hd = 4096, 40, 32, 8, 128
-    m_heads, m_hd, groups, d_state, d_conv = 128, 64, 1, 128, 4
-    d_inner = 2 * h
-    experts, topk, e_inter, shared, vocab = 72, 10, 768, 1536, 100352
-    attn_at = {5, 15, 25, 35}
+def _granite_moe_hybrid(name: str, hf_repo: str, c: Config, cache: Config) -> ModelPreset:
+    """``GraniteMoeHybridForCausalLM``: ``layer_types`` lays out Mamba2 and attention; every layer has a MoE
+    block (``num_local_experts`` SwiGLU experts of ``intermediate_size``) with a shared expert and a router."""
+    h, heads, kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    hd = h // heads
+    m_heads, m_hd, groups = c["mamba_n_heads"], c["mamba_d_head"], c["mamba_n_groups"]
+    d_state, d_conv, d_inner = c["mamba_d_state"], c["mamba_d_conv"], c["mamba_expand"] * h
+    experts, topk, e_inter = c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"]
+    shared, vocab = c["shared_intermediate_size"], c["vocab_size"]
+    types = list(c["layer_types"])
+    n = len(types)
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
     mamba = mamba2_layer(d_inner, groups, m_heads, m_hd, d_state, d_conv)
-    layers = tuple(attn if i in attn_at else mamba for i in range(n))
-    n_attn = len(attn_at)
+    layers = tuple(attn if t == "attention" else mamba for t in types)
+    n_attn = types.count("attention")
     n_mamba = n - n_attn
     dense = (
         n_attn * _attention_params(h, heads, kv, hd)
         + n_mamba * _mamba2_params(h, d_inner, groups, d_state, m_heads, d_conv)
         + n * (_mlp_params(h, shared, gated=True) + h * experts)
-        + (2 * n + 1) * h  # two RMSNorms per layer, final norm
+        + (2 * n + 1) * h
     )
     return ModelPreset(
-        name="granite-4.0-h-small",
-        hf_repo="ibm-granite/granite-4.0-h-small",
-        shape=ModelShape("granite-4.0-h-small", layers, max_model_len=131072),
+        name=name,
+        hf_repo=hf_repo,
+        shape=ModelShape(name, layers, max_model_len=c["max_position_embeddings"]),
         hidden_size=h,
         vocab_size=vocab,
         num_decoder_layers=n,
@@ -370,45 +362,46 @@ def _granite_40_h_small() -> ModelPreset:
         num_experts=experts,
         experts_per_token=topk,
         embedding_params=vocab * h,
-        lm_head_params=0,
+        lm_head_params=0 if c["tie_word_embeddings"] else vocab * h,
         dense_params=dense,
         expert_params=n * experts * _mlp_params(h, e_inter, gated=True),
     )
 
 
-def _qwen3_next_80b_a3b() -> ModelPreset:
-    """Qwen/Qwen3-Next-80B-A3B-Instruct, ``Qwen3NextForCausalLM`` (GDN + gated attention, MoE).
-
-    config.json: hidden_size 2048; num_hidden_layers 48; full_attention_interval
-    4 (layers 3, 7, ..., 47 full attention; the other 36 Gated DeltaNet);
-    num_attention_heads 16; num_key_value_heads 2; head_dim 256;
-    attn_output_gate true; linear_num_key_heads 16; linear_num_value_heads 32;
-    linear_key_head_dim 128; linear_value_head_dim 128; linear_conv_kernel_dim
-    4; num_experts 512; num_experts_per_tok 10; moe_intermediate_size 512;
-    shared_expert_intermediate_size 512 (with a sigmoid shared-expert gate);
-    decoder_sparse_step 1, mlp_only_layers [] (every layer MoE); vocab_size
-    151936; tie_word_embeddings false; max_position_embeddings 262144.
-    """
-    h, n, heads, kv, hd = 2048, 48, 16, 2, 256
-    k_heads, v_heads, k_dim, v_dim, d_conv = 16, 32, 128, 128, 4
-    experts, topk, e_inter, shared, vocab = 512, 10, 512, 512, 151936
+def _qwen3_next(name: str, hf_repo: str, c: Config, cache: Config) -> ModelPreset:
+    """``Qwen3NextForCausalLM``: full attention every ``full_attention_interval``-th layer (gated q when
+    ``attn_output_gate``, with q/k norms), Gated DeltaNet elsewhere; every layer MoE (``decoder_sparse_step``
+    1, no ``mlp_only_layers``) with a gated shared expert and a router."""
+    if c["decoder_sparse_step"] != 1 or c["mlp_only_layers"]:
+        raise ValueError(f"preset {name}: only every-layer MoE (decoder_sparse_step 1, no mlp_only_layers) is modelled")
+    h, n, heads, kv, hd = (
+        c["hidden_size"],
+        c["num_hidden_layers"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
+    k_heads, v_heads = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    k_dim, v_dim, d_conv = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    experts, topk, e_inter = c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"]
+    shared, vocab = c["shared_expert_intermediate_size"], c["vocab_size"]
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
     gdn = gdn_layer(k_heads, v_heads, k_dim, v_dim, d_conv, checkpoints=False)
-    is_attn = [(i + 1) % 4 == 0 for i in range(n)]
+    is_attn = [(i + 1) % c["full_attention_interval"] == 0 for i in range(n)]
     layers = tuple(attn if a else gdn for a in is_attn)
     n_attn = sum(is_attn)
     n_gdn = n - n_attn
     dense = (
-        n_attn * _attention_params(h, heads, kv, hd, q_gate=True)
+        n_attn * _attention_params(h, heads, kv, hd, q_gate=bool(c["attn_output_gate"]))
         + n_gdn * _gdn_params(h, k_heads, v_heads, k_dim, v_dim, d_conv)
         + n * (_mlp_params(h, shared, gated=True) + h * experts + h)  # shared expert, router, shared gate
         + n_attn * 2 * hd  # q_norm, k_norm
-        + (2 * n + 1) * h  # two RMSNorms per layer, final norm
+        + (2 * n + 1) * h
     )
     return ModelPreset(
-        name="qwen3-next-80b-a3b",
-        hf_repo="Qwen/Qwen3-Next-80B-A3B-Instruct",
-        shape=ModelShape("qwen3-next-80b-a3b", layers, max_model_len=262144),
+        name=name,
+        hf_repo=hf_repo,
+        shape=ModelShape(name, layers, max_model_len=c["max_position_embeddings"]),
         hidden_size=h,
         vocab_size=vocab,
         num_decoder_layers=n,
@@ -425,44 +418,38 @@ def _qwen3_next_80b_a3b() -> ModelPreset:
         num_experts=experts,
         experts_per_token=topk,
         embedding_params=vocab * h,
-        lm_head_params=vocab * h,
+        lm_head_params=0 if c["tie_word_embeddings"] else vocab * h,
         dense_params=dense,
         expert_params=n * experts * _mlp_params(h, e_inter, gated=True),
     )
 
 
-def _falcon_h1_7b() -> ModelPreset:
-    """tiiuae/Falcon-H1-7B-Instruct, ``FalconH1ForCausalLM`` (parallel attention + Mamba2).
-
-    Every decoder layer runs attention and a Mamba2 mixer side by side; as in
-    vLLM, each contributes its own cache layer (``self_attn.attn`` and
-    ``mamba``), so the shape has 44 attention + 44 Mamba layers.
-    config.json: hidden_size 3072; num_hidden_layers 44; num_attention_heads
-    12; num_key_value_heads 2; head_dim 128; mamba_d_ssm 3072 (d_inner);
-    mamba_n_heads 24; mamba_d_head 128; mamba_n_groups 1; mamba_d_state 256;
-    mamba_d_conv 4; intermediate_size 12288 (SwiGLU); vocab_size 130048;
-    tie_word_embeddings false; max_position_embeddings 262144.
-    """
-    h, n, heads, kv, hd = 3072, 44, 12, 2, 128
-    d_inner, m_heads, m_hd, groups, d_state, d_conv = 3072, 24, 128, 1, 256, 4
-    inter, vocab = 12288, 130048
+def _falcon_h1(name: str, hf_repo: str, c: Config, cache: Config) -> ModelPreset:
+    """``FalconH1ForCausalLM``: every layer runs attention and a Mamba2 mixer side by side; as in vLLM each
+    contributes its own cache layer (``self_attn.attn`` and ``mamba``), so the shape has both per layer."""
+    h, n, heads, kv, hd = (
+        c["hidden_size"],
+        c["num_hidden_layers"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
+    d_inner, m_heads, m_hd, groups = c["mamba_d_ssm"], c["mamba_n_heads"], c["mamba_d_head"], c["mamba_n_groups"]
+    d_state, d_conv = c["mamba_d_state"], c["mamba_d_conv"]
+    inter, vocab = c["intermediate_size"], c["vocab_size"]
     attn = AttentionLayerShape(num_kv_heads=kv, head_size=hd)
     mamba = mamba2_layer(d_inner, groups, m_heads, m_hd, d_state, d_conv)
     layers: tuple[LayerShape, ...] = tuple(x for _ in range(n) for x in (attn, mamba))
-    dense = (
-        n
-        * (
-            _attention_params(h, heads, kv, hd)
-            + _mamba2_params(h, d_inner, groups, d_state, m_heads, d_conv)
-            + _mlp_params(h, inter, gated=True)
-            + 2 * h  # two RMSNorms per layer
-        )
-        + h
-    )  # final norm
+    per_layer = (
+        _attention_params(h, heads, kv, hd)
+        + _mamba2_params(h, d_inner, groups, d_state, m_heads, d_conv)
+        + _mlp_params(h, inter, gated=True)
+        + 2 * h
+    )
     return ModelPreset(
-        name="falcon-h1-7b",
-        hf_repo="tiiuae/Falcon-H1-7B-Instruct",
-        shape=ModelShape("falcon-h1-7b", layers, max_model_len=262144),
+        name=name,
+        hf_repo=hf_repo,
+        shape=ModelShape(name, layers, max_model_len=c["max_position_embeddings"]),
         hidden_size=h,
         vocab_size=vocab,
         num_decoder_layers=n,
@@ -479,31 +466,39 @@ def _falcon_h1_7b() -> ModelPreset:
         num_experts=0,
         experts_per_token=0,
         embedding_params=vocab * h,
-        lm_head_params=vocab * h,
-        dense_params=dense,
+        lm_head_params=0 if c["tie_word_embeddings"] else vocab * h,
+        dense_params=n * per_layer + h,
         expert_params=0,
     )
 
 
-def _llama_31_8b() -> ModelPreset:
-    """meta-llama/Llama-3.1-8B, ``LlamaForCausalLM`` (plain transformer).
-
-    config.json: hidden_size 4096; num_hidden_layers 32; num_attention_heads
-    32; num_key_value_heads 8 (head_dim 128); intermediate_size 14336
-    (SwiGLU); vocab_size 128256; tie_word_embeddings false;
-    max_position_embeddings 131072.
-    """
+def _llama(name: str, hf_repo: str, c: Config, cache: Config) -> ModelPreset:
+    """``LlamaForCausalLM``: a plain transformer (see :func:`dense_transformer_preset`)."""
+    if c["tie_word_embeddings"]:
+        raise ValueError(f"preset {name}: a tied LM head is not modelled for LlamaForCausalLM")
     return dense_transformer_preset(
-        "llama-3.1-8b",
-        hf_repo="meta-llama/Llama-3.1-8B",
-        hidden=4096,
-        layers=32,
-        heads=32,
-        kv_heads=8,
-        intermediate=14336,
-        vocab=128256,
-        max_model_len=131072,
+        name,
+        hf_repo=hf_repo,
+        hidden=c["hidden_size"],
+        layers=c["num_hidden_layers"],
+        heads=c["num_attention_heads"],
+        kv_heads=c["num_key_value_heads"],
+        intermediate=c["intermediate_size"],
+        vocab=c["vocab_size"],
+        max_model_len=c["max_position_embeddings"],
+        gated=c["hidden_act"] == "silu",
     )
+
+
+#: Layout rules per Hugging Face ``architectures`` name.
+ARCHITECTURES: dict[str, Callable[[str, str, Config, Config], ModelPreset]] = {
+    "NemotronHForCausalLM": _nemotron_h,
+    "JambaForCausalLM": _jamba,
+    "GraniteMoeHybridForCausalLM": _granite_moe_hybrid,
+    "Qwen3NextForCausalLM": _qwen3_next,
+    "FalconH1ForCausalLM": _falcon_h1,
+    "LlamaForCausalLM": _llama,
+}
 
 
 def dense_transformer_preset(
@@ -551,19 +546,6 @@ def dense_transformer_preset(
     )
 
 
-MODEL_PRESETS: dict[str, ModelPreset] = {
-    p.name: p
-    for p in (
-        _nemotron_h_8b(),
-        _jamba_15_mini(),
-        _granite_40_h_small(),
-        _qwen3_next_80b_a3b(),
-        _falcon_h1_7b(),
-        _llama_31_8b(),
-    )
-}
-
-
 @dataclass(frozen=True, slots=True)
 class HardwarePreset:
     """One GPU: memory capacity (bytes), HBM bandwidth (bytes/s), dense bf16 tensor FLOP/s, SM count.
@@ -582,22 +564,62 @@ class HardwarePreset:
     sm_count: int = 0
 
 
-HARDWARE_PRESETS: dict[str, HardwarePreset] = {
-    h.name: h
-    for h in (
-        # NVIDIA A100 datasheet, SXM4 80GB: 80 GB HBM2e, 2,039 GB/s, BF16 tensor 312 TFLOPS dense;
-        # 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper).
-        HardwarePreset("a100-80g", 80 * GiB, 2.039e12, 312e12, (8, 0), "NVIDIA A100 80GB SXM datasheet", 108),
-        # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS with sparsity = 989.5 dense;
-        # 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper, SXM5).
-        HardwarePreset("h100-80g", 80 * GiB, 3.35e12, 989.5e12, (9, 0), "NVIDIA H100 SXM datasheet", 132),
-        # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s, BF16 1,979 TFLOPS with sparsity = 989.5 dense;
-        # the H100 SXM5 die, 132 SMs.
-        HardwarePreset("h200", 141 * 10**9, 4.8e12, 989.5e12, (9, 0), "NVIDIA H200 SXM datasheet", 132),
-        # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 tensor 362.05 TFLOPS dense (733 sparse); 142 SMs.
-        HardwarePreset("l40s", 48 * GiB, 864e9, 362.05e12, (8, 9), "NVIDIA L40S datasheet", 142),
-    )
+#: Where the preset data files live (package data).
+PRESET_DATA = Path(__file__).resolve().parent / "preset_data"
+
+
+def _read_yaml(path: Path) -> Any:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with path.open(encoding="utf-8") as f:
+        return yaml.load(f, Loader=loader)
+
+
+def load_model_preset(path: Path) -> ModelPreset:
+    """One model data file -> :class:`ModelPreset`, by its ``architecture``'s layout rule."""
+    data = _read_yaml(path)
+    arch = data["architecture"]
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"{path}: architecture {arch!r} has no layout rule (known: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[arch](data["name"], data["hf_repo"], data["config"], data.get("cache") or {})
+
+
+def load_hardware_presets(path: Path) -> list[HardwarePreset]:
+    """The GPU data file -> presets (capacity in ``memory_gib`` or decimal ``memory_gb``)."""
+    out = []
+    for item in _read_yaml(path):
+        memory = item["memory_gib"] * GiB if "memory_gib" in item else item["memory_gb"] * 10**9
+        out.append(
+            HardwarePreset(
+                item["name"],
+                int(memory),
+                float(item["memory_bandwidth"]),
+                float(item["bf16_flops"]),
+                (int(item["compute_capability"][0]), int(item["compute_capability"][1])),
+                item["source"],
+                int(item.get("sm_count", 0)),
+            )
+        )
+    return out
+
+
+#: The bundled models, in the order users see them (hybrids first, the pure-attention baseline last); one
+#: data file each, ``preset_data/models/<name>.yaml``.
+MODEL_NAMES: tuple[str, ...] = (
+    "nemotron-h-8b",
+    "jamba-1.5-mini",
+    "granite-4.0-h-small",
+    "qwen3-next-80b-a3b",
+    "falcon-h1-7b",
+    "llama-3.1-8b",
+)
+
+#: The bundled model presets, by name.
+MODEL_PRESETS: dict[str, ModelPreset] = {
+    name: load_model_preset(PRESET_DATA / "models" / f"{name}.yaml") for name in MODEL_NAMES
 }
+
+#: The bundled GPU presets, by name.
+HARDWARE_PRESETS: dict[str, HardwarePreset] = {h.name: h for h in load_hardware_presets(PRESET_DATA / "hardware.yaml")}
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 """vLLM 0.33 ``CacheConfig.gpu_memory_utilization`` default."""

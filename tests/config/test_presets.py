@@ -141,3 +141,20 @@ def test_kv_memory_budget_model_too_big():
             max_num_batched_tokens=8192,
             max_num_seqs=1024,
         )
+
+
+def test_every_model_data_file_is_a_listed_preset_named_as_its_file():
+    from sim.config.presets import MODEL_NAMES, PRESET_DATA
+
+    files = sorted(f.stem for f in (PRESET_DATA / "models").glob("*.yaml"))
+    assert files == sorted(MODEL_NAMES)
+    assert all(MODEL_PRESETS[name].name == name for name in MODEL_NAMES)
+
+
+def test_an_unknown_architecture_is_refused_naming_the_file(tmp_path):
+    from sim.config.presets import load_model_preset
+
+    bad = tmp_path / "m.yaml"
+    bad.write_text("name: m\nhf_repo: x/m\narchitecture: MysteryForCausalLM\nconfig: {}\n")
+    with pytest.raises(ValueError, match=r"m.yaml: architecture 'MysteryForCausalLM' has no layout rule"):
+        load_model_preset(bad)
