@@ -92,6 +92,10 @@ def fit(
     from sim.timing.check import compare, format_table, summarize
     from sim.timing.fit import fit_profile, override_document
 
+    try:
+        import scipy.optimize  # noqa: F401  (the fit's least-squares polish)
+    except ImportError:
+        _bad("timing fit needs SciPy, an optional dependency: pip install 'hybridsim[fit]' (or pip install scipy)")
     hw, profile, model, steps = _setup(profile_dir, hardware, layers, prefill_kv_save)
     start = CALIBRATED.get(hw.name, TimingParams())
     result = fit_profile(profile, model, hw, steps, start=start)

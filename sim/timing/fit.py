@@ -1,4 +1,4 @@
-"""Fit the step-time model's efficiencies and floors to a profile (no SciPy: a small bounded search).
+"""Fit the step-time model's efficiencies and floors to a profile (a bounded coordinate search, then SciPy least squares).
 
 Each group of :class:`~sim.engine.timing.TimingParams` is fitted to the
 profile rows of the kernels it prices, in this order (later groups keep the
@@ -21,9 +21,9 @@ The objective is the (weighted) mean squared log ratio of predicted to profiled 
 (relative error, symmetric). The search is coordinate descent: each parameter
 in turn tries a geometric fan of values around the current one inside its
 bounds (discrete parameters try every candidate), keeps the best, and the fan
-narrows every sweep; then a few Levenberg-Marquardt steps (numerical
-Jacobian, NumPy least squares) polish the continuous parameters, whose
-coordinate-wise search stalls where two of them trade off. Deterministic; the Mamba terms are not fitted (a Vidur
+narrows every sweep; then bounded least squares (``scipy.optimize.least_squares``)
+polishes the continuous parameters, whose coordinate-wise search stalls where
+two of them trade off. Deterministic; the Mamba terms are not fitted (a Vidur
 profile has no Mamba layer).
 """
 
@@ -184,10 +184,13 @@ def _refine(
     params: TimingParams,
     names: Sequence[str],
     obs: Sequence[Observation],
-    iterations: int = 12,
+    max_evaluations: int = 200,
 ) -> TimingParams:
-    """Levenberg-Marquardt on the log residuals over the continuous ``names``, in log-parameter space,
-    clipped to :data:`BOUNDS` (numerical Jacobian, ``numpy.linalg.lstsq``)."""
+    """Polish the continuous ``names`` by bounded nonlinear least squares on the log residuals, in
+    log-parameter space within :data:`BOUNDS` (``scipy.optimize.least_squares``, trust-region reflective,
+    numerical Jacobian). Deterministic: no random start."""
+    from scipy.optimize import least_squares
+
     cont = [n for n in names if n not in CHOICES]
     if not cont:
         return params
@@ -197,25 +200,15 @@ def _refine(
     def at(x: np.ndarray) -> TimingParams:
         return _replaced(params, {n: float(math.exp(v)) for n, v in zip(cont, np.clip(x, lo, hi))})
 
-    x = np.log([getattr(params, n) for n in cont])
-    r = _residuals(model, hardware, at(x), obs)
-    damping = 1e-3
-    for _ in range(iterations):
-        jac = np.empty((len(r), len(cont)))
-        for j in range(len(cont)):
-            step = np.zeros(len(cont))
-            step[j] = 1e-6
-            jac[:, j] = (_residuals(model, hardware, at(x + step), obs) - r) / 1e-6
-        a = np.vstack([jac, math.sqrt(damping) * np.eye(len(cont))])
-        b = np.concatenate([-r, np.zeros(len(cont))])
-        delta = np.linalg.lstsq(a, b, rcond=None)[0]
-        x_new = np.clip(x + delta, lo, hi)
-        r_new = _residuals(model, hardware, at(x_new), obs)
-        if r_new @ r_new < r @ r:
-            x, r, damping = x_new, r_new, damping / 10
-        else:
-            damping *= 10
-    return at(x)
+    x0 = np.clip(np.log([getattr(params, n) for n in cont]), lo, hi)
+    fit = least_squares(
+        lambda x: _residuals(model, hardware, at(x), obs), x0, bounds=(lo, hi), method="trf", max_nfev=max_evaluations
+    )
+    polished = at(fit.x)
+    # Keep the search's answer if the polish did not improve on it (it never should, but a flat start can).
+    if _objective(model, hardware, polished, obs) <= _objective(model, hardware, params, obs):
+        return polished
+    return params
 
 
 def _search(
