@@ -11,11 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import typer
-import yaml
 
-EXIT_BAD_INPUT = 2
-
-timing_app = typer.Typer(no_args_is_help=True, help="Hold the step-time model against GPU kernel profiles.")
+from sim.cli.app import timing_app
+from sim.cli.errors import fail
 
 _HARDWARE = typer.Option(..., "--hardware", help="Hardware preset the profile was taken on (a100-80g, h100-80g, ...).")
 _LAYERS = typer.Option(32, "--layers", min=1, help="Decoder layers of the profiled model (Vidur's CSVs do not say).")
@@ -26,11 +24,6 @@ _KV_SAVE = typer.Option(
 )
 
 
-def _bad(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
 def _setup(profile_dir: Path, hardware: str, layers: int, prefill_kv_save: bool):
     from sim.config.presets import hardware_preset
     from sim.timing.profiles import ProfileError, load_profile, profiled_steps
@@ -38,14 +31,14 @@ def _setup(profile_dir: Path, hardware: str, layers: int, prefill_kv_save: bool)
     try:
         hw = hardware_preset(hardware)
     except ValueError as exc:
-        _bad(f"--hardware: {exc}")
+        fail(f"--hardware: {exc}")
     try:
         profile = load_profile(profile_dir)
     except ProfileError as exc:
-        _bad(str(exc))
+        fail(str(exc))
     steps = profiled_steps(profile, layers, include_prefill_kv_save=prefill_kv_save)
     if not steps:
-        _bad(f"{profile_dir}: no step can be priced (no attention row matches a profiled token count)")
+        fail(f"{profile_dir}: no step can be priced (no attention row matches a profiled token count)")
     return hw, profile, profile.model(layers), steps
 
 
@@ -69,7 +62,7 @@ def check(
         try:
             given = read_overrides_file(str(overrides)).given()
         except ValueError as exc:
-            _bad(f"--overrides: {str(exc).removeprefix('@overrides_path: ')}")
+            fail(f"--overrides: {str(exc).removeprefix('@overrides_path: ')}")
     st = StepTimeModel.from_presets(model, hw, given)
     rows = compare(st, steps)
     typer.echo(
@@ -88,6 +81,8 @@ def fit(
     prefill_kv_save: bool = _KV_SAVE,
 ) -> None:
     """Fit the efficiencies and floors to the profile; write a file for ``hardware.overrides_path``."""
+    import yaml
+
     from sim.engine.timing import CALIBRATED, StepTimeModel, TimingParams
     from sim.timing.check import compare, format_table, summarize
     from sim.timing.fit import fit_profile, override_document
@@ -95,7 +90,7 @@ def fit(
     try:
         import scipy.optimize  # noqa: F401  (the fit's least-squares polish)
     except ImportError:
-        _bad("timing fit needs SciPy, an optional dependency: pip install 'hybridsim[fit]' (or pip install scipy)")
+        fail("timing fit needs SciPy, an optional dependency: pip install 'hybridsim[fit]' (or pip install scipy)")
     hw, profile, model, steps = _setup(profile_dir, hardware, layers, prefill_kv_save)
     start = CALIBRATED.get(hw.name, TimingParams())
     result = fit_profile(profile, model, hw, steps, start=start)
@@ -111,7 +106,7 @@ def fit(
             encoding="utf-8",
         )
     except OSError as exc:
-        _bad(f"-o/--output {output}: cannot write ({exc.strerror or exc})")
+        fail(f"-o/--output {output}: cannot write ({exc.strerror or exc})")
     for g in result.groups:
         typer.echo(f"fitted {g.name}: {g.observations} rows, rms log error {g.rms_log_error:.3f}")
     fitted = replace(start, **doc["overrides"])

@@ -1,0 +1,98 @@
+"""How a command fails: one line on stderr and an :class:`~sim.cli.exit_codes.ExitCode` (``--debug``: the
+traceback too). Known bad-input errors are exit 2, an unwritable bundle exit 1, SIGINT/SIGTERM exit 130."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
+
+import typer
+
+from sim.cli.exit_codes import ExitCode
+
+_state = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def set_debug(debug: bool) -> None:
+    """``--debug``: print tracebacks of the errors turned into one line."""
+    _state["debug"] = debug
+
+
+def fail(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(int(code))
+
+
+def _bad_input_types() -> tuple[type[BaseException], ...]:
+    from sim.config import ScenarioError
+    from sim.sweep.grid import SweepError
+    from sim.trace.diff import TraceDiffError
+    from sim.workload.errors import WorkloadError
+
+    return (
+        ScenarioError,
+        WorkloadError,
+        TraceDiffError,
+        SweepError,
+        FileNotFoundError,
+        PermissionError,
+        NotADirectoryError,
+        IsADirectoryError,
+        FileExistsError,
+    )
+
+
+@contextlib.contextmanager
+def naming_file(path: Path) -> Iterator[None]:
+    """Prefix a build-time bad-input error (which names only the key) with the scenario file."""
+    from sim.config import ScenarioError
+    from sim.workload.errors import WorkloadError
+
+    try:
+        yield
+    except (ScenarioError, WorkloadError) as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise ScenarioError(f"{path}: {exc}") from exc
+
+
+def _traceback_if_debug() -> None:
+    if _state["debug"]:
+        traceback.print_exc()
+
+
+def handles_errors(fn: F) -> F:
+    """Turn known bad-input errors into one line + exit 2 (``--debug``: traceback); a bundle that cannot be
+    written (disk full) into one line + exit 1; SIGINT/SIGTERM into one line + exit 130."""
+    from sim.interrupts import interrupts_raise
+    from sim.trace.atomic import BundleWriteError
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with interrupts_raise():
+                return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except KeyboardInterrupt as exc:
+            fail(f"{exc or 'interrupted'}; output folders hold whole bundles only (old or new)", ExitCode.INTERRUPTED)
+        except BundleWriteError as exc:
+            _traceback_if_debug()
+            fail(exc.strerror or str(exc), ExitCode.WRITE_FAILED)
+        except RecursionError:
+            _traceback_if_debug()
+            fail("input nested too deeply (see docs/limits.md)")
+        except _bad_input_types() as exc:
+            _traceback_if_debug()
+            fail(str(exc) if not isinstance(exc, OSError) else f"{exc.strerror}: {exc.filename}")
+        except ValueError as exc:
+            _traceback_if_debug()
+            fail(str(exc))
+
+    return wrapper  # type: ignore[return-value]

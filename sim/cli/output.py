@@ -1,0 +1,76 @@
+"""What commands share for their output: the rich console, the progress switch, the end-of-run summary table,
+and the checks of a run's ``-o`` folder before anything runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+
+def console() -> Any:
+    """A rich console; piped output is not cut to 80 columns (rich's default without a terminal)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def show_progress() -> bool:
+    """Progress bars only on a terminal, and never under CI."""
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def print_summary(summary: dict, title: str = "") -> None:
+    """The end-of-run table: latency, hits, divergence, outcomes, evictions."""
+    from rich.table import Table
+
+    from sim.analysis.report import summary_rows
+
+    table = Table(title=title or None, show_header=False, box=None, pad_edge=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    for name, value in summary_rows(summary):
+        table.add_row(name, value)
+    console().print(table)
+
+
+def prepare_out_dir(target: Path, force: bool = False) -> None:
+    """Check ``-o`` before running, so an unusable output folder fails in a second, not after the run:
+    not a link or a file, holding nothing hybridsim did not write (unless ``force``), parent writable."""
+    from sim.config import ScenarioError
+    from sim.trace.atomic import OutputFolderError, check_output_folder
+
+    try:
+        check_output_folder(Path(os.path.abspath(target)), force=force)
+    except OutputFolderError as exc:
+        raise ScenarioError(f"-o/--out {exc}") from None
+    parent = Path(os.path.abspath(target)).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ScenarioError(
+            f"-o/--out {target}: cannot create the output directory ({exc.strerror}); give a writable directory path"
+        ) from exc
+    if not os.access(parent, os.W_OK):
+        raise ScenarioError(f"-o/--out {target}: the output directory is not writable; give a writable directory path")
+
+
+def run_targets(scenarios: List[Path], names: List[str], out: Optional[Path]) -> List[Path]:
+    """One output folder per scenario; names are path-safe (checked by the scenario model); two scenarios
+    with the same name in one invocation are refused (they would overwrite each other)."""
+    from sim.config import ScenarioError
+
+    seen: dict[str, Path] = {}
+    for path, name in zip(scenarios, names):
+        if name in seen and (out is None or len(scenarios) > 1):
+            raise ScenarioError(
+                f"{path}: name: {name!r} is also the name of {seen[name]}; two runs in one "
+                "invocation would write the same folder (rename one)"
+            )
+        seen[name] = path
+    if out is None:
+        return [Path("results") / name for name in names]
+    if len(scenarios) > 1:
+        return [out / name for name in names]
+    return [out]

@@ -1,0 +1,128 @@
+"""``hybridsim run``, ``validate`` and ``scenarios``: run scenarios into bundles, check them, list them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from sim.cli.app import app
+from sim.cli.errors import fail, handles_errors, naming_file
+from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_progress
+
+
+# --------------------------------------------------------------------- run
+@app.command()
+@handles_errors
+def run(
+    scenarios: List[Path] = typer.Argument(..., help="Scenario YAML file(s)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Output directory (default results/<name>)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key: key.path=value (YAML value)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Override the scenario's seed."),
+    tables_format: Optional[str] = typer.Option(None, "--format", help="Table format: parquet or csv."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Do not draw plots."),
+    svg: bool = typer.Option(False, "--svg", help="Draw plots as SVG instead of PNG."),
+    check_invariants: bool = typer.Option(
+        False, "--check-invariants", help="Verify cache invariants after every step."
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary table."),
+    plain: bool = typer.Option(False, "--plain", hidden=True, help="No simulator fast paths (same tables, slower)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Use an output folder holding files hybridsim did not "
+        "write (its old contents are kept aside as <folder>.old).",
+    ),
+) -> None:
+    """Run scenario(s) and write a result bundle for each (whole: a previous bundle is replaced in one step)."""
+    from sim.api import RunOptions, run_scenario
+    from sim.config import load_scenario
+
+    overrides = list(set_)
+    if seed is not None:
+        overrides.append(f"seed={seed}")
+    if tables_format is not None:
+        overrides.append(f"outputs.tables_format={tables_format}")
+    if no_plots:
+        overrides.append("outputs.plots=false")
+    loaded = [load_scenario(path, overrides) for path in scenarios]
+    targets = run_targets(scenarios, [s.name for s in loaded], out)
+    for target in targets:
+        prepare_out_dir(target, force)
+    worst = 0
+    for path, scenario, target in zip(scenarios, loaded, targets):
+        options = RunOptions(
+            progress=show_progress() and not quiet,
+            check_invariants=check_invariants or scenario.check_invariants,
+            plot_format="svg" if svg else "png",
+            fast_paths=False if plain else None,
+            force=force,
+        )
+        with naming_file(path):
+            result = run_scenario(scenario, target, options=options)
+        for note in result.notes:
+            typer.echo(f"note: {note}", err=True)
+        if not quiet:
+            print_summary(result.summary, title=f"{scenario.name}  →  {target}")
+        worst = max(worst, result.exit_code)
+    if worst:
+        raise typer.Exit(worst)
+
+
+# ----------------------------------------------------------------- validate
+@app.command()
+@handles_errors
+def validate(
+    scenarios: List[Path] = typer.Argument(..., help="Scenario YAML file(s)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key: key.path=value."),
+) -> None:
+    """Check scenario files (keys, types, presets, workload) without running them.
+
+    A sweep file (one with a top-level ``scenario:`` key) is checked as a sweep: its grid, and the base scenario
+    at every grid point (seeds aside: a seed changes draws, not validity)."""
+    from sim.config import load_scenario
+    from sim.engine.build import build_components
+    from sim.sweep.grid import build_sweep, is_grid_file, plan_runs
+
+    for path in scenarios:
+        if is_grid_file(path):
+            spec = build_sweep(path, overrides=list(set_))
+            points = {tuple(o for o in run.overrides if not o.startswith("seed=")) for run in plan_runs(spec, 0)}
+            for overrides in sorted(points):
+                scenario = load_scenario(spec.scenario, list(overrides))
+                with naming_file(spec.scenario):
+                    build_components(scenario, dry_run=True)
+            typer.echo(f"{path}: ok (sweep of {spec.scenario.name}: {len(points)} grid points)")
+            continue
+        scenario = load_scenario(path, list(set_))
+        with naming_file(path):
+            build_components(scenario, dry_run=True)
+        typer.echo(f"{path}: ok ({scenario.name})")
+
+
+# ---------------------------------------------------------------- scenarios
+def _scenario_root() -> Path:
+    return Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def _header_line(path: Path) -> str:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.strip()
+        if text.startswith("#"):
+            text = text.lstrip("#").strip()
+            if text:
+                return text
+        elif text:
+            break
+    return ""
+
+
+@app.command()
+def scenarios(directory: Optional[Path] = typer.Option(None, "--dir", help="Directory to list.")) -> None:
+    """List the bundled scenarios with their one-line descriptions."""
+    root = directory or _scenario_root()
+    if not root.is_dir():
+        fail(f"{root}: no such directory")
+    for path in sorted(root.rglob("*.yaml")):
+        typer.echo(f"{path.relative_to(root)!s:48}  {_header_line(path)}")
