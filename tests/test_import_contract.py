@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,8 @@ import pytest
 
 SIM = Path(__file__).resolve().parents[1] / "sim"
 
-#: Top-level unit of ``sim`` -> layer. A new package or module must be given a layer here (and in the docs).
+#: Top-level unit of ``sim`` -> layer. A new package or module must be given a layer here and in the layer table
+#: of docs/architecture.md (checked below).
 LAYERS: dict[str, int] = {
     "sim.trace": 0,
     "sim.limits": 0,
@@ -74,6 +76,36 @@ def _imports(path: Path) -> list[str]:
 
 
 SOURCES = sorted(SIM.rglob("*.py"))
+
+
+ARCHITECTURE = SIM.parent / "docs" / "architecture.md"
+
+
+def documented_layers() -> dict[str, int]:
+    """Unit -> layer as the layer table of docs/architecture.md states it (the ``sim`` names of each row)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    table = text[text.index("| layer | units | what it is |") :].split("\n\n", 1)[0]
+    out: dict[str, int] = {}
+    for layer, units in re.findall(r"^\| (\d+) \| (.*?) \|", table, re.M):
+        for unit in re.findall(r"`(sim(?:\.\w+)?)`", units):
+            assert unit not in out, f"docs/architecture.md gives {unit} two layers"
+            out[unit] = int(layer)
+    return out
+
+
+def test_the_architecture_layer_table_is_the_contract() -> None:
+    documented = documented_layers()
+    assert len(documented) >= 10, "docs/architecture.md: the layer table was not found"
+    missing = sorted(set(LAYERS) - set(documented))
+    extra = sorted(set(documented) - set(LAYERS))
+    differ = sorted(
+        f"{u}: doc {documented[u]}, test {LAYERS[u]}"
+        for u in set(LAYERS) & set(documented)
+        if documented[u] != LAYERS[u]
+    )
+    assert not missing, f"docs/architecture.md's layer table lacks {missing}"
+    assert not extra, f"docs/architecture.md's layer table names units the contract does not: {extra}"
+    assert not differ, f"docs/architecture.md and the contract disagree: {differ}"
 
 
 def test_every_unit_has_a_layer() -> None:

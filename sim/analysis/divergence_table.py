@@ -97,7 +97,7 @@ INTRO = """\
 A hybrid model caches each KV-cache group on its own, so after evictions the
 full-attention (FA) prefix and the Mamba states of one document can reach
 different depths (vLLM issue #46453). The scheduler must choose one resume
-boundary; the prefix-boundary policy (DESIGN.md §3) decides it, the connector
+boundary; the prefix-boundary policy (docs/design.md §3) decides it, the connector
 may add external tokens, and the truth checker (`sim/core/admission_truth.py`)
 classifies the admission.
 

@@ -37,7 +37,7 @@ from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
 from sim.trace.tables import infer_num_groups
 
-#: Fixed colours for the outcomes DESIGN.md §3/§6 name; others cycle through tab10.
+#: Fixed colours for the outcomes docs/design.md §3/§6 name; others cycle through tab10.
 OUTCOME_COLOURS = {
     "ok": "#2ca02c",
     "recompute": "#ff7f0e",

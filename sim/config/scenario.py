@@ -1,4 +1,4 @@
-"""Pydantic models of a whole scenario (DESIGN.md §7); docs/scenarios.md lists every key.
+"""Pydantic models of a whole scenario (docs/design.md §7); docs/scenarios.md lists every key.
 
 Every model forbids unknown keys except ``connector`` (its own keys belong to
 the connector, which validates them). Defaults that depend on other sections
@@ -52,7 +52,7 @@ NonNegativeFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 
 EXPLICIT_GROUPS_MAX_MODEL_LEN = 8192
-"""DESIGN.md §7: ``max_model_len`` when the scenario gives no model preset."""
+"""docs/design.md §7: ``max_model_len`` when the scenario gives no model preset."""
 
 
 class _Strict(BaseModel):

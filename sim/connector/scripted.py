@@ -1,4 +1,4 @@
-"""The ``scripted`` connector (DESIGN.md §4), modelled on vLLM's ``MockKVConnector``.
+"""The ``scripted`` connector (docs/design.md §4), modelled on vLLM's ``MockKVConnector``.
 
 Two ways to script a request's external hit; a request may appear in only one:
 

@@ -16,7 +16,7 @@ Invariants:
   equals an explicit id (the two kinds never share a block).
 * Output tokens live in the reserved stream ``output_stream(request_id)``, which
   no prompt can name, so an output token never equals a prompt token and an
-  output can only be hashed into its own request's blocks (DESIGN.md §6).
+  output can only be hashed into its own request's blocks (docs/design.md §7).
 * :func:`block_content` returns a *canonical* byte string for a token range:
   adjacent runs of the same stream at consecutive positions are merged, and
   adjacent explicit-id runs are concatenated, so equal tokens give equal bytes

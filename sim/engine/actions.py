@@ -1,4 +1,4 @@
-"""Scripted interventions (DESIGN.md §7 ``actions``), applied by the engine before a step.
+"""Scripted interventions (docs/design.md §7 ``actions``), applied by the engine before a step.
 
 * ``evict: {prefix_of: R, group: G, blocks: [i, ...]}`` removes the cache
   entries of request R's prompt blocks ``i`` (indices at the group's block

@@ -7,7 +7,7 @@ answer with ``clock: time``). There is one SimPy event per engine step, never
 one per token or per block; connector transfers are their own SimPy
 processes (``sim.engine.transfer``) and wake the engine when it is idle.
 
-Ordering inside a step (DESIGN.md §5): at the start of step ``k`` (time
+Ordering inside a step (docs/design.md §5): at the start of step ``k`` (time
 ``t``) the engine
 
 1. applies the scripted actions due at step ``k`` (their KV events belong to

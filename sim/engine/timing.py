@@ -1,4 +1,4 @@
-"""Per-operation roofline step-time model for ``clock: time`` (DESIGN.md §5).
+"""Per-operation roofline step-time model for ``clock: time`` (docs/design.md §5).
 
 One engine step runs one forward pass over every scheduled request. The GPU
 runs its kernels one after another, so the step's GPU time is the **sum** of

@@ -204,7 +204,7 @@ def run_summary(
     ``tables`` is a result, a mapping of table name to DataFrame, or one of table name to
     :data:`TableColumns` (a run's :func:`~sim.trace.tables.columns_from_recorder`); ``group_kinds`` names the attention type of each KV-cache
     group in group order; ``crash`` is ``None`` or ``{step, time_s,
-    request_id, reason}`` (DESIGN.md §6).
+    request_id, reason}`` (docs/design.md §6).
 
     Computed column by column on NumPy arrays (each column read once), with the
     same operations in the same order as :func:`request_metrics` and pandas'

@@ -1,4 +1,4 @@
-"""Result bundles: the directory a run writes (DESIGN.md §6), and reading it back.
+"""Result bundles: the directory a run writes (docs/design.md §6), and reading it back.
 
 A bundle holds ``scenario.resolved.yaml``, ``summary.json`` and one file per
 table, ``<table>.parquet`` (default) or ``<table>.csv``. Writing the same data

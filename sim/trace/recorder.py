@@ -1,4 +1,4 @@
-"""Columnar, plain-Python sink for everything a run records (DESIGN.md §6).
+"""Columnar, plain-Python sink for everything a run records (docs/design.md §6).
 
 The core calls the recorder; the recorder never calls back. It holds one list
 per column, appends rows in the order the simulation produces them, and does
@@ -6,7 +6,7 @@ not import pandas: :mod:`sim.trace.tables` turns the columns into DataFrames.
 
 Invariants:
 
-* Column names and order of the contract columns are those of DESIGN.md §6;
+* Column names and order of the contract columns are those of docs/design.md §6;
   extension columns come after them and are never reordered into them.
 * ``kv_events.seq`` is dense from 0 in emission order; every row carries the
   ``step`` / ``time_s`` the engine set with :meth:`Recorder.set_clock` before
@@ -257,7 +257,7 @@ class Recorder:
         connector_asked_at: int = -1,
         connector_answer: int = -1,
     ) -> None:
-        """One admission attempt (DESIGN.md §6 ``admissions``).
+        """One admission attempt (docs/design.md §6 ``admissions``).
 
         Extensions for ``hybridsim explain``: ``lookup_seq`` is the number of
         KV events emitted before the attempt's lookup (the cache it saw is
@@ -371,5 +371,5 @@ class Recorder:
             raise KeyError(f"row does not match columns: missing {missing}, unknown []")
 
     def record_request(self, **row) -> None:
-        """One finished (or failed) request (DESIGN.md §6 ``requests``)."""
+        """One finished (or failed) request (docs/design.md §6 ``requests``)."""
         self.requests.append(row)

@@ -1,10 +1,10 @@
-"""The DESIGN.md §6 result tables as pandas DataFrames with a fixed schema.
+"""The docs/design.md §6 result tables as pandas DataFrames with a fixed schema.
 
 The :class:`~sim.trace.recorder.Recorder` collects plain-Python columns; this
 module is the one place that turns them (or a table read back from Parquet or
 CSV) into DataFrames. Whatever the source, a table leaving this module has:
 
-* the contract columns of DESIGN.md §6 in their order (the per-group columns
+* the contract columns of docs/design.md §6 in their order (the per-group columns
   ``hit_g<i>`` / ``blocks_g<i>`` / ``cached_g<i>`` for ``i = 0..N-1`` in place),
   then extension columns in the order they were recorded (or found in a file);
 * one fixed dtype per column (:func:`column_dtype`): ``int64``, ``float64``
@@ -175,7 +175,7 @@ def column_dtype(table: str, column: str) -> str | None:
 
 
 def contract_columns(table: str, num_groups: int) -> list[str]:
-    """Column order of a table as the recorder defines it (DESIGN.md §6 + known extensions)."""
+    """Column order of a table as the recorder defines it (docs/design.md §6 + known extensions)."""
     _check_table(table)
     return {
         "kv_events": kv_event_columns,

@@ -1,6 +1,6 @@
 """hybridsim's result tables -> the decision-trace shape of :mod:`sim.verify.vllm_side`.
 
-The mapping (hybridsim's names to the trace's; DESIGN.md §6 semantics unchanged):
+The mapping (hybridsim's names to the trace's; docs/design.md §6 semantics unchanged):
 
 * ``schedule`` rows of a step: ``preempted = false`` rows give ``scheduled``
   (request, ``num_scheduled_tokens``) in row order, ``preempted = true`` rows

@@ -14,7 +14,7 @@ multi-turn chat's history) is lowered to; every other stream ``k`` (numbered
 after the outputs, by first appearance) maps position ``p`` to
 ``(k + 1) * TOKEN_STRIDE + p``. So equal content gives equal ids, a stream
 token never equals an explicit id, and an output never equals a prompt
-token or another request's output, as DESIGN.md §6 requires.
+token or another request's output, as docs/design.md §7 requires.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
   (the pre-#48425 lookup, emulated on the scheduler instance: see
   :func:`_install_max_per_group`).
 * ``connector``: ``None`` or a :class:`ConnectorScript` (the ``scripted``
-  connector of hybridsim's DESIGN.md §4: ``matched_tokens`` answered verbatim,
+  connector of hybridsim's docs/design.md §4: ``matched_tokens`` answered verbatim,
   ``holds`` answered ``max(0, min(N, num_tokens - 1) aligned - local)``,
   ``load_async`` bool or per-request map, ``async_load_steps``,
   ``supports_divergent_local_hybrid_hits``).
@@ -308,7 +308,7 @@ def _define_connector() -> None:
     v = _VLLM
 
     class HybridsimScriptedConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
-        """hybridsim's ``scripted`` connector (DESIGN.md §4), scheduler role only.
+        """hybridsim's ``scripted`` connector (docs/design.md §4), scheduler role only.
 
         Its script comes in ``kv_connector_extra_config["script"]``. It answers
         ``get_num_new_matched_tokens`` from the script, starts an async load in

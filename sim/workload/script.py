@@ -1,9 +1,9 @@
-"""Explicit request scripts (DESIGN.md §7 ``workload.requests``) and their segments.
+"""Explicit request scripts (docs/design.md §7 ``workload.requests``) and their segments.
 
 A segment spec becomes a :mod:`sim.core.tokens` segment without touching single
 tokens: ``{content: X, start: S, tokens: N}`` is ``StreamSegment(X, S, N)``
 (``start`` defaults to 0, so ``{content: X, tokens: N}`` is the first N
-tokens of X, DESIGN.md §6); ``{output_of: R, tokens: N}`` is the first N
+tokens of X, docs/design.md §7); ``{output_of: R, tokens: N}`` is the first N
 tokens request R generates; ``{ids: [...]}`` is an :class:`IdsSegment`.
 """
 

@@ -1,4 +1,4 @@
-"""Pydantic models of a scenario's ``workload:`` section (DESIGN.md §7).
+"""Pydantic models of a scenario's ``workload:`` section (docs/design.md §7).
 
 A workload has exactly one source: an explicit ``requests:`` script, a
 ``generator:`` or a ``trace:``; and the options ``limit``, ``time_scale``,

@@ -1,4 +1,4 @@
-"""The scripted connector (DESIGN.md §4) and the connector registry."""
+"""The scripted connector (docs/design.md §4) and the connector registry."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ workload:
     out = to_explicit_groups(scenario.model_dump(mode="json"), config)
     assert out is not None and "model" not in out
     explicit = build_kv_cache_config(Scenario.model_validate(out))
-    # Same layout; explicit groups carry no page bytes (DESIGN.md §6: no page-size unification there).
+    # Same layout; explicit groups carry no page bytes (docs/design.md §7: no page-size unification there).
     assert [g.spec for g in explicit.groups] == [replace(g.spec, page_size_bytes=None) for g in config.groups]
     assert explicit.num_blocks == config.num_blocks
 

@@ -16,7 +16,7 @@ from sim.trace.tables import (
 )
 from tests.support.kv import event_log
 
-# DESIGN.md §6 column lists, written out literally (two groups), then the recorder's extensions.
+# docs/design.md §6 column lists, written out literally (two groups), then the recorder's extensions.
 EXPECTED_COLUMNS = {
     "kv_events": ["seq", "step", "time_s", "kind", "group", "block_id", "block_hash", "request_id", "cause"],
     "admissions": [

@@ -14,7 +14,7 @@ Two builders:
   attention page holds a Mamba page; Mamba pages padded), ``num_blocks`` from a
   memory budget.
 * :func:`kv_cache_config_from_groups`: an explicit group layout from a scenario
-  (DESIGN.md §6): no page-size unification, every group uses ``block_size``
+  (docs/design.md §7): no page-size unification, every group uses ``block_size``
   unless its item gives its own ``block_size``, no byte sizes
   (``page_size_bytes`` is ``None``).
 

@@ -1,6 +1,6 @@
 """Our own request format (``format: requests``): JSONL or Parquet.
 
-JSONL: one object a line, the fields of a scripted request (DESIGN.md §7):
+JSONL: one object a line, the fields of a scripted request (docs/design.md §7):
 ``{"id", "at", "prompt": [segments], "max_tokens", "output_len"?, "priority"?,
 "lora"?, "cache_salt"?}``, where a segment is ``{"content", "start"?,
 "tokens"}``, ``{"output_of", "start"?, "tokens"}`` or ``{"ids": [...]}``; or a
