@@ -5,9 +5,10 @@ unless the run completed or crashed the way the scenario asked) and the
 tables, written by :func:`sim.trace.bundle.write_result` (which owns how a
 bundle is put on disk), and with ``workload.sessions`` the ``sessions/turns``
 and ``sessions/sessions`` tables. A crash also writes ``crash.json`` and a replay
-bundle (``replay/replay.yaml`` + ``replay/crash.json``) that
-``hybridsim replay`` reproduces; ``crash.json`` names the ``explain``, ``replay``, ``shrink`` and
-``export vllm-test`` commands for it.
+bundle (``replay/replay.yaml`` + ``replay/crash.json``, the scenario cut at the crash step by
+:mod:`sim.results.replay_cut`) that ``hybridsim replay`` reproduces; ``crash.json`` names the ``explain``,
+``replay``, ``shrink`` and ``export vllm-test`` commands for it. If the replay cannot be derived the bundle is
+written without ``replay/`` and ``crash.json`` says why in ``replay_note`` (one line).
 """
 
 from __future__ import annotations
@@ -19,40 +20,51 @@ from typing import Callable
 from sim.config import resolved_yaml
 from sim.config.scenario import Scenario
 from sim.results.finalize import RunResult
+from sim.results.replay_cut import replay_scenario
 from sim.trace.bundle import write_result, write_session_tables
 
 
-def _replay_yaml(scenario: Scenario, crash_step: int) -> str:
-    """The resolved scenario cut down to what reproduces the crash: arrivals and actions up to the crash step."""
-    data = json.loads(scenario.model_dump_json())
-    data["on_crash"] = "stop"
-    data["name"] = f"{scenario.name}-replay"
-    if scenario.clock == "steps":
-        data["actions"] = [a for a in data.get("actions", []) if a["at"] <= crash_step]
-        wl = data.get("workload", {})
-        if wl.get("requests") is not None:
-            wl["requests"] = [r for r in wl["requests"] if r.get("at", 0) <= crash_step]
-    cut = Scenario.model_validate(data)
-    return resolved_yaml(cut)
+def _arrived(result: RunResult, crash_step: int) -> set[str]:
+    """The requests the run had seen by the crash step (its ``requests`` table: arrived, rejected or run)."""
+    requests = result.tables.get("requests")
+    if requests is None or requests.empty:
+        return set()
+    seen = (requests["outcome"] != "not_arrived") & (requests["arrival_s"] <= crash_step)
+    return {str(rid) for rid in requests.loc[seen, "request_id"]}
 
 
-def _write_crash(out: Path, scenario: Scenario, crash: dict[str, object], final: Path) -> None:
+def _replay_yaml(result: RunResult, scenario: Scenario, crash_step: int) -> tuple[str | None, str | None]:
+    """``(replay.yaml text, None)``, or ``(None, note)`` when the replay cannot be derived: deriving an extra
+    file never costs the run's bundle, so any failure becomes a one-line note in ``crash.json``."""
+    try:
+        return resolved_yaml(replay_scenario(scenario, crash_step, _arrived(result, crash_step))), None
+    except Exception as exc:  # any failure to derive the replay is noted, never raised
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return None, f"replay/ not written: deriving the replay scenario failed ({type(exc).__name__}: {first})"
+
+
+def _write_crash(out: Path, result: RunResult, scenario: Scenario, crash: dict[str, object], final: Path) -> None:
     """``crash.json`` (with the crashing admission's per-group hits) and the replay bundle, into ``out``
     (the staging folder); the commands it names point at ``final``, where the bundle will be."""
     detail = {k: v for k, v in crash.items() if k != "attempt"}
     if "attempt" in crash:
         detail["explain"] = f"hybridsim explain {final} {crash['request_id']} --attempt {crash['attempt']}"
+    replay_text, note = _replay_yaml(result, scenario, int(str(crash["step"])))
+    replay_hint = f"hybridsim replay {final / 'replay'} reproduces it; " if replay_text is not None else ""
     detail["next"] = (
-        f"hybridsim replay {final / 'replay'} reproduces it; hybridsim shrink {final} -o small.yaml reduces it to a "
+        f"{replay_hint}hybridsim shrink {final} -o small.yaml reduces it to a "
         "minimal scenario; hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
     )
-    crash_step = int(str(crash["step"]))
+    if note is not None:
+        detail["replay_note"] = note
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"
     (out / "crash.json").write_text(text, encoding="utf-8")
+    if replay_text is None:
+        return
     replay = out / "replay"
     replay.mkdir(exist_ok=True)
     (replay / "crash.json").write_text(text, encoding="utf-8")
-    (replay / "replay.yaml").write_text(_replay_yaml(scenario, crash_step), encoding="utf-8")
+    (replay / "replay.yaml").write_text(replay_text, encoding="utf-8")
 
 
 def write_bundle(
@@ -78,7 +90,7 @@ def write_bundle(
 
     def extras(stage: Path) -> None:
         if crash is not None:
-            _write_crash(stage, scenario, crash, out)
+            _write_crash(stage, result, scenario, crash, out)
         if result.session_tables:
             write_session_tables(result.session_tables, stage, scenario.outputs.tables_format)
         if draw is not None:
