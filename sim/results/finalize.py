@@ -15,7 +15,7 @@ from typing import Any
 
 from sim.config.scenario import Scenario
 from sim.engine.run import EXIT_OK, RunRecord
-from sim.results.metrics import add_ideal_hit_rate, run_summary
+from sim.results.metrics import MambaPlacementLimits, add_ideal_hit_rate, run_summary
 from sim.results.sessions import session_table, sessions_summary, turn_table
 from sim.trace.bundle import LoadedResult
 from sim.trace.recorder import Recorder
@@ -96,7 +96,11 @@ def finalize(record: RunRecord) -> RunResult:
         }
     )
     if scenario.outputs.ideal_hit_rate:
-        add_ideal_hit_rate(summary, tables, record.requests, record.kv_cache_config.scheduler_block_size)
+        config = record.kv_cache_config
+        limits = None
+        if config.has_mamba_layers and config.enable_prefix_caching:
+            limits = MambaPlacementLimits(None, config.retention_interval)
+        add_ideal_hit_rate(summary, tables, record.requests, config.scheduler_block_size, limits)
     if record.connector_metrics is not None:
         summary["connector_metrics"] = record.connector_metrics
     session_tables: dict[str, Any] = {}

@@ -38,13 +38,17 @@ Definitions (times in seconds of simulated time, from the ``requests`` table):
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence, TypeAlias
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, TypeAlias
 
 import numpy as np
 import pandas as pd
 
 from sim.trace.bundle import ResultSource, tables_of
 from sim.trace.tables import ColumnArray, infer_num_groups
+
+if TYPE_CHECKING:
+    from sim.core.policy.checkpoint import BaseCheckpointPolicy
 
 #: One table's columns as arrays, by name in table order (:func:`sim.trace.tables.normalized_columns`).
 TableColumns: TypeAlias = Mapping[str, ColumnArray]
@@ -369,7 +373,25 @@ def _eviction_section(kv: TableColumns, num_groups: int) -> dict[str, Any]:
     return {"total": int(removed.sum()), "by_group": by_group}
 
 
-def add_ideal_hit_rate(summary: dict[str, Any], tables: ResultSource, requests: Sequence[Any], block_size: int) -> None:
+@dataclass(frozen=True)
+class MambaPlacementLimits:
+    """How a layout with Mamba groups saves states, for the ideal's split (:func:`add_ideal_hit_rate`).
+
+    ``placement``: a fresh instance of the run's checkpoint policy (``None``: ``vllm``);
+    ``retention_interval``: the run's ``cache.retention_interval``.
+    """
+
+    placement: BaseCheckpointPolicy | None
+    retention_interval: int | None
+
+
+def add_ideal_hit_rate(
+    summary: dict[str, Any],
+    tables: ResultSource,
+    requests: Sequence[Any],
+    block_size: int,
+    mamba: MambaPlacementLimits | None = None,
+) -> None:
     """Add the infinite-cache limit to ``summary["cache"]`` (``outputs.ideal_hit_rate: true``).
 
     ``ideal_hit_rate`` / ``ideal_hit_tokens``: :func:`sim.workload.stats.ideal_hit_tokens`
@@ -379,14 +401,33 @@ def add_ideal_hit_rate(summary: dict[str, Any], tables: ResultSource, requests: 
     external tokens of first admissions, i.e. prompt tokens an infinite cache
     would have supplied but this run computed again (the tokens recomputed
     because of eviction or missing Mamba states).
+
+    With Mamba groups (``mamba`` given) the ideal is split in two
+    (:func:`sim.workload.stats.placement_hit_tokens`): ``ideal_vllm_placement_hit_rate``
+    (and ``_tokens``), what an infinite pool reaches when a hit needs a Mamba
+    state where vLLM's align mode saves them, and ``placement_loss_rate``, the
+    ideal minus that: what vLLM's placement loses whatever the pool size.
+    ``ideal_placement_hit_rate`` is the same infinite-pool limit under the
+    run's own ``cache.mamba_checkpoint_policy`` (equal to the vLLM one for ``vllm``).
     """
-    from sim.workload.stats import ideal_hit_tokens
+    from sim.workload.stats import ideal_hit_tokens, placement_hit_tokens
 
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     ideal = int(sum(ideal_hit_tokens(ordered, block_size)))
     first = first_admissions(tables_of(tables)["admissions"])
     reused = int(first["local_tokens"].sum() + first["external_tokens"].sum())
     cache = summary["cache"]
+    prompt = float(summary["requests"]["prompt_tokens"])
     cache["ideal_hit_tokens"] = ideal
-    cache["ideal_hit_rate"] = _ratio(ideal, float(summary["requests"]["prompt_tokens"]))
+    cache["ideal_hit_rate"] = _ratio(ideal, prompt)
     cache["missed_reuse_tokens"] = max(0, ideal - reused)
+    if mamba is None:
+        return
+    vllm = int(sum(placement_hit_tokens(ordered, block_size, None, mamba.retention_interval)))
+    cache["ideal_vllm_placement_hit_tokens"] = vllm
+    cache["ideal_vllm_placement_hit_rate"] = _ratio(vllm, prompt)
+    cache["placement_loss_rate"] = _ratio(ideal - vllm, prompt)
+    own = vllm
+    if mamba.placement is not None:
+        own = int(sum(placement_hit_tokens(ordered, block_size, mamba.placement, mamba.retention_interval)))
+    cache["ideal_placement_hit_rate"] = _ratio(own, prompt)

@@ -19,6 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from sim.core.kv.hashing import BlockHash, extend_block_hashes
+from sim.core.kv.specs import prefill_checkpoint_position
+from sim.core.policy.checkpoint import BaseCheckpointPolicy, PrefixFacts, extra_state_positions
 from sim.core.request import Request
 from sim.core.tokens import StreamSegment, output_stream
 
@@ -41,16 +43,78 @@ def ideal_hit_tokens(requests: Sequence[Request], block_size: int) -> list[int]:
     seen: set[BlockHash] = set()
     hits: list[int] = []
     for req in requests:
-        cached_tokens = req.num_prompt_tokens + req.output_len - 1
-        segments = req.prompt + (StreamSegment(output_stream(req.request_id), 0, req.output_len),)
-        hashes: list[BlockHash] = []
-        extend_block_hashes(hashes, segments, cached_tokens, block_size, req.lora_name, req.cache_salt)
+        hashes = _computed_hashes(req, block_size)
         lookup = (req.num_prompt_tokens - 1) // block_size
         hit = 0
         while hit < lookup and hashes[hit] in seen:
             hit += 1
         hits.append(hit * block_size)
         seen.update(hashes)
+    return hits
+
+
+def _computed_hashes(req: Request, block_size: int) -> list[BlockHash]:
+    """The chained hashes of the full blocks a request computes (prompt and output, less the last token)."""
+    segments = req.prompt + (StreamSegment(output_stream(req.request_id), 0, req.output_len),)
+    hashes: list[BlockHash] = []
+    extend_block_hashes(
+        hashes, segments, req.num_prompt_tokens + req.output_len - 1, block_size, req.lora_name, req.cache_salt
+    )
+    return hashes
+
+
+def placement_hit_tokens(
+    requests: Sequence[Request],
+    block_size: int,
+    placement: BaseCheckpointPolicy | None,
+    retention_interval: int | None = 0,
+) -> list[int]:
+    """Per request (arrival order), its hit with an infinite pool when a hit needs a Mamba state.
+
+    The same infinite cache as :func:`ideal_hit_tokens` (every computed block
+    is remembered, the lookup sees at most ``(P - 1) // block_size`` blocks),
+    but a hit at ``p`` also needs a Mamba state saved at ``p`` by an earlier
+    request: the request resumes at the deepest saved state within its
+    full-attention hit. States are saved as vLLM's align mode saves them: at
+    the prompt's own boundary ``floor((P - 1) / B) * B``, at the junction
+    (the full-attention hit, when deeper than the resume point), every
+    ``retention_interval`` tokens of the computed blocks (``None``: at every
+    block; both an upper bound, since vLLM keeps only those that fall on a
+    chunk end), plus ``placement``'s extra positions (``None``: vLLM's
+    placement alone). ``placement`` hears every request's arrival in order
+    (a stateful one must be fresh).
+    """
+    fa_seen: set[BlockHash] = set()
+    states: set[BlockHash] = set()
+    hits: list[int] = []
+    for req in requests:
+        hashes = _computed_hashes(req, block_size)
+        prompt_state = prefill_checkpoint_position(req.num_prompt_tokens, block_size)
+        lookup = prompt_state // block_size
+        prompt_hashes = hashes[:lookup]
+        if placement is not None:
+            placement.on_arrival(req, prompt_hashes)
+        fa = 0
+        while fa < lookup and hashes[fa] in fa_seen:
+            fa += 1
+        resume = 0
+        for i in range(fa, 0, -1):
+            if hashes[i - 1] in states:
+                resume = i
+                break
+        hits.append(resume * block_size)
+        saves = [prompt_state, fa * block_size if fa > resume else 0]
+        if retention_interval is None:
+            saves.extend(range(block_size, (len(hashes) + 1) * block_size, block_size))
+        elif retention_interval:
+            saves.extend(range(retention_interval, (len(hashes) + 1) * block_size, retention_interval))
+        if placement is not None:
+            facts = PrefixFacts(block_size, prompt_hashes, fa * block_size, resume * block_size, prompt_state)
+            saves.extend(extra_state_positions(placement, req, facts))
+        for pos in saves:
+            if pos and pos % block_size == 0 and pos // block_size <= len(hashes):
+                states.add(hashes[pos // block_size - 1])
+        fa_seen.update(hashes)
     return hits
 
 

@@ -124,6 +124,29 @@ def test_ideal_hit_rate_and_missed_reuse(tables):
     assert (s["cache"]["ideal_hit_tokens"], s["cache"]["missed_reuse_tokens"]) == (160, 24)
 
 
+def test_ideal_split_with_mamba_groups(tables):
+    from sim.core.policy.checkpoint import EveryBlockPolicy
+    from sim.core.request import Request
+    from sim.core.tokens import StreamSegment
+    from sim.results.metrics import MambaPlacementLimits, add_ideal_hit_rate
+
+    def req(rid, at, *parts):
+        return Request(rid, [StreamSegment(c, 0, n) for c, n in parts], 1, arrival_time=at)
+
+    # a: S(40) D(50); b: S(40) E(30). FA: b hits S's 2 blocks (32 tokens). vLLM: a left a state at 80 only,
+    # so no state at 32: the whole ideal is placement loss. every_block saves at 16, 32, 48, 64: b hits 32.
+    reqs = [req("a", 0.0, ("S", 40), ("D", 50)), req("b", 1.0, ("S", 40), ("E", 30))]
+    s = run_summary(tables, group_kinds=KINDS)
+    add_ideal_hit_rate(s, tables, reqs, 16, MambaPlacementLimits(None, 0))
+    cache = s["cache"]
+    assert cache["ideal_hit_tokens"] == 32 and cache["ideal_vllm_placement_hit_tokens"] == 0
+    assert cache["placement_loss_rate"] == approx(32 / 200) == approx(cache["ideal_hit_rate"])
+    assert cache["ideal_placement_hit_rate"] == 0
+    add_ideal_hit_rate(s, tables, reqs, 16, MambaPlacementLimits(EveryBlockPolicy(), 0))
+    assert s["cache"]["ideal_placement_hit_rate"] == approx(32 / 200)
+    assert s["cache"]["ideal_vllm_placement_hit_rate"] == 0
+
+
 def _pandas_reference(tables, group_kinds):
     """The admission, cache and eviction counts by their pandas definitions (frame filters and groupbys)."""
 
