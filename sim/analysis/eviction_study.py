@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
-import yaml
+
+from sim.config.yamlio import load_yaml_file
 
 POOL = "cache.num_blocks"
 
@@ -32,7 +33,7 @@ def _run_labels(run_dir: Path, fallback_trace: str) -> tuple[str, str]:
     The trace is the Mooncake file's middle name (``mooncake_<name>_trace.jsonl``), else
     ``fallback_trace``; the policy label adds non-empty ``cache.eviction_options`` (``marconi(alpha=4)``).
     """
-    resolved = yaml.safe_load((run_dir / "scenario.resolved.yaml").read_text())
+    resolved = load_yaml_file(run_dir / "scenario.resolved.yaml", "resolved scenario").data or {}
     cache = resolved.get("cache") or {}
     options = cache.get("eviction_options") or {}
     policy = str(cache.get("eviction_policy", "lru"))

@@ -31,6 +31,7 @@ from sim.config.yamlio import (
     format_path,
     parse_scalar,
     parse_yaml,
+    read_yaml_file,
 )
 
 
@@ -40,31 +41,6 @@ def load_scenario(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -
     text = read_yaml_file(file, "scenario")
 
     return scenario_from_text(text, str(file), base_dir=file.resolve().parent, overrides=overrides)
-
-
-def read_yaml_file(file: Path, what: str) -> str:
-    """The text of a YAML input file, within the size limit; missing, unreadable, oversized and non-UTF-8
-    files are :class:`ScenarioError` naming the file (and, for bad bytes, the byte offset)."""
-    from sim.limits import limit, over
-
-    try:
-        size = file.stat().st_size
-        if size > limit("yaml_bytes"):
-            raise ScenarioError(
-                f"{file}: cannot read {what}: " + over("yaml_bytes", size, f"the file has {size} bytes")
-            )
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{file}: cannot read {what}: file not found") from None
-    except OSError as exc:
-        raise ScenarioError(f"{file}: cannot read {what} ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScenarioError(
-            f"{file}: <file>: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
-            f"save the {what} as UTF-8"
-        ) from None
 
 
 def scenario_from_text(

@@ -41,7 +41,7 @@ from sim.config.presets import (
     kv_memory_budget,
     model_preset,
 )
-from sim.config.yamlio import did_you_mean
+from sim.config.yamlio import ScenarioError, did_you_mean, load_yaml_file
 from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
 from sim.workload.spec import WorkloadSpec
 
@@ -193,17 +193,14 @@ class HardwareOverrides(_Strict):
 
 
 def read_overrides_file(path: str) -> HardwareOverrides:
-    """``hardware.overrides_path``: a YAML file with an ``overrides`` mapping (``hybridsim timing fit`` writes one)."""
-    import yaml
+    """``hardware.overrides_path``: a YAML file with an ``overrides`` mapping (``hybridsim timing fit`` writes one),
+    read by the bounded loader."""
     from pydantic import ValidationError
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ValueError(f"@overrides_path: cannot read {path} ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"@overrides_path: {path} is not valid YAML ({exc})") from None
+        doc = load_yaml_file(path, "hardware overrides").data
+    except ScenarioError as exc:
+        raise ValueError(f"@overrides_path: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("overrides"), dict):
         raise ValueError(
             f"@overrides_path: {path} must be a mapping with an 'overrides' mapping (as timing fit writes)"

@@ -1,4 +1,9 @@
-"""Safe YAML reading that remembers where every key came from.
+"""Safe, bounded YAML reading that remembers where every key came from: the one loader for input files.
+
+Every YAML file a user hands the tool (scenarios, sweep/grid files, ``hardware.overrides_path``, a bundle's
+``scenario.resolved.yaml``) is read through :func:`read_yaml_file` / :func:`load_yaml_file`, so each gets the
+same limits (:mod:`sim.limits`), the same refusal of non-standard tags and duplicate keys, and errors of one
+line naming the file.
 
 ``parse_yaml`` composes the document with PyYAML's *safe* loader and builds
 plain dicts, lists and scalars itself, recording the 1-based line of every key
@@ -12,6 +17,7 @@ same line marks); otherwise the pure-Python one.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
@@ -150,3 +156,35 @@ def parse_scalar(text: str) -> Any:
     """A ``--set`` value: a YAML scalar or flow collection (``16``, ``null``, ``[a, b]``, ``{x: 1}``)."""
     doc = parse_yaml(text, "<--set>")
     return doc.data
+
+
+def read_yaml_file(file: Path, what: str) -> str:
+    """The text of a YAML input file, within the size limit; missing, unreadable, oversized and non-UTF-8
+    files are :class:`ScenarioError` naming the file (and, for bad bytes, the byte offset). ``what`` names the
+    kind of file in the message (``scenario``, ``sweep file``)."""
+    from sim.limits import limit, over
+
+    try:
+        size = file.stat().st_size
+        if size > limit("yaml_bytes"):
+            raise ScenarioError(
+                f"{file}: cannot read {what}: " + over("yaml_bytes", size, f"the file has {size} bytes")
+            )
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise ScenarioError(f"{file}: cannot read {what}: file not found") from None
+    except OSError as exc:
+        raise ScenarioError(f"{file}: cannot read {what} ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"{file}: <file>: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
+            f"save the {what} as UTF-8"
+        ) from None
+
+
+def load_yaml_file(file: str | Path, what: str) -> YamlDoc:
+    """Read and parse one YAML input file (:func:`read_yaml_file` then :func:`parse_yaml`)."""
+    path = Path(file)
+    return parse_yaml(read_yaml_file(path, what), str(path))

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from sim.config.yamlio import ScenarioError, parse_scalar
+from sim.config.yamlio import ScenarioError, load_yaml_file, parse_scalar
 
 _KEY_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 _PLOT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -341,16 +341,14 @@ def _parse_plots(items: Any, where: str) -> tuple[PlotSpec, ...]:
 def is_grid_file(path: Path) -> bool:
     """A YAML mapping with a top-level ``scenario:`` key is a sweep (grid) file, not a scenario.
 
-    Only a regular file within the YAML size limit is read (a FIFO, a device or a huge file is no grid file,
-    and the scenario loader then gives its own error); anything unreadable or malformed is no grid file."""
-    from sim.limits import limit
-
+    Only a regular file is read, through the bounded loader (a FIFO, a device, a huge or malformed file is no
+    grid file, and the scenario loader then gives its own error naming it)."""
     path = Path(path)
     try:
-        if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > limit("yaml_bytes"):
+        if not stat.S_ISREG(path.stat().st_mode):
             return False
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        data = load_yaml_file(path, "sweep file").data
+    except (OSError, ScenarioError):
         return False
     return isinstance(data, dict) and "scenario" in data
 
@@ -360,14 +358,9 @@ def load_grid_file(path: Path | str) -> GridFile:
     path = Path(path)
     where = str(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SweepError(f"{where}: cannot read grid file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise SweepError(f"{where}{at}: {problem}") from None
+        data = load_yaml_file(path, "sweep file").data
+    except ScenarioError as exc:
+        raise SweepError(str(exc)) from None
     if not isinstance(data, dict):
         raise SweepError(
             f"{where}: a grid file is a mapping of key.path -> list of values (plus scenario, seeds, zip, plots)"

@@ -11,6 +11,7 @@ from sim.sweep.grid import (
     SweepError,
     SweepSpec,
     build_sweep,
+    is_grid_file,
     load_grid_file,
     parse_grid_arg,
     parse_seeds,
@@ -127,6 +128,17 @@ def test_grid_file_order_zip_seeds_plots_and_relative_scenario(tmp_path, base_sc
         ("plots: [{name: p, x: a, metrics: []}]\n", "plots[0]: 'metrics' must be a non-empty list"),
         ("a: [1]\n  b: [2\n", "grid.yaml:"),
         ("bad key: [1]\n", "'bad key' is not a scenario key path"),
+        # The scenario's bounded loader reads grid files too: no code tags, no duplicate keys, no alias bombs.
+        ("a.b: !!python/object/apply:os.system [echo]\n", "grid.yaml:1: a.b: tag !!python/object/apply:os.system"),
+        ("a.b: [1]\na.b: [2]\n", "grid.yaml:2: a.b: duplicate key"),
+        (
+            "x: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+            + "".join(
+                f"x{i + 1}: &a{i + 1} [*{'a' if i == 0 else f'a{i}'}, *{'a' if i == 0 else f'a{i}'}]\n"
+                for i in range(25)
+            ),
+            "HYBRIDSIM_MAX_YAML_NODES",
+        ),
     ],
 )
 def test_grid_file_errors_name_the_file_and_item(tmp_path, text, message):
@@ -135,6 +147,14 @@ def test_grid_file_errors_name_the_file_and_item(tmp_path, text, message):
         load_grid_file(path)
     assert message in str(err.value)
     assert str(path) in str(err.value)
+
+
+def test_a_grid_file_over_the_yaml_size_limit_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRIDSIM_MAX_YAML_BYTES", "64")
+    path = _write(tmp_path / "big.yaml", "cache.num_blocks: [" + ", ".join(["1"] * 40) + "]\n")
+    with pytest.raises(SweepError, match=r"big\.yaml: cannot read sweep file: .*HYBRIDSIM_MAX_YAML_BYTES"):
+        load_grid_file(path)
+    assert not is_grid_file(path)
 
 
 def test_build_sweep_combines_file_and_cli_axes_and_cli_seeds_win(tmp_path, base_scenario):
