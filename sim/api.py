@@ -3,19 +3,25 @@
 :func:`run_scenario` is ``build_run -> execute -> finalize -> write_bundle``
 and, when the bundle is written and plots are asked for, draws them: this is
 the one place above the engine and the results layer that plots a run.
+:func:`explain_bundle` rebuilds (without running) what ``hybridsim explain``
+needs from a bundle's scenario, so that :mod:`sim.analysis.explain` only reads
+and renders.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.config.scenario import Scenario
 from sim.engine.collector import collector_paused
 from sim.engine.run import RunOptions, build_run
 
-__all__ = ["RunOptions", "RunResult", "run", "run_scenario"]
+__all__ = ["RunOptions", "RunResult", "explain_bundle", "explain_inputs", "run", "run_scenario"]
 from sim.results import RunResult, finalize, write_bundle
+
+if TYPE_CHECKING:
+    from sim.analysis.explain import ExplainInputs, Explanation
 
 
 def _simulate(scenario: Scenario | str | Path, options: RunOptions) -> tuple[RunResult, bool]:
@@ -61,3 +67,45 @@ def run(scenario: Scenario | str | Path, out_dir: str | Path | None = None, **kw
 
     with interrupts_raise():
         return run_scenario(scenario, out_dir, options=RunOptions(**kwargs) if kwargs else None)
+
+
+def explain_inputs(scenario: Scenario, request_id: str) -> "ExplainInputs":
+    """The cache layout, ``request_id``'s block hashes and the connector's capabilities of ``scenario``'s run,
+    from its built components (the workload is rebuilt with the scenario's seed; nothing is stepped)."""
+    from sim.analysis.explain import ExplainError, ExplainInputs
+    from sim.core.kv.hashing import RequestBlockHasher
+    from sim.engine.build import build_components
+
+    components = build_components(scenario)
+    assert components is not None  # only a dry run builds nothing
+    request = next((r for r in components.requests if r.request_id == request_id), None)
+    if request is None:
+        raise ExplainError(f"request {request_id!r} is not in the scenario's workload")
+    config = components.kv_cache_config
+    request.set_block_hasher(RequestBlockHasher(config.hash_block_size))
+    connector = components.connector
+    if connector is None or connector.name == "none":
+        return ExplainInputs(config, tuple(request.block_hashes))
+    return ExplainInputs(
+        config,
+        tuple(request.block_hashes),
+        connector=connector.name,
+        supplies_mamba_state=bool(connector.supplies_mamba_state),
+        pulls_unhashed_blocks=bool(connector.pulls_unhashed_blocks),
+    )
+
+
+def explain_bundle(bundle: str | Path, request_id: str, attempt: int | None = None) -> "Explanation":
+    """``hybridsim explain``: the story of one admission attempt of a bundle (its tables and
+    ``scenario.resolved.yaml``)."""
+    from sim.analysis.explain import ExplainError, explain, find_attempt
+    from sim.config import load_scenario
+    from sim.trace.bundle import load_result
+
+    directory = Path(bundle)
+    result = load_result(directory)
+    find_attempt(result.admissions, request_id, attempt)  # an unknown request or attempt: say so before building
+    scenario_file = directory / "scenario.resolved.yaml"
+    if not scenario_file.is_file():
+        raise ExplainError(f"{directory}: scenario.resolved.yaml is missing (needed for the request's blocks)")
+    return explain(result, explain_inputs(load_scenario(scenario_file), request_id), request_id, attempt)

@@ -160,3 +160,18 @@ def test_importing_the_sweep_driver_loads_no_pandas_or_matplotlib() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SIM.parent)
     loaded = json.loads(done.stdout)
     assert not [m for m in loaded if m.split(".")[0] in ("pandas", "matplotlib")]
+
+
+#: "Analysis never runs the engine": it reads results and renders them, so it imports nothing that builds or
+#: runs a scenario (a command that must rebuild part of a run, like ``explain``, does so in ``sim.api``).
+ANALYSIS_MAY_NOT_IMPORT = ("sim.engine", "sim.connector", "sim.workload", "sim.config.load", "sim.config.scenario")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in SOURCES if _unit(_module_name(p)) == "sim.analysis"],
+    ids=lambda p: str(p.relative_to(SIM.parent)),
+)
+def test_analysis_builds_and_runs_nothing(path: Path) -> None:
+    bad = [m for m in _imports(path) if m.startswith(ANALYSIS_MAY_NOT_IMPORT)]
+    assert not bad, f"{path.relative_to(SIM.parent)} (analysis: reads results only) imports {bad}"

@@ -1,6 +1,9 @@
-"""``hybridsim explain``: the story of one admission attempt, from a result bundle.
+"""``hybridsim explain``: the story of one admission attempt, from a run's tables.
 
-Everything is read from the run's tables and its resolved scenario; nothing is
+This module only reads and renders; it builds nothing of a run. What the tables do
+not hold (the cache layout, the request's block hashes, the connector's
+capabilities) arrives as an :class:`ExplainInputs`, which a layer allowed to build
+runs derives from the run's scenario (:func:`sim.api.explain_bundle`). Nothing is
 re-simulated:
 
 * the request's block hashes come from rebuilding the scenario's workload (the
@@ -29,14 +32,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Protocol, Sequence
 
 import pandas as pd
 
 from sim.core.admission_truth import resident_block_range
 from sim.core.kv.hash_view import block_hashes_at
-from sim.core.kv.hashing import RequestBlockHasher
-from sim.core.kv.specs import cdiv
+from sim.core.kv.specs import KVCacheConfig, SlidingWindowSpec, cdiv
 from sim.trace.tables import hash_to_hex
 
 #: Cell classes of the block map, in legend order.
@@ -64,6 +66,32 @@ CELL_LABELS: dict[str, str] = {
 }
 
 _GROUP_LABEL = {"full_attention": "full_attention", "sliding_window": "sliding_window", "mamba": "mamba"}
+
+
+class RunTables(Protocol):
+    """The tables :func:`explain` reads: a loaded bundle or a :class:`~sim.results.RunResult` has them."""
+
+    @property
+    def admissions(self) -> pd.DataFrame: ...
+
+    @property
+    def kv_events(self) -> pd.DataFrame: ...
+
+
+@dataclass(frozen=True)
+class ExplainInputs:
+    """What explaining one request needs beyond the tables, derived from the run's scenario.
+
+    ``block_hashes`` are the request's prompt block hashes at ``kv_cache_config.hash_block_size`` (the
+    hashes the run's cache keyed it by); the connector fields are its name (``"none"`` without one) and the
+    two capabilities that change what an admission needed.
+    """
+
+    kv_cache_config: KVCacheConfig
+    block_hashes: tuple[int, ...]
+    connector: str = "none"
+    supplies_mamba_state: bool = False
+    pulls_unhashed_blocks: bool = False
 
 
 class ExplainError(ValueError):
@@ -255,7 +283,9 @@ def _mamba_line(e: Explanation) -> str:
 # -------------------------------------------------------------- building
 
 
-def _attempt_row(admissions: pd.DataFrame, request_id: str, attempt: int | None) -> tuple[pd.Series, int, int]:
+def find_attempt(admissions: pd.DataFrame, request_id: str, attempt: int | None) -> tuple[pd.Series, int, int]:
+    """``(row, attempt, attempts)`` of ``request_id``'s attempt ``attempt`` (1-based; ``None``: the last);
+    :class:`ExplainError` naming what exists when the request or the attempt is not in ``admissions``."""
     rows = admissions[admissions["request_id"] == request_id]
     if rows.empty:
         known = ", ".join(sorted(set(admissions["request_id"]))[:10])
@@ -307,34 +337,18 @@ def _cache_at(
     return set(cached), tainted
 
 
-def explain(result: Any, components: Any, request_id: str, attempt: int | None = None) -> Explanation:
+def explain(result: RunTables, inputs: ExplainInputs, request_id: str, attempt: int | None = None) -> Explanation:
     """The :class:`Explanation` of ``request_id``'s attempt ``attempt`` (1-based; default the last).
 
-    ``result`` is a loaded bundle (or a :class:`~sim.engine.run.RunResult`);
-    ``components`` the run's :class:`~sim.engine.build.Components` rebuilt from
-    its scenario (for the kv-cache layout, the request's hashes, the connector's
-    capabilities); nothing is stepped.
+    ``result`` holds the run's tables (a loaded bundle or a :class:`~sim.results.RunResult`); ``inputs`` the
+    layout, hashes and connector capabilities from its scenario; nothing is built or stepped here.
     """
-    row, attempt, attempts = _attempt_row(result.admissions, request_id, attempt)
-    config = components.kv_cache_config
-    request = next((r for r in components.requests if r.request_id == request_id), None)
-    if request is None:
-        raise ExplainError(f"request {request_id!r} is in the bundle but not in its scenario's workload")
-    request.set_block_hasher(RequestBlockHasher(config.hash_block_size))
-    connector = components.connector
-    conn_name = connector.name if connector is not None else "none"
-    state_supplied = bool(
-        connector is not None
-        and conn_name != "none"
-        and connector.supplies_mamba_state
-        and int(row["external_tokens"]) > 0
-    )
-    refilled = bool(
-        connector is not None
-        and conn_name != "none"
-        and connector.pulls_unhashed_blocks
-        and int(row["external_tokens"]) > 0
-    )
+    row, attempt, attempts = find_attempt(result.admissions, request_id, attempt)
+    config = inputs.kv_cache_config
+    conn_name = inputs.connector
+    loaded = conn_name != "none" and int(row["external_tokens"]) > 0
+    state_supplied = loaded and inputs.supplies_mamba_state
+    refilled = loaded and inputs.pulls_unhashed_blocks
     lookup_seq = int(row["lookup_seq"])
     cached, taints = _cache_at(result.kv_events, result.admissions, lookup_seq if lookup_seq >= 0 else 0)
     local, ext = int(row["local_tokens"]), int(row["external_tokens"])
@@ -345,8 +359,8 @@ def explain(result: Any, components: Any, request_id: str, attempt: int | None =
     for gid, group in enumerate(config.groups):
         spec = group.spec
         bs = spec.block_size
-        window = spec.window if spec.kind == "sliding_window" else 0
-        hashes = block_hashes_at(request.block_hashes, config.hash_block_size, bs)
+        window = spec.window if isinstance(spec, SlidingWindowSpec) else 0
+        hashes = block_hashes_at(inputs.block_hashes, config.hash_block_size, bs)
         n_prompt = prompt // bs
         resident = tuple(i for i in range(min(n_prompt, len(hashes))) if (hash_to_hex(hashes[i]), gid) in cached)
         need = resident_block_range(spec.kind, bs, window, boundary, local, state_supplied)
@@ -547,18 +561,3 @@ def render_block_map(e: Explanation, path: str | Path) -> Path:
         frameon=False,
     )
     return save_figure(fig, path, tight=True)
-
-
-def explain_bundle(bundle: str | Path, request_id: str, attempt: int | None = None) -> Explanation:
-    """:func:`explain` on a bundle folder (its tables and ``scenario.resolved.yaml``)."""
-    from sim.config import load_scenario
-    from sim.engine.build import build_components
-    from sim.trace.bundle import load_result
-
-    directory = Path(bundle)
-    result = load_result(directory)
-    scenario_file = directory / "scenario.resolved.yaml"
-    if not scenario_file.is_file():
-        raise ExplainError(f"{directory}: scenario.resolved.yaml is missing (needed for the request's blocks)")
-    components = build_components(load_scenario(scenario_file))
-    return explain(result, components, request_id, attempt)

@@ -44,7 +44,8 @@ def explain(
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also draw the block map to this PNG/SVG."),
 ) -> None:
     """The story of one admission: hits, cached blocks, policy, connector, fallback, outcome and why."""
-    from sim.analysis.explain import explain_bundle, render_block_map
+    from sim.analysis.explain import render_block_map
+    from sim.api import explain_bundle
 
     story = explain_bundle(bundle, request, attempt)
     typer.echo(story.text(), nl=False)

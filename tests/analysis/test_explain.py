@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.analysis.explain import ExplainError, block_map, explain, explain_bundle, render_block_map
-from sim.api import run_scenario
+from sim.analysis.explain import ExplainError, block_map, explain, render_block_map
+from sim.api import explain_bundle, explain_inputs, run_scenario
 from sim.cli import app
 from sim.config import load_scenario
-from sim.engine.build import build_components
 
 REPRO = Path(__file__).resolve().parents[2] / "scenarios" / "repro"
 CRASH = ("pr48425-mamba-deeper-ext16.yaml", "scheduler.prefix_policy=max_per_group", "connector.matched_tokens.r=16")
@@ -21,7 +20,7 @@ HOLDS_64 = ("divergence-fa-deeper.yaml", "connector.matched_tokens={}", "connect
 
 def _explain(name: str, *overrides: str, request: str = "r", attempt: int | None = None):
     scenario = load_scenario(REPRO / name, overrides)
-    return explain(run_scenario(scenario), build_components(scenario), request, attempt)
+    return explain(run_scenario(scenario), explain_inputs(scenario, request), request, attempt)
 
 
 def _cells(story) -> list[tuple[str, tuple[str, ...]]]:
@@ -122,11 +121,13 @@ def test_identical_groups_merge_into_one_row():
 
 def test_unknown_request_and_attempt_are_clear_errors():
     scenario = load_scenario(REPRO / "taint-propagation.yaml")
-    result, components = run_scenario(scenario), build_components(scenario)
+    result = run_scenario(scenario)
+    with pytest.raises(ExplainError, match="request 'nope' is not in the scenario's workload"):
+        explain_inputs(scenario, "nope")
     with pytest.raises(ExplainError, match="request 'nope' has no admission attempt"):
-        explain(result, components, "nope")
+        explain(result, explain_inputs(scenario, "r"), "nope")
     with pytest.raises(ExplainError, match="--attempt 2: request 'r' has attempts 1-1"):
-        explain(result, components, "r", 2)
+        explain(result, explain_inputs(scenario, "r"), "r", 2)
 
 
 def test_crash_bundle_points_to_explain_which_reads_it_back(tmp_path):
