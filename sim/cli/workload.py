@@ -24,26 +24,32 @@ def workload_stats(
     limit: Optional[int] = typer.Option(None, "--limit", help="Read at most this many requests."),
 ) -> None:
     """Requests, rate, length distributions and the ideal (infinite-cache) prefix-hit rate."""
-    import numpy as np
-
-    from sim.workload.build import build_requests
-    from sim.workload.spec import WorkloadSpec
     from sim.workload.stats import workload_stats as compute
 
     if source.suffix in (".yaml", ".yml"):
         from sim.config import load_scenario
+        from sim.engine.build import scenario_workload
 
+        # The run's own seeding path: stats describe exactly the requests a run of the scenario gets.
         scenario = load_scenario(source)
+        kept, rejected = scenario_workload(scenario, read_at_most=limit)
         spec = scenario.workload
-        base, seed, clock = Path.cwd(), scenario.seed, scenario.clock  # scenario paths are already absolute
+        requests = sorted(kept + rejected, key=lambda r: r.arrival_time)
     else:
+        import numpy as np
+
+        from sim.workload.build import build_requests
+        from sim.workload.spec import WorkloadSpec
+
         raw: dict[str, Any] = {"trace": {"format": trace_format, "path": str(source.resolve())}}
         if limit is not None:
             raw["limit"] = limit
         spec = WorkloadSpec.model_validate(raw)
-        base, seed, clock = Path.cwd(), 0, "time"
+        requests = build_requests(spec, base_dir=Path.cwd(), rng=np.random.default_rng(0), read_at_most=limit)
+        rejected = []
     if block_size is None:
         block_size = 512 if spec.trace is not None and spec.trace.format == "mooncake" else 16
-    requests = build_requests(spec, base_dir=base, rng=np.random.default_rng(seed), clock=clock, read_at_most=limit)
     stats = compute(requests, block_size)
+    if rejected:
+        stats["rejected_too_long"] = len(rejected)
     typer.echo(json.dumps(stats, indent=2, sort_keys=True))

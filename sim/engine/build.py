@@ -3,8 +3,10 @@
 Every choice that can be wrong in a scenario is checked here, before the first
 step, and reported as a ``ScenarioError`` naming the key and what would be
 valid. Randomness: one ``numpy.random.Generator`` per run from the scenario's
-seed, split into independent children per component (workload, connector),
-so adding draws in one component never shifts another's.
+seed, split into independent children per component (workload, connector) by
+:func:`run_rngs`, the one seeding path (``hybridsim workload stats`` draws the
+workload through :func:`scenario_workload`, so it describes the run's
+requests), so adding draws in one component never shifts another's.
 """
 
 from __future__ import annotations
@@ -58,6 +60,21 @@ class Components:
     #: Requests longer than ``max_model_len`` under ``workload.too_long: reject``: never given to the
     #: scheduler (vLLM's input processor refuses them), recorded with outcome ``rejected``.
     rejected: list[Request] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunRngs:
+    """The run's random generators, one independent child of the scenario's seed per component."""
+
+    workload: np.random.Generator
+    connector: np.random.Generator
+
+
+def run_rngs(seed: int) -> RunRngs:
+    """Every random generator of a run of seed ``seed``, drawn here and nowhere else (a new component takes a
+    new child at the end, so the existing ones keep their streams)."""
+    workload, connector = np.random.default_rng(seed).spawn(2)
+    return RunRngs(workload=workload, connector=connector)
 
 
 def _err(key: str, message: str) -> ScenarioError:
@@ -270,7 +287,11 @@ def _build_eviction(scenario: Scenario, connector: Connector | None, step_time_m
 
 
 def _build_workload(
-    scenario: Scenario, config: KVCacheConfig, rng: np.random.Generator, max_model_len: int
+    scenario: Scenario,
+    config: KVCacheConfig,
+    rng: np.random.Generator,
+    max_model_len: int,
+    read_at_most: int | None = None,
 ) -> tuple[list[Request], list[Request]]:
     """The workload's requests, hashed at the layout's hash block size: ``(kept, rejected as too long)``."""
     try:
@@ -280,6 +301,7 @@ def _build_workload(
             rng=rng,
             hash_block_size=config.hash_block_size,
             clock=scenario.clock,
+            read_at_most=read_at_most,
         )
     except WorkloadError as exc:
         text = str(exc)
@@ -292,6 +314,15 @@ def _build_workload(
         except ValueError as exc:
             raise ScenarioError(str(exc).lstrip("@")) from None
     return _split_too_long(requests, max_model_len, scenario.workload.too_long)
+
+
+def scenario_workload(scenario: Scenario, *, read_at_most: int | None = None) -> tuple[list[Request], list[Request]]:
+    """The requests a run of ``scenario`` gets, drawn as the run draws them (:func:`run_rngs`):
+    ``(kept, rejected as too long)``. ``read_at_most`` stops reading a trace early (``workload stats --limit``;
+    the run reads it whole)."""
+    config = build_kv_cache_config(scenario)
+    max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
+    return _build_workload(scenario, config, run_rngs(scenario.seed).workload, max_model_len, read_at_most)
 
 
 def _scheduler_config(scenario: Scenario, max_model_len: int) -> SchedulerConfig:
@@ -342,10 +373,9 @@ def build_components(
     are identical.
     """
     config = _check_block_limit(build_kv_cache_config(scenario))
-    root = np.random.default_rng(scenario.seed)
-    workload_rng, connector_rng = root.spawn(2)
+    rngs = run_rngs(scenario.seed)
     max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
-    requests, rejected = _build_workload(scenario, config, workload_rng, max_model_len)
+    requests, rejected = _build_workload(scenario, config, rngs.workload, max_model_len)
     scheduler_config = _scheduler_config(scenario, max_model_len)
     _check_kv_cache_sizing(scenario, config, max_model_len, scheduler_config.max_in_flight_tokens)
     _warn_if_never_fits(config, requests, max_model_len)
@@ -388,6 +418,6 @@ def build_components(
         requests=requests,
         step_time_model=step_time_model,
         group_kinds=[g.spec.kind for g in config.groups],
-        connector_rng=connector_rng,
+        connector_rng=rngs.connector,
         rejected=rejected,
     )
