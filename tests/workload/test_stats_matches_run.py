@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.cli import invoke
 
 from sim.api import RunOptions, run_scenario
-from support.cli import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 
