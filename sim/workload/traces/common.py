@@ -17,10 +17,11 @@ blocks is still well defined and shared exactly when its tokens are).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Final, Iterator
 
-from mypy_extensions import i64
+import orjson
 
 from sim.core.tokens import StreamBlocksSegment
 from sim.limits import MAX_TIME_S
@@ -41,110 +42,37 @@ def excerpt(value: Any, width: int = 24) -> str:
     return repr(value[:width]) + ("..." if len(value) > width else "")
 
 
-#: The longest run of digits :func:`flat_json_object` converts itself (below 2**62: a short int, never a long).
-_MAX_DIGITS: Final = 18
+#: A run of 19 digits: an integer orjson would turn into a float (json.loads keeps every int exact), so such a
+#: line goes to json.loads.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
 
 
-def _json_int(raw: bytes, i: i64) -> tuple[i64, i64]:
-    """``(value, index past it)`` of the JSON integer at ``raw[i]``, or ``(0, -1)`` if there is none.
+def _json_line(raw: bytes) -> Any:
+    """``json.loads(raw)``: parsed by orjson, or by json.loads for what orjson refuses or would read otherwise.
 
-    A JSON integer is ``-?(0|[1-9][0-9]*)``; a longer one than ``_MAX_DIGITS`` digits counts as none.
-    The caller guarantees that ``raw`` holds a byte past it that is not a digit (the closing brace).
+    On every line orjson parses without a 19-digit run, it gives json.loads' object (the same keys in the
+    same order, the same types: a repeated key keeps the last value); it refuses NaN, infinities, lone
+    surrogates, a BOM or UTF-16/32 text and nesting deeper than 1024, which json.loads then accepts or words
+    the error for, as before. Raises json.loads' errors (JSONDecodeError, UnicodeDecodeError, RecursionError).
     """
-    c: i64 = raw[i]
-    neg = c == 45  # '-'
-    if neg:
-        i += 1
-        c = raw[i]
-    if c == 48:  # '0': a JSON number never has a leading zero, so the digits end here
-        return 0, i + 1
-    if c < 49 or c > 57:
-        return 0, -1
-    start = i
-    v: i64 = c - 48
-    i += 1
-    c = raw[i]
-    while 48 <= c <= 57:
-        v = v * 10 + (c - 48)
-        i += 1
-        c = raw[i]
-    if i - start > _MAX_DIGITS:
-        return 0, -1
-    return (-v if neg else v), i
-
-
-def flat_json_object(raw: bytes) -> dict[str, object] | None:
-    """``json.loads(raw)`` for a line in the one spelling ``json.dumps`` gives a flat object of integers and
-    lists of integers; ``None`` for any other line (the caller then parses it with ``json.loads``).
-
-    Accepted, exactly: ``{"key": value, "key": value}`` with an optional final ``\\n``, keys of printable
-    ASCII without ``"`` or ``\\``, no key twice, each value a JSON integer (at most ``_MAX_DIGITS`` digits)
-    or ``[int, int, ...]``, the separators ``": "`` and ``", "`` and no other whitespace. On such a line
-    json.loads would give this same object (the same keys in the same order, ints and lists of ints), so a
-    line that is not accepted here is never an error here: json.loads decides it (and its error message).
-    """
-    n: i64 = len(raw)
-    if n > 0 and raw[n - 1] == 10:
-        n -= 1
-    end = n - 1  # the closing brace: no scan below passes it (every one stops at a byte it does not take)
-    if n < 2 or raw[0] != 123 or raw[end] != 125:
-        return None
-    obj: dict[str, object] = {}
-    if end == 1:
-        return obj
-    keys: i64 = 0
-    i: i64 = 1
-    while True:
-        if raw[i] != 34:  # '"'
-            return None
-        j = i + 1
-        while j < end:
-            c: i64 = raw[j]
-            if c < 32 or c > 126 or c == 34 or c == 92:
-                break
-            j += 1
-        if j + 2 >= end or raw[j] != 34 or raw[j + 1] != 58 or raw[j + 2] != 32:  # '": '
-            return None
-        key = raw[i + 1 : j].decode("ascii")
-        keys += 1
-        i = j + 3
-        if raw[i] == 91:  # '['
-            items: list[int] = []
-            i += 1
-            if raw[i] == 93:  # ']'
-                i += 1
-            else:
-                while True:
-                    value, i = _json_int(raw, i)
-                    if i < 0:
-                        return None
-                    items.append(value)
-                    c = raw[i]
-                    if c == 93:
-                        i += 1
-                        break
-                    if c != 44 or raw[i + 1] != 32:  # ', '
-                        return None
-                    i += 2
-            obj[key] = items
-        else:
-            value, i = _json_int(raw, i)
-            if i < 0:
-                return None
-            obj[key] = value
-        if i == end:
-            return obj if len(obj) == keys else None  # a repeated key: json.loads keeps the last
-        if raw[i] != 44 or raw[i + 1] != 32:
-            return None
-        i += 2
+    if _LONG_DIGITS.search(raw) is None:
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    if raw.startswith(b"{") and raw[1:2] != b"\x00":
+        # Such a line has no BOM and is not UTF-16/32, so json.loads(raw) would detect UTF-8 and decode it
+        # just so; its detection costs about as much as the parse.
+        return json.loads(raw.decode("utf-8", "surrogatepass"))
+    return json.loads(raw)
 
 
 def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-blank line, streamed (one line in memory at a time).
 
     Bad JSON, bad UTF-8 or nesting too deep raise ``FILE:LINE``; more objects than the ``requests`` limit
-    (:mod:`sim.limits`) raise too, before memory runs out. A line :func:`flat_json_object` takes (a
-    Mooncake line) is parsed there, any other by ``json.loads``: the same objects either way.
+    (:mod:`sim.limits`) raise too, before memory runs out. Lines are parsed by orjson, the same objects
+    as ``json.loads`` gives (:func:`_json_line`).
     """
     from sim.limits import limit, over
 
@@ -152,25 +80,18 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     count = 0
     with open_trace(path).open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
-            obj = flat_json_object(raw)
-            if obj is None:
-                if not raw.strip():
-                    continue
-                try:
-                    if raw.startswith(b"{") and raw[1:2] != b"\x00":
-                        # Such a line has no BOM and is not UTF-16/32, so json.loads(raw) would detect UTF-8 and
-                        # decode it just so; its detection costs about as much as the parse.
-                        obj = json.loads(raw.decode("utf-8", "surrogatepass"))
-                    else:
-                        obj = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
-                except UnicodeDecodeError as exc:
-                    raise WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start} of the line)") from None
-                except RecursionError:
-                    raise WorkloadError(f"{path}:{line_no}: JSON nested too deeply") from None
-                if not isinstance(obj, dict):
-                    raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+            if not raw.strip():
+                continue
+            try:
+                obj = _json_line(raw)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
+            except UnicodeDecodeError as exc:
+                raise WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start} of the line)") from None
+            except RecursionError:
+                raise WorkloadError(f"{path}:{line_no}: JSON nested too deeply") from None
+            if not isinstance(obj, dict):
+                raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
             count += 1
             if count > cap:
                 raise WorkloadError(f"{path}:{line_no}: " + over("requests", count, "the trace has more requests"))
