@@ -29,5 +29,19 @@ class ExitCode(IntEnum):
     STALLED = 5
     #: ``sweep``: some runs failed (each is recorded with its error in the sweep's table).
     SWEEP_FAILURES = 6
+    #: ``verify``: a scenario hybridsim cannot compare with vLLM (a what-if policy, the time clock, ...).
+    NOT_VERIFIABLE = 7
     #: Interrupted (Ctrl-C or SIGTERM); bundles are whole, marked partial, or not written at all.
     INTERRUPTED = 130
+
+
+#: How a run ended (``RunResult.status``, ``summary.json``'s ``status``) -> the exit code it implies. A run
+#: stopped at its step limit (``stopped``) ran as asked: success.
+RUN_STATUS_EXIT: dict[str, ExitCode] = {
+    "complete": ExitCode.OK,
+    "stopped": ExitCode.OK,
+    "crashed": ExitCode.CRASH,
+    "invariant_violation": ExitCode.INVARIANT,
+    "stalled": ExitCode.STALLED,
+    "interrupted": ExitCode.INTERRUPTED,
+}

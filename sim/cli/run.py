@@ -9,6 +9,7 @@ import typer
 
 from sim.cli.app import app
 from sim.cli.errors import fail, handles_errors, naming_file
+from sim.cli.exit_codes import RUN_STATUS_EXIT
 from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_progress
 
 
@@ -65,7 +66,7 @@ def run(
             typer.echo(f"note: {note}", err=True)
         if not quiet:
             print_summary(result.summary, title=f"{scenario.name}  →  {target}")
-        worst = max(worst, result.exit_code)
+        worst = max(worst, RUN_STATUS_EXIT[result.status])
     if worst:
         raise typer.Exit(worst)
 

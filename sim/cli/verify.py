@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from sim.cli.app import app
 from sim.cli.errors import handles_errors
+from sim.cli.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from sim.verify.run import VerifyStatus
+
+
+def _verify_exit(status: "VerifyStatus") -> ExitCode:
+    """The exit code of a verification's verdict (``sim.verify.run.VerifyStatus``)."""
+    from sim.verify.run import VerifyStatus
+
+    return {
+        VerifyStatus.IDENTICAL: ExitCode.OK,
+        VerifyStatus.DIFFER: ExitCode.DIFF,
+        VerifyStatus.BAD_INPUT: ExitCode.BAD_INPUT,
+        VerifyStatus.NOT_VERIFIABLE: ExitCode.NOT_VERIFIABLE,
+    }[status]
 
 
 # ------------------------------------------------------------------- verify
@@ -20,10 +36,10 @@ def verify(
 ) -> None:
     """Run each scenario through hybridsim and vLLM 0.33 and compare decisions (docs/verify.md).
 
-    Exit 0 identical, 1 differ, 2 bad input (vLLM missing: `make vllm-env`), 3 not verifiable."""
+    Exit 0 identical, 1 differ, 2 bad input (vLLM missing: `make vllm-env`), 7 not verifiable."""
     from sim.verify.run import verify_paths
 
-    raise typer.Exit(verify_paths(list(scenarios), table, typer.echo))
+    raise typer.Exit(_verify_exit(verify_paths(list(scenarios), table, typer.echo)))
 
 
 @app.command()
@@ -33,10 +49,13 @@ def fuzz(
     count: int = typer.Option(100, "--count", min=1, help="Number of scenarios."),
     use_vllm: bool = typer.Option(False, "--vllm", help="Verify each scenario against vLLM 0.33."),
     out: Optional[Path] = typer.Option(
-        None, "-o", "--out", help="Where to write scenarios (with --vllm: the differing ones)."
+        None,
+        "-o",
+        "--out",
+        help="Where to write scenarios (with --vllm: the differing ones); default results/fuzz-<seed>.",
     ),
 ) -> None:
     """Seeded random step-clock scenarios; with --vllm verify each (exit 1 if any differ)."""
     from sim.verify.run import fuzz_command
 
-    raise typer.Exit(fuzz_command(seed, count, use_vllm, out, typer.echo))
+    raise typer.Exit(_verify_exit(fuzz_command(seed, count, use_vllm, out, typer.echo)))

@@ -38,12 +38,6 @@ from sim.engine.sessions import SessionDriver
 from sim.interrupts import pause_hook
 from sim.trace.recorder import Recorder
 
-EXIT_OK = 0
-EXIT_CRASH = 3
-EXIT_INVARIANT = 4
-EXIT_STALLED = 5
-EXIT_INTERRUPTED = 130
-
 #: ``(output, scheduler) -> seconds`` of one engine step.
 StepDuration = Callable[[SchedulerOutput, Scheduler], float]
 
@@ -78,8 +72,8 @@ class RunRecord:
     """What :meth:`Run.execute` leaves: the recorded data and how the run ended.
 
     ``status`` is one of ``complete``, ``crashed``, ``stalled``, ``stopped``,
-    ``invariant_violation``, ``interrupted``; ``exit_code`` the process exit
-    code it implies; ``crash`` the crash marker (``step``, ``time_s``,
+    ``invariant_violation``, ``interrupted`` (the CLI maps it to an exit
+    code: ``sim.cli.exit_codes.RUN_STATUS_EXIT``); ``crash`` the crash marker (``step``, ``time_s``,
     ``request_id``, ``reason``) or ``None``. The recorder holds every table's
     columns, including one ``requests`` row per request. ``requests`` are the
     runnable requests (rejected ones excluded), ``lookup_path`` the lookup the
@@ -92,7 +86,6 @@ class RunRecord:
     kv_cache_config: KVCacheConfig
     group_kinds: list[str]
     status: str
-    exit_code: int
     message: str
     crash: dict[str, Any] | None
     steps: int
@@ -217,7 +210,7 @@ class Run:
             raise RuntimeError("Run.execute() was already called; build a new run with build_run()")
         self._executed = True
         loop, progress = self.loop, self.progress
-        status, exit_code, message = "complete", EXIT_OK, ""
+        status, message = "complete", ""
         try:
             if progress:
                 progress.start()
@@ -225,15 +218,15 @@ class Run:
         except StopRun as stop:
             message = str(stop)
             if loop.crash is not None:
-                status, exit_code = "crashed", EXIT_CRASH
+                status = "crashed"
             elif loop.stalled:
-                status, exit_code = "stalled", EXIT_STALLED
+                status = "stalled"
             else:
                 status = "stopped"
         except InvariantViolation as exc:
-            status, exit_code, message = "invariant_violation", EXIT_INVARIANT, str(exc)
+            status, message = "invariant_violation", str(exc)
         except KeyboardInterrupt as exc:
-            status, exit_code, message = "interrupted", EXIT_INTERRUPTED, str(exc) or "interrupted (Ctrl-C)"
+            status, message = "interrupted", str(exc) or "interrupted (Ctrl-C)"
         finally:
             if progress:
                 progress.stop()
@@ -255,7 +248,6 @@ class Run:
             kv_cache_config=components.kv_cache_config,
             group_kinds=list(components.group_kinds),
             status=status,
-            exit_code=exit_code,
             message=message,
             crash=crash,
             steps=loop.step,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config.scenario import Scenario
-from sim.engine.run import EXIT_OK, RunRecord
+from sim.engine.run import RunRecord
 from sim.results.metrics import MambaPlacementLimits, add_ideal_hit_rate, run_summary
 from sim.results.sessions import session_table, sessions_summary, turn_table
 from sim.trace.bundle import LoadedResult
@@ -28,9 +28,11 @@ COMPLETE_STATUSES: tuple[str, ...] = ("complete", "crashed")
 @dataclass
 class RunResult(LoadedResult):
     """A finished run: a :class:`~sim.trace.bundle.LoadedResult` (summary, DataFrames, path) plus
-    the process exit code it implies, the scenario it ran, the crash detail and the plots drawn."""
+    how it ended, the scenario it ran, the crash detail and the plots drawn."""
 
-    exit_code: int = EXIT_OK
+    #: How the run ended: ``complete``, ``crashed``, ``stalled``, ``stopped``, ``invariant_violation`` or
+    #: ``interrupted`` (also ``summary.json``'s ``status``).
+    status: str = "complete"
     plots: list[Path] = field(default_factory=list)
     scenario: Scenario | None = None
     #: ``crash.json``'s content (the crash marker plus the crashing admission's hits), or ``None``.
@@ -113,7 +115,7 @@ def finalize(record: RunRecord) -> RunResult:
         tables=tables,
         path=None,
         group_kinds=list(record.group_kinds),
-        exit_code=record.exit_code,
+        status=record.status,
         scenario=scenario,
         crash_detail=_crash_detail(record.recorder, record.crash) if record.crash is not None else None,
         session_tables=session_tables,

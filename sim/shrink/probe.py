@@ -135,11 +135,11 @@ def with_difference(scenario: Scenario, obs: Observation) -> Observation:
 
     Raises :class:`ValueError` when the scenario is not verifiable or vLLM is missing.
     """
-    from sim.verify.run import EXIT_NOT_VERIFIABLE, require_vllm, verify_scenario
+    from sim.verify.run import VerifyStatus, require_vllm, verify_scenario
 
     require_vllm()
     verdict = verify_scenario(scenario)
-    if verdict.exit_code == EXIT_NOT_VERIFIABLE:
+    if verdict.status is VerifyStatus.NOT_VERIFIABLE:
         raise ValueError(f"not verifiable: {verdict.reason}")
     obs.difference = verdict.difference
     return obs

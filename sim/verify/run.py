@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Callable
 
@@ -25,10 +26,18 @@ from sim.verify.decisions import decision_trace
 from sim.verify.lower import NotVerifiable, lower, not_verifiable_reason
 from sim.verify.vllm_side import DecisionTrace
 
-EXIT_IDENTICAL = 0
-EXIT_DIFFER = 1
-EXIT_BAD_INPUT = 2
-EXIT_NOT_VERIFIABLE = 3
+
+class VerifyStatus(Enum):
+    """A verification's verdict; the CLI maps it to an exit code (``sim.cli.verify``)."""
+
+    IDENTICAL = "identical"
+    DIFFER = "differ"
+    BAD_INPUT = "bad input"
+    NOT_VERIFIABLE = "not verifiable"
+
+
+#: Several verdicts give the first of these present (bad input, else differ, else not verifiable, else identical).
+_PRECEDENCE = (VerifyStatus.BAD_INPUT, VerifyStatus.DIFFER, VerifyStatus.NOT_VERIFIABLE)
 
 INSTALL_HINT = "install the vLLM side with `make vllm-env` (see docs/verify.md)"
 
@@ -42,7 +51,7 @@ class Verdict:
     """The outcome of verifying one scenario."""
 
     name: str
-    exit_code: int
+    status: VerifyStatus
     reason: str = ""
     difference: Difference | None = None
     ours: DecisionTrace | None = None
@@ -50,9 +59,7 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        return {EXIT_IDENTICAL: "identical", EXIT_DIFFER: "differ", EXIT_NOT_VERIFIABLE: "not verifiable"}.get(
-            self.exit_code, "bad input"
-        )
+        return self.status.value
 
 
 def require_vllm() -> None:
@@ -79,7 +86,7 @@ def verify_scenario(scenario: Scenario, quiet: bool = False) -> Verdict:
     """
     reason = not_verifiable_reason(scenario)
     if reason is not None:
-        return Verdict(scenario.name, EXIT_NOT_VERIFIABLE, reason)
+        return Verdict(scenario.name, VerifyStatus.NOT_VERIFIABLE, reason)
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore", CapacityWarning)
@@ -90,7 +97,7 @@ def verify_scenario(scenario: Scenario, quiet: bool = False) -> Verdict:
         warnings.simplefilter("ignore", CapacityWarning)
         ours = hybridsim_trace(scenario, script["max_steps"])
     diff = first_difference(ours, theirs)
-    return Verdict(scenario.name, EXIT_DIFFER if diff else EXIT_IDENTICAL, "", diff, ours, theirs)
+    return Verdict(scenario.name, VerifyStatus.DIFFER if diff else VerifyStatus.IDENTICAL, "", diff, ours, theirs)
 
 
 def verify_file(path: str | Path) -> Verdict:
@@ -99,16 +106,13 @@ def verify_file(path: str | Path) -> Verdict:
     return verify_scenario(load_scenario(path))
 
 
-def overall_exit(codes: list[int]) -> int:
-    """One exit code for several scenarios: bad input, else differ, else not verifiable, else identical."""
-    for code in (EXIT_BAD_INPUT, EXIT_DIFFER, EXIT_NOT_VERIFIABLE):
-        if code in codes:
-            return code
-    return EXIT_IDENTICAL
+def overall_status(statuses: list[VerifyStatus]) -> VerifyStatus:
+    """One verdict for several scenarios: bad input, else differ, else not verifiable, else identical."""
+    return next((s for s in _PRECEDENCE if s in statuses), VerifyStatus.IDENTICAL)
 
 
-def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], None]) -> int:
-    """``hybridsim verify``: verify each scenario file, print verdicts and first differences; the exit code.
+def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], None]) -> VerifyStatus:
+    """``hybridsim verify``: verify each scenario file, print verdicts and first differences; the overall verdict.
 
     ``table``: one scenario -> the CSV file; several -> a directory of ``<name>.csv``.
     Bad input (a scenario that does not load or build, vLLM missing) is
@@ -122,17 +126,17 @@ def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], No
         require_vllm()
     except VllmNotInstalled as exc:
         echo(f"error: {exc}")
-        return EXIT_BAD_INPUT
-    codes: list[int] = []
+        return VerifyStatus.BAD_INPUT
+    statuses: list[VerifyStatus] = []
     for path in paths:
         try:
             verdict = verify_file(path)
         except (ScenarioError, WorkloadError, FileNotFoundError, NotVerifiable) as exc:
-            code = EXIT_NOT_VERIFIABLE if isinstance(exc, NotVerifiable) else EXIT_BAD_INPUT
-            echo(f"{path}: {'not verifiable' if code == EXIT_NOT_VERIFIABLE else 'error'}: {exc}")
-            codes.append(code)
+            status = VerifyStatus.NOT_VERIFIABLE if isinstance(exc, NotVerifiable) else VerifyStatus.BAD_INPUT
+            echo(f"{path}: {'not verifiable' if status is VerifyStatus.NOT_VERIFIABLE else 'error'}: {exc}")
+            statuses.append(status)
             continue
-        codes.append(verdict.exit_code)
+        statuses.append(verdict.status)
         line = f"{path}: {verdict.label}"
         if verdict.reason:
             line += f" ({verdict.reason})"
@@ -142,7 +146,7 @@ def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], No
         if table is not None and verdict.ours is not None and verdict.theirs is not None:
             target = table if len(paths) == 1 else table / f"{verdict.name}.csv"
             echo(f"  table: {write_table(target, verdict.ours, verdict.theirs)}")
-    return overall_exit(codes)
+    return overall_status(statuses)
 
 
 @dataclass
@@ -159,13 +163,15 @@ class FuzzCounts:
         )
 
 
-def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, echo: Callable[[str], None]) -> int:
+def fuzz_command(
+    seed: int, count: int, use_vllm: bool, out_dir: Path | None, echo: Callable[[str], None]
+) -> VerifyStatus:
     """``hybridsim fuzz``: generate ``count`` scenarios of ``seed``; with ``use_vllm`` verify each.
 
-    Without ``use_vllm`` every scenario is written to ``out_dir`` (if given).
-    With it, each differing scenario is written to ``out_dir`` (default
-    ``results/fuzz-<seed>``) with its first difference (``<name>.diff.txt``).
-    Exit 1 if any differ, 2 if vLLM is missing, else 0.
+    Without ``use_vllm`` every scenario is written to ``out_dir``; with it, each
+    differing scenario, with its first difference (``<name>.diff.txt``). ``out_dir``
+    defaults to ``results/fuzz-<seed>``.
+    ``DIFFER`` if any differ, ``BAD_INPUT`` if vLLM is missing, else ``IDENTICAL``.
     """
     from sim.config import ScenarioError
     from sim.config.load import scenario_from_text
@@ -177,17 +183,16 @@ def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, ec
             require_vllm()
         except VllmNotInstalled as exc:
             echo(f"error: {exc}")
-            return EXIT_BAD_INPUT
-        out_dir = out_dir or Path("results") / f"fuzz-{seed}"
+            return VerifyStatus.BAD_INPUT
+    out_dir = out_dir or Path("results") / f"fuzz-{seed}"
     counts = FuzzCounts()
     for index in range(count):
         data = generate(seed, index)
         text = scenario_yaml(data)
         name = str(data["name"])
         if not use_vllm:
-            if out_dir is not None:
-                out_dir.mkdir(parents=True, exist_ok=True)
-                (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
+            out_dir.mkdir(parents=True, exist_ok=True)
+            (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
             continue
         try:
             verdict = verify_scenario(scenario_from_text(text, f"{name}.yaml"), quiet=True)
@@ -195,14 +200,14 @@ def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, ec
             counts.refused += 1
             echo(f"{name}: refused by hybridsim: {exc}")
             continue
-        if verdict.exit_code == EXIT_IDENTICAL:
+        if verdict.status is VerifyStatus.IDENTICAL:
             counts.identical += 1
-        elif verdict.exit_code == EXIT_NOT_VERIFIABLE:
+        elif verdict.status is VerifyStatus.NOT_VERIFIABLE:
             counts.not_verifiable += 1
             echo(f"{name}: not verifiable ({verdict.reason})")
         else:
             counts.differing += 1
-            assert out_dir is not None and verdict.difference is not None
+            assert verdict.difference is not None
             out_dir.mkdir(parents=True, exist_ok=True)
             (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
             (out_dir / f"{name}.diff.txt").write_text(verdict.difference.describe() + "\n", encoding="utf-8")
@@ -212,6 +217,6 @@ def fuzz_command(seed: int, count: int, use_vllm: bool, out_dir: Path | None, ec
             )
     if use_vllm:
         echo(f"fuzz seed {seed}, {count} scenarios: {counts.line()}")
-        return EXIT_DIFFER if counts.differing else EXIT_IDENTICAL
-    echo(f"fuzz seed {seed}: generated {count} scenarios" + (f" in {out_dir}" if out_dir else ""))
-    return EXIT_IDENTICAL
+        return VerifyStatus.DIFFER if counts.differing else VerifyStatus.IDENTICAL
+    echo(f"fuzz seed {seed}: generated {count} scenarios in {out_dir}")
+    return VerifyStatus.IDENTICAL

@@ -194,7 +194,7 @@ CONNECTOR_CLASS_NAME = "HybridsimScriptedConnector"
 
 
 class VllmMissing(RuntimeError):
-    """vLLM (or torch) cannot be imported."""
+    """vLLM (or torch) cannot be imported; the message is the import error alone (callers add the remedy)."""
 
 
 _VLLM: dict[str, Any] = {}
@@ -248,7 +248,7 @@ def _load_vllm() -> dict[str, Any]:
         from vllm.v1.request import Request, RequestStatus
         from vllm.v1.structured_output import StructuredOutputManager
     except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise VllmMissing(f"vLLM 0.33 is not importable ({exc}); install it with `make vllm-env`") from None
+        raise VllmMissing(str(exc)) from None
     kv_cache_utils.init_none_hash(sha256_cbor)
     _quiet()
     _VLLM.update(

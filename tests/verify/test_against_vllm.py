@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from sim.cli import app
+from sim.cli import ExitCode, app
 from sim.config import ScenarioError, load_scenario
-from sim.verify.run import EXIT_IDENTICAL, fuzz_command, verify_scenario
+from sim.verify.run import VerifyStatus, fuzz_command, verify_scenario
 
 #: Not in the unit tier (`make test-fast`): differential: whole scenarios against the real vLLM 0.33.
 pytestmark = pytest.mark.slow
@@ -52,13 +52,15 @@ def test_bundled_step_scenarios_are_identical(vllm, path):
     if path.name in NOT_VERIFIABLE:
         assert verdict.label == "not verifiable" and NOT_VERIFIABLE[path.name] in verdict.reason
         return
-    assert verdict.exit_code == EXIT_IDENTICAL, verdict.difference.describe() if verdict.difference else verdict.reason
+    assert verdict.status is VerifyStatus.IDENTICAL, (
+        verdict.difference.describe() if verdict.difference else verdict.reason
+    )
 
 
 def test_fuzz_200_fixed_seed_all_identical(vllm, tmp_path):
     lines: list[str] = []
-    code = fuzz_command(FUZZ_SEED, 200, True, tmp_path, lines.append)
-    assert code == 0, "\n".join(lines)
+    status = fuzz_command(FUZZ_SEED, 200, True, tmp_path, lines.append)
+    assert status is VerifyStatus.IDENTICAL, "\n".join(lines)
     assert lines[-1].endswith("identical 200, differing 0, not verifiable 0, refused by hybridsim 0"), lines[-1]
 
 
@@ -82,7 +84,7 @@ def test_what_if_option_is_not_verifiable(vllm, tmp_path):
         src.replace("  retention_interval: null\n", "  retention_interval: null\n  corrected_mamba_accounting: true\n")
     )
     result = CliRunner().invoke(app, ["verify", str(path)])
-    assert result.exit_code == 3, result.output
+    assert result.exit_code == ExitCode.NOT_VERIFIABLE == 7, result.output
     assert "corrected_mamba_accounting" in result.output
 
 
@@ -103,7 +105,7 @@ def test_a_crash_is_compared_and_identical(vllm):
     from sim.config.load import scenario_from_text
 
     verdict = verify_scenario(scenario_from_text(CRASH, "crash.yaml"))
-    assert verdict.exit_code == EXIT_IDENTICAL, verdict.difference.describe() if verdict.difference else ""
+    assert verdict.status is VerifyStatus.IDENTICAL, verdict.difference.describe() if verdict.difference else ""
     crash = verdict.theirs["crash"]
     assert crash is not None and crash["request"] == "b" and crash["type"] == "AssertionError"
     assert crash == verdict.ours["crash"]

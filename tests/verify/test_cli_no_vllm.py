@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,21 @@ def test_fuzz_without_vllm_writes_the_scenarios(tmp_path):
     result = CliRunner().invoke(app, ["fuzz", "--seed", "4", "--count", "3", "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fuzz-4-0.yaml", "fuzz-4-1.yaml", "fuzz-4-2.yaml"]
+
+
+def test_the_missing_vllm_message_says_it_once(monkeypatch):
+    """Through the real import: ``torch`` made unimportable (a ``None`` entry in ``sys.modules``)."""
+    monkeypatch.setattr(vllm_side, "_VLLM", {})
+    monkeypatch.setitem(sys.modules, "torch", None)
+    result = CliRunner().invoke(app, ["verify", str(SCENARIO)])
+    assert result.output.count("make vllm-env") == 1, result.output
+    assert result.output.count("not installed") == 1, result.output
+
+
+def test_fuzz_without_out_writes_to_results_fuzz_seed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["fuzz", "--seed", "4", "--count", "2"])
+    assert result.exit_code == 0, result.output
+    folder = Path("results") / "fuzz-4"
+    assert f"generated 2 scenarios in {folder}" in result.output
+    assert sorted(p.name for p in (tmp_path / folder).iterdir()) == ["fuzz-4-0.yaml", "fuzz-4-1.yaml"]
