@@ -30,3 +30,12 @@ def vllm() -> None:
         if os.environ.get("HYBRIDSIM_REQUIRE_VLLM") == "1":
             pytest.fail(f"HYBRIDSIM_REQUIRE_VLLM=1 but vLLM is not importable: {exc}")
         pytest.skip(f"vLLM 0.33 not installed ({exc}); `make vllm-env` installs it")
+
+
+@pytest.fixture
+def extra_plugins(monkeypatch):
+    """One extra plug-in of each kind (connector, prefix, eviction and checkpoint policy) installed through its
+    entry point for the test's duration (tests/support/registries.py)."""
+    from support.registries import extra_plugins
+
+    yield from extra_plugins(monkeypatch)

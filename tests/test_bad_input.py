@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.registries import EXTRA, Valid
 from typer.testing import CliRunner
 
 from sim.cli import app
@@ -15,7 +16,8 @@ from sim.cli import app
 FIXTURES = Path(__file__).resolve().parent / "bad_input"
 
 # fixture file -> fragments its one-line error must contain (the file is always checked separately).
-CASES: dict[str, tuple[str, ...]] = {
+# (A list of valid names is read from its registry: an installed plug-in adds one.)
+CASES: dict[str, tuple[str | Valid, ...]] = {
     "malformed.yaml": ("malformed.yaml:4:", "expected ',' or '}'"),
     "unknown-key.yaml": ("unknown-key.yaml:4:", "scheduler.prefix_polcy", "did you mean 'prefix_policy'?"),
     "wrong-type.yaml": ("wrong-type.yaml:3:", "cache.block_size", "valid integer"),
@@ -23,18 +25,14 @@ CASES: dict[str, tuple[str, ...]] = {
     "zero-block-size.yaml": ("zero-block-size.yaml:3:", "cache.block_size", ">= 1"),
     "too-little-kv-memory.yaml": ("cache.kv_memory_gb", "max seq len (8192)", "443023360 bytes", "startup check"),
     "unknown-preset.yaml": ("unknown-preset.yaml:2:", "model.preset", "did you mean 'nemotron-h-8b'?"),
-    "unknown-policy.yaml": (
-        "scheduler.prefix_policy",
-        "'reconcilled'",
-        "valid: max_per_group, pr48425, pr48425_requery, reconciled",
-    ),
-    "unknown-connector.yaml": ("connector.type", "'lmcachee'", "valid: faulty, none, offload, remote, scripted"),
+    "unknown-policy.yaml": ("scheduler.prefix_policy", "'reconcilled'", Valid("scheduler.prefix_policy")),
+    "unknown-connector.yaml": ("connector.type", "'lmcachee'", Valid("connector.type")),
     "missing-trace.yaml": ("no-such-trace.jsonl", "trace file not found"),
     "malformed-trace.yaml": ("malformed-trace.jsonl:2:", "invalid JSON"),
     "empty-workload.yaml": ("empty-workload.yaml:4:", "'requests' must hold at least one request"),
     "conflicting-memory.yaml": ("conflicting-memory.yaml:4:", "cache.kv_memory_gb", "not both"),
     "python-tag.yaml": ("python-tag.yaml:3:", "seed", "!!python/object/apply", "is not allowed"),
-    "unknown-eviction-policy.yaml": ("cache.eviction_policy", "'lfu'", "valid: group_coherent, lru, marconi"),
+    "unknown-eviction-policy.yaml": ("cache.eviction_policy", "'lfu'", Valid("cache.eviction_policy")),
     "bad-eviction-option.yaml": ("cache.eviction_options", "option window must be a positive integer, got 0"),
     "marconi-without-model.yaml": ("cache.eviction_policy", "marconi needs the step-time model"),
 }
@@ -44,14 +42,14 @@ def invoke(*args: str | Path):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def assert_one_line_error(res, *fragments: str) -> str:
+def assert_one_line_error(res, *fragments: str | Valid) -> str:
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output and "Traceback" not in res.stderr
     lines = res.stderr.splitlines()
     assert len(lines) == 1, res.stderr
     line = lines[0]
     assert line.startswith("error: ")
-    for fragment in fragments:
+    for fragment in map(str, fragments):
         assert fragment in line, f"{fragment!r} not in {line!r}"
     return line
 
@@ -71,6 +69,14 @@ def test_run_rejects_bad_scenario_in_one_line(name: str, tmp_path: Path) -> None
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_validate_rejects_bad_scenario_in_one_line(name: str) -> None:
     assert_one_line_error(invoke("validate", FIXTURES / name), name, *CASES[name])
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, fragments in sorted(CASES.items()) if any(isinstance(f, Valid) for f in fragments)]
+)
+def test_an_installed_plugin_joins_the_valid_names(name: str, extra_plugins) -> None:
+    line = assert_one_line_error(invoke("validate", FIXTURES / name), name, *CASES[name])
+    assert f"valid: {EXTRA}, " in line
 
 
 def test_python_tag_is_never_executed(tmp_path: Path, monkeypatch) -> None:

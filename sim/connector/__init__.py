@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = "hybridsim.connectors"
 _REGISTRY: Registry[KVConnector] = Registry(KVConnector, ENTRY_POINT_GROUP, "connector.type", "connector")
 register_connector = _REGISTRY.register
 connector_names = _REGISTRY.names
+builtin_connector_names = _REGISTRY.builtin_names
 get_connector_class = _REGISTRY.get_class
 create_connector = _REGISTRY.create
 
@@ -38,6 +39,7 @@ __all__ = [
     "RemoteConnector",
     "NoConnector",
     "ScriptedConnector",
+    "builtin_connector_names",
     "connector_names",
     "create_connector",
     "get_connector_class",

@@ -53,6 +53,10 @@ class Registry(Generic[T]):
         """Every name: built-ins and installed plug-ins, sorted."""
         return sorted(set(self._classes) | set(self._plugins()))
 
+    def builtin_names(self) -> list[str]:
+        """The names registered in code (built-ins and in-process registrations, no entry points), sorted."""
+        return sorted(self._classes)
+
     def get_class(self, name: str) -> type[T]:
         """The class called ``name``; an unknown name raises a ValueError listing the valid ones."""
         cls = self._classes.get(name)

@@ -235,6 +235,11 @@ def checkpoint_policy_names() -> list[str]:
     return sorted({VLLM, *_REGISTRY.names()})
 
 
+def builtin_checkpoint_policy_names() -> list[str]:
+    """``vllm`` plus the placements registered in code (no installed plug-ins), sorted."""
+    return sorted({VLLM, *_REGISTRY.builtin_names()})
+
+
 def create_checkpoint_policy(name: str, options: Mapping[str, Any] | None = None) -> BaseCheckpointPolicy | None:
     """The placement called ``name`` with ``options``; ``None`` for ``vllm`` (nothing extra is saved).
 

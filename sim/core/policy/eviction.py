@@ -92,6 +92,11 @@ def eviction_policy_names() -> list[str]:
     return sorted({LRU, *_REGISTRY.names()})
 
 
+def builtin_eviction_policy_names() -> list[str]:
+    """``lru`` plus the policies registered in code (no installed plug-ins), sorted."""
+    return sorted({LRU, *_REGISTRY.builtin_names()})
+
+
 def create_eviction_policy(name: str, options: Mapping[str, Any] | None = None) -> BaseEvictionPolicy | None:
     """The policy called ``name`` with ``options``; ``None`` for ``lru`` (the plain vLLM pool).
 

@@ -277,6 +277,7 @@ class TrimToMinPolicy(_PerGroupPolicy):
 _REGISTRY: Registry[PrefixPolicy] = Registry(PrefixPolicy, ENTRY_POINT_GROUP, "scheduler.prefix_policy", "policy")
 register_prefix_policy = _REGISTRY.register
 prefix_policy_names = _REGISTRY.names
+builtin_prefix_policy_names = _REGISTRY.builtin_names
 
 
 def get_prefix_policy(name: str, **options: Any) -> PrefixPolicy:
