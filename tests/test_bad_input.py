@@ -35,6 +35,13 @@ CASES: dict[str, tuple[str | Valid, ...]] = {
     "unknown-eviction-policy.yaml": ("cache.eviction_policy", "'lfu'", Valid("cache.eviction_policy")),
     "bad-eviction-option.yaml": ("cache.eviction_options", "option window must be a positive integer, got 0"),
     "marconi-without-model.yaml": ("cache.eviction_policy", "marconi needs the step-time model"),
+    "unknown-checkpoint-policy.yaml": (
+        "cache.mamba_checkpoint_policy",
+        "'branchpoints'",
+        "valid: branch_points, every_block, frequency, vllm",
+    ),
+    "bad-checkpoint-option.yaml": ("cache.mamba_checkpoint_options", "option k must be a positive integer, got 0"),
+    "placement-without-mamba.yaml": ("cache.mamba_checkpoint_policy", "needs a mamba group with prefix caching"),
 }
 
 

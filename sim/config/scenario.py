@@ -312,6 +312,9 @@ class CacheSection(_Strict):
     #: ``lru`` is vLLM; anything else is a what-if (sim.core.policy.eviction); checked when the run is built.
     eviction_policy: str = Field(default="lru", min_length=1)
     eviction_options: dict[str, Any] = Field(default_factory=dict)
+    #: ``vllm`` is vLLM's align-mode placement; anything else is a what-if (sim.core.policy.checkpoint).
+    mamba_checkpoint_policy: str = Field(default="vllm", min_length=1)
+    mamba_checkpoint_options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("num_blocks")
     @classmethod

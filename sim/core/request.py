@@ -73,6 +73,7 @@ class Request:
         "num_output_tokens",
         "block_hashes",
         "shared_prefix_boundary",
+        "extra_state_positions",
         "num_preemptions",
         "skip_reading_prefix_cache",
         "num_in_flight_tokens",
@@ -115,6 +116,9 @@ class Request:
         self.num_output_tokens = 0
         self.block_hashes: list[BlockHash] = []
         self.shared_prefix_boundary = 0
+        #: Where a what-if checkpoint placement (sim.core.policy.checkpoint) has this prefill save extra
+        #: Mamba states, sorted; set at each admission that looks the prefix up; () under vLLM's placement.
+        self.extra_state_positions: tuple[int, ...] = ()
         self.num_preemptions = 0
         self.skip_reading_prefix_cache = False
         self.num_in_flight_tokens = 0

@@ -59,9 +59,11 @@ from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
 from sim.core.kv.fastpath import DecodeCohort
+from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import ChainBackend, RequestBlockHasher
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
+from sim.core.policy.checkpoint import BaseCheckpointPolicy, PrefixFacts, extra_state_positions
 from sim.core.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
 from sim.core.request import Request, RequestStatus
 
@@ -244,6 +246,7 @@ class Scheduler:
         admission_checker: AdmissionChecker | None = None,
         on_crash: Literal["stop", "record"] = "stop",
         chain_hasher: ChainBackend | None = None,
+        checkpoint_policy: BaseCheckpointPolicy | None = None,
     ) -> None:
         if on_crash not in ("stop", "record"):
             raise ValueError(f"on_crash: expected 'stop' or 'record', got {on_crash!r}")
@@ -277,6 +280,8 @@ class Scheduler:
         self.need_mamba_split = kv_cfg.needs_mamba_block_aligned_split
         self.mamba_block_size = mamba_specs[0].block_size if mamba_specs else 0
         self.mamba_has_prefill_checkpoints = kv_cfg.mamba_prefill_checkpoints
+        #: A what-if Mamba checkpoint placement (sim.core.policy.checkpoint); None is vLLM's.
+        self.checkpoint_policy = checkpoint_policy if self.need_mamba_split else None
 
         self.requests: dict[str, Request] = {}
         self.running: list[Request] = []
@@ -324,6 +329,8 @@ class Scheduler:
                 f"max_model_len {self.max_model_len}"
             )
         request.set_block_hasher(self._block_hasher)
+        if self.checkpoint_policy is not None:
+            self.checkpoint_policy.on_arrival(request, self._prompt_block_hashes(request))
         self.requests[request.request_id] = request
         self.waiting.add(request)
         if self.connector is not None:
@@ -647,6 +654,8 @@ class Scheduler:
                 "num_computed_tokens <= request.num_tokens",
                 attempt.request,
             )
+            if self.checkpoint_policy is not None:
+                self._place_checkpoints(attempt, self.checkpoint_policy)
         if not self._size_phase(attempt, budget, threshold):
             return
         self._allocate_phase(attempt)
@@ -1027,6 +1036,28 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.prepend(request)
 
+    # ------------------------------------------------ checkpoint placement (a what-if)
+    def _prompt_block_hashes(self, request: Request) -> list[int]:
+        """The prompt's hashes at the scheduler block size up to its own state (``PrefixFacts.block_hashes``)."""
+        bs = self.block_size
+        view = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
+        return [view[i] for i in range(prefill_checkpoint_position(request.num_prompt_tokens, bs) // bs)]
+
+    def _place_checkpoints(self, attempt: AdmissionAttempt, policy: BaseCheckpointPolicy) -> None:
+        """Where this prefill saves extra Mamba states (``request.extra_state_positions``), told to the pool."""
+        request = attempt.request
+        fa = self.kv.coordinator.full_attention_group_id
+        facts = PrefixFacts(
+            self.block_size,
+            self._prompt_block_hashes(request),
+            attempt.hits[fa] if fa is not None else attempt.computed,
+            attempt.computed,
+            prefill_checkpoint_position(request.num_prompt_tokens, self.block_size),
+            request.shared_prefix_boundary,
+        )
+        request.extra_state_positions = extra_state_positions(policy, request, facts)
+        self.kv.set_extra_state_positions(request)
+
     # ----------------------------------------------------------- mamba split
     def _mamba_block_aligned_split(
         self,
@@ -1083,6 +1114,13 @@ class Scheduler:
             junction_stop = start + (junction - start) // bs * bs
             if start < junction_stop < end:
                 end = junction_stop
+        if request.extra_state_positions:  # a what-if placement: also stop at the next extra state
+            for position in request.extra_state_positions:
+                if position > start:
+                    stop = start + (position - start) // bs * bs
+                    if start < stop < end:
+                        end = stop
+                    break
         return end - start if end > start else 0
 
     def _inflight_prefill_reserved_blocks(self) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from sim.engine.timing import StepTimeModel
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
+
+if TYPE_CHECKING:
+    from sim.core.policy.checkpoint import BaseCheckpointPolicy
 
 T = TypeVar("T")
 
@@ -248,16 +251,45 @@ def _check_policy(scenario: Scenario):
         raise ScenarioError(str(exc)) from None
 
 
-def _build_eviction(scenario: Scenario, connector: Connector | None, step_time_model: StepTimeModel | None):
-    """The scenario's eviction policy (``None`` for ``lru``) and what it may know (:class:`EvictionContext`)."""
+def build_checkpoint_policy(scenario: Scenario, config: KVCacheConfig) -> BaseCheckpointPolicy | None:
+    """A fresh instance of the scenario's Mamba checkpoint placement (``None`` for ``vllm``); a what-if
+    placement on a layout without align-mode Mamba groups is a bad-input error."""
+    from sim.core.policy.checkpoint import create_checkpoint_policy
+
+    cache = scenario.cache
+    try:
+        policy = create_checkpoint_policy(cache.mamba_checkpoint_policy, cache.mamba_checkpoint_options)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    if policy is not None and not config.needs_mamba_block_aligned_split:
+        raise _err(
+            "cache.mamba_checkpoint_policy",
+            f"{cache.mamba_checkpoint_policy!r} places Mamba states: it needs a mamba group with prefix caching "
+            "on (align mode); use vllm",
+        )
+    return policy
+
+
+def _build_eviction(
+    scenario: Scenario,
+    connector: Connector | None,
+    step_time_model: StepTimeModel | None,
+    placement: BaseCheckpointPolicy | None = None,
+):
+    """The scenario's eviction policy (``None`` for ``lru``) and what it may know (:class:`EvictionContext`).
+
+    Under a what-if checkpoint ``placement`` ``lru`` is
+    :class:`~sim.core.policy.eviction.ExtraStatesFirstLRU` (the pool must tag extra states)."""
     from sim.core.kv.eviction import EvictionContext
-    from sim.core.policy.eviction import create_eviction_policy
+    from sim.core.policy.eviction import create_eviction_policy, eviction_policy_for_placement
 
     cache = scenario.cache
     try:
         policy = create_eviction_policy(cache.eviction_policy, cache.eviction_options)
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
+    if policy is None and placement is not None:
+        policy = eviction_policy_for_placement(None)
     if policy is None:
         return None, None
     timing = step_time_model
@@ -382,7 +414,8 @@ def build_components(
     policy = _check_policy(scenario)
     connector = _build_connector(scenario, config)
     step_time_model = _build_step_time_model(scenario)
-    eviction_policy, eviction_context = _build_eviction(scenario, connector, step_time_model)
+    placement = build_checkpoint_policy(scenario, config)
+    eviction_policy, eviction_context = _build_eviction(scenario, connector, step_time_model, placement)
     if dry_run:
         return None
 
@@ -406,6 +439,7 @@ def build_components(
         admission_checker=make_truth_checker(kv_manager, connector),
         on_crash=scenario.on_crash,
         chain_hasher=compiled_chain_hasher(),
+        checkpoint_policy=placement,
     )
     scheduler.reuse_prefix_lookups = fast_paths
     return Components(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config.scenario import Scenario
+from sim.engine.build import build_checkpoint_policy
 from sim.engine.run import RunRecord
 from sim.results.metrics import MambaPlacementLimits, add_ideal_hit_rate, run_summary
 from sim.results.sessions import session_table, sessions_summary, turn_table
@@ -101,7 +102,7 @@ def finalize(record: RunRecord) -> RunResult:
         config = record.kv_cache_config
         limits = None
         if config.has_mamba_layers and config.enable_prefix_caching:
-            limits = MambaPlacementLimits(None, config.retention_interval)
+            limits = MambaPlacementLimits(build_checkpoint_policy(scenario, config), config.retention_interval)
         add_ideal_hit_rate(summary, tables, record.requests, config.scheduler_block_size, limits)
     if record.connector_metrics is not None:
         summary["connector_metrics"] = record.connector_metrics

@@ -24,6 +24,7 @@ from typing import Any
 from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
 from sim.core.kv.specs import MambaSpec, SlidingWindowSpec
+from sim.core.policy.checkpoint import checkpoint_not_verifiable_reason
 from sim.core.tokens import IdsSegment, StreamSegment, basic_segments, is_reserved_stream, output_stream
 from sim.engine.build import Components, build_components
 from sim.verify.vllm_side import (
@@ -48,7 +49,8 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     Refused: the time clock (vLLM's scheduler has no simulated time), prefix
     policies other than ``pr48425`` (vLLM as shipped) and ``max_per_group``
     (the emulated pre-#48425 lookup), connectors other than ``none`` and
-    ``scripted``, eviction policies other than ``lru``, what-if options vLLM
+    ``scripted``, eviction policies other than ``lru``, Mamba checkpoint
+    placements other than ``vllm``, what-if options vLLM
     lacks (``cache.corrected_mamba_accounting``), connector faults, LoRA and
     cache salts, and a scripted connector that does not declare HMA support
     (vLLM refuses such a connector with the hybrid KV-cache manager on).
@@ -64,6 +66,12 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     eviction = scenario.cache.model_dump().get("eviction_policy", "lru")
     if eviction != "lru":
         return f"cache.eviction_policy: {eviction!r} is a what-if; vLLM 0.33 evicts in free-queue (lru) order"
+    try:
+        placement_reason = checkpoint_not_verifiable_reason(scenario.cache.mamba_checkpoint_policy)
+    except ValueError:  # an unknown name: building the run reports it as bad input
+        placement_reason = None
+    if placement_reason is not None:
+        return placement_reason
     if scenario.cache.corrected_mamba_accounting:
         return "cache.corrected_mamba_accounting: true is a what-if option vLLM 0.33 does not have"
     if ctype == "scripted" and scenario.connector.options().get("supports_hma", True) is False:

@@ -103,13 +103,14 @@ def placement_hit_tokens(
                 resume = i
                 break
         hits.append(resume * block_size)
-        saves = [prompt_state, fa * block_size if fa > resume else 0]
+        junction = fa * block_size if fa > resume else 0
+        saves = [prompt_state, junction]
         if retention_interval is None:
             saves.extend(range(block_size, (len(hashes) + 1) * block_size, block_size))
         elif retention_interval:
             saves.extend(range(retention_interval, (len(hashes) + 1) * block_size, retention_interval))
         if placement is not None:
-            facts = PrefixFacts(block_size, prompt_hashes, fa * block_size, resume * block_size, prompt_state)
+            facts = PrefixFacts(block_size, prompt_hashes, fa * block_size, resume * block_size, prompt_state, junction)
             saves.extend(extra_state_positions(placement, req, facts))
         for pos in saves:
             if pos and pos % block_size == 0 and pos // block_size <= len(hashes):

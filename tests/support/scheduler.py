@@ -10,8 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from sim.connector.context import ConnectorContext, GroupLayout
+from sim.core.kv.eviction import EvictionContext
 from sim.core.kv.manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
+from sim.core.policy.eviction import eviction_policy_for_placement
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler, SchedulerConfig
 from sim.core.tokens import StreamSegment
@@ -34,12 +36,21 @@ class Harness:
         on_crash="stop",
         sched_policy="fcfs",
         fast_paths=True,
+        checkpoint_policy=None,
+        eviction_policy=None,
         **sched,
     ):
         self.kv_cfg = kv_cache_config_from_groups(
             groups, block_size=block_size, num_blocks=num_blocks, retention_interval=retention
         )
-        self.kv = KVCacheManager(self.kv_cfg, fast_paths=fast_paths)
+        if checkpoint_policy is not None:  # as the engine builds it: a what-if placement needs a policy pool
+            eviction_policy = eviction_policy_for_placement(eviction_policy)
+        self.kv = KVCacheManager(
+            self.kv_cfg,
+            fast_paths=fast_paths,
+            eviction_policy=eviction_policy,
+            eviction_context=EvictionContext(prefill_flops=lambda p: float(p * p)),
+        )
         self.rec = Recorder(len(self.kv_cfg.groups))
         if connector is not None:
             connector.bind(
@@ -54,7 +65,13 @@ class Harness:
             )
         self.connector = connector
         self.sched = Scheduler(
-            SchedulerConfig(policy=sched_policy, **sched), self.kv, connector, policy, self.rec, on_crash=on_crash
+            SchedulerConfig(policy=sched_policy, **sched),
+            self.kv,
+            connector,
+            policy,
+            self.rec,
+            on_crash=on_crash,
+            checkpoint_policy=checkpoint_policy,
         )
         self.sched.reuse_prefix_lookups = fast_paths
         self.step = 0

@@ -74,6 +74,9 @@ def test_same_step_arrivals_keep_the_engines_order():
         ({"scheduler.prefix_policy": "reconciled"}, "scheduler.prefix_policy"),
         ({"cache.corrected_mamba_accounting": "true"}, "corrected_mamba_accounting"),
         ({"connector.supports_hma": "false"}, "supports_hma"),
+        ({"cache.mamba_checkpoint_policy": "branch_points"}, "'branch_points' is a what-if checkpoint placement"),
+        ({"cache.mamba_checkpoint_policy": "every_block"}, "'every_block' is a what-if checkpoint placement"),
+        ({"cache.mamba_checkpoint_policy": "frequency"}, "'frequency' is a what-if checkpoint placement"),
     ],
 )
 def test_not_verifiable_reasons(override, needle):
@@ -91,6 +94,7 @@ def test_time_clock_and_unmapped_connector_are_not_verifiable():
     )
     assert "connector.type" in not_verifiable_reason(_scenario(text))
     assert not_verifiable_reason(_scenario()) is None
+    assert not_verifiable_reason(_scenario(**{"cache.mamba_checkpoint_policy": "vllm"})) is None
 
 
 def test_hash_block_prompts_lower_as_their_per_block_segments():

@@ -23,6 +23,14 @@ What a policy may not change
     never calls back into the pool's mutating methods; it only reads the pool
     (the cached map, the free queue, block metadata) inside ``select``.
 
+Extra Mamba states
+    Under a what-if checkpoint placement (:mod:`sim.core.policy.checkpoint`)
+    the pool is told each request's extra state positions
+    (:meth:`PolicyBlockPool.set_extra_state_positions`) and keeps the ids of
+    the blocks whose Mamba entry is such an extra state in
+    :attr:`PolicyBlockPool.extra_state_ids` (while the entry lives). Policies
+    read it to drop extra states before a request's own state.
+
 Invariant of a :class:`PolicyBlockPool` (tested): every free uncached block
 precedes every free cached block in the queue. The plain pool keeps it too,
 except after ``evict_blocks`` on a free block (the entry goes, the block stays
@@ -38,7 +46,7 @@ from typing import Callable, Iterable, Protocol, Sequence
 
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.pool import BlockPool, KVCacheBlock
-from sim.core.kv.specs import KVCacheConfig
+from sim.core.kv.specs import KVCacheConfig, MambaSpec
 
 #: Event cause of an entry dropped because a non-``lru`` policy chose its block.
 EVICT_POLICY_CAUSE = "evict_policy"
@@ -112,7 +120,19 @@ class PolicyBlockPool(BlockPool):
     ) -> None:
         super().__init__(num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=hash_block_size)
         self.policy = policy
+        self._mamba_groups = frozenset(g for g, group in enumerate(config.groups) if isinstance(group.spec, MambaSpec))
+        #: request id -> the positions where a what-if placement has it save extra Mamba states.
+        self.extra_state_positions: dict[str, tuple[int, ...]] = {}
+        #: Ids of the blocks whose (Mamba) cache entry is an extra state: kept while the entry lives.
+        self.extra_state_ids: set[int] = set()
         policy.bind(self, config, context)
+
+    def set_extra_state_positions(self, request_id: str, positions: tuple[int, ...]) -> None:
+        """``request_id``'s extra state positions from now on (``()``: none, forgotten)."""
+        if positions:
+            self.extra_state_positions[request_id] = positions
+        else:
+            self.extra_state_positions.pop(request_id, None)
 
     def cache_full_blocks(
         self,
@@ -138,9 +158,12 @@ class PolicyBlockPool(BlockPool):
             block_mask,
         )
         policy = self.policy
+        extra = self.extra_state_positions.get(request_id, ()) if kv_cache_group_id in self._mamba_groups else ()
         for i in uncached:
             blk = blocks[i]
             if blk.block_hash is not None:  # newly keyed (null and masked-out blocks stay uncached)
+                if extra and blk.block_hash_num_tokens in extra:
+                    self.extra_state_ids.add(blk.block_id)
                 policy.on_cached(blk, block_hashes[i - 1] if i > 0 else None)
 
     def cache_full_blocks_groups(
@@ -173,6 +196,7 @@ class PolicyBlockPool(BlockPool):
         if not super().evict_cached_block(blk, request_id, cause):
             return False
         assert key is not None
+        self.extra_state_ids.discard(blk.block_id)
         self.policy.on_uncached(blk, key)
         if blk.prev_free_block is not None:  # free and now uncached: to the front, as free_blocks places it
             self.free_block_queue.remove(blk)
@@ -182,6 +206,7 @@ class PolicyBlockPool(BlockPool):
     def reset_prefix_cache(self) -> bool:
         if not super().reset_prefix_cache():
             return False
+        self.extra_state_ids.clear()
         self.policy.on_reset()
         return True
 

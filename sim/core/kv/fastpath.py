@@ -623,6 +623,9 @@ class MambaReplicas:
             boundaries = list(replay_boundaries)
             if request.shared_prefix_boundary:
                 boundaries.append(request.shared_prefix_boundary)
+            boundaries.extend(
+                request.extra_state_positions
+            )  # a what-if checkpoint placement's (sim.core.policy.checkpoint)
             mask = first.reachable_block_mask(
                 before, num_full, first.cache_hit_alignment_tokens, first.kv_cache_spec, retention_interval, boundaries
             )

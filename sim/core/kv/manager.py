@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from sim.core.kv.coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
-from sim.core.kv.eviction import EvictionContext, EvictionPolicy
+from sim.core.kv.eviction import EvictionContext, EvictionPolicy, PolicyBlockPool
 from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.managers import MambaManager
 from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
@@ -81,6 +81,8 @@ class KVCacheManager:
         )
         self.coordinator = get_kv_cache_coordinator(kv_cache_config, options)
         self.block_pool = self.coordinator.block_pool
+        #: The pool that tags extra Mamba states (a what-if placement needs a policy pool), else None.
+        self._extra_state_pool = self.block_pool if isinstance(self.block_pool, PolicyBlockPool) else None
         self.num_kv_cache_groups = len(kv_cache_config.groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
@@ -271,6 +273,14 @@ class KVCacheManager:
         """Free every group's table (group order, each tail first)."""
         self.quiet.drop(request.request_id)
         self.coordinator.free(request.request_id)
+        if self._extra_state_pool is not None and request.extra_state_positions:
+            self._extra_state_pool.set_extra_state_positions(request.request_id, ())
+
+    def set_extra_state_positions(self, request: Request) -> None:
+        """A what-if placement chose ``request.extra_state_positions``: the pool tags those states when
+        they are keyed, for the eviction policy. Only with a policy pool (which a what-if placement gets)."""
+        assert self._extra_state_pool is not None, "a what-if checkpoint placement needs a policy block pool"
+        self._extra_state_pool.set_extra_state_positions(request.request_id, request.extra_state_positions)
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None

@@ -240,6 +240,9 @@ class SingleTypeKVCacheManager:
         boundaries = list(replay_boundaries)
         if request.shared_prefix_boundary:
             boundaries.append(request.shared_prefix_boundary)
+        boundaries.extend(
+            request.extra_state_positions
+        )  # a what-if checkpoint placement's (sim.core.policy.checkpoint)
         mask = self.reachable_block_mask(
             num_cached, num_full, self.cache_hit_alignment_tokens, self.kv_cache_spec, retention_interval, boundaries
         )

@@ -63,7 +63,8 @@ class PrefixFacts:
     full-attention prefix (tokens; the independent lookup, capped at
     ``num_tokens - 1``). ``resume``: where the request resumes (local plus
     external hit). ``prompt_state``: where vLLM saves the prompt's own state,
-    ``floor((P - 1) / block_size) * block_size``.
+    ``floor((P - 1) / block_size) * block_size``. ``junction``: vLLM's
+    shared-prefix junction, where it saves a state anyway (0: none).
     """
 
     block_size: int
@@ -71,6 +72,7 @@ class PrefixFacts:
     fa_hit: int
     resume: int
     prompt_state: int
+    junction: int = 0
 
 
 class BaseCheckpointPolicy:
@@ -94,14 +96,14 @@ class BaseCheckpointPolicy:
 
 def extra_state_positions(policy: BaseCheckpointPolicy, request: Request, facts: PrefixFacts) -> tuple[int, ...]:
     """``policy``'s positions that are multiples of ``facts.block_size`` strictly between
-    ``facts.resume`` and ``facts.prompt_state``, sorted and distinct.
+    ``facts.resume`` and ``facts.prompt_state``, other than the junction, sorted and distinct.
 
     Below the resume point a state would not be computed by this request;
-    ``prompt_state`` (and the junction) vLLM saves anyway.
+    ``prompt_state`` and the junction vLLM saves anyway.
     """
     bs = facts.block_size
-    lo, hi = facts.resume, facts.prompt_state
-    return tuple(sorted({p for p in policy.positions(request, facts) if lo < p < hi and p % bs == 0}))
+    lo, hi, junction = facts.resume, facts.prompt_state, facts.junction
+    return tuple(sorted({p for p in policy.positions(request, facts) if lo < p < hi and p % bs == 0 and p != junction}))
 
 
 def content_boundaries(segments: Sequence[Segment]) -> list[int]:
@@ -129,9 +131,9 @@ class BranchPointsPolicy(BaseCheckpointPolicy):
 
     Marconi's speculative insertion (Pan et al., MLSys 2025) adapted to
     vLLM's pages. Rule: save at (1) the deepest cached full-attention prefix
-    when it is deeper than the resume point (Marconi's branch point; vLLM's
-    junction is the same position, so this adds nothing where vLLM keeps the
-    junction), and (2) every content boundary the workload makes visible
+    when it is deeper than the resume point (Marconi's branch point; it is
+    vLLM's junction, so this adds a save only where vLLM keeps none: an
+    admission through #48425's connector lookup), and (2) every content boundary the workload makes visible
     (:func:`content_boundaries`: the end of a shared system prompt, of a RAG
     document, of a conversation's earlier turn or of a trace's full hash
     blocks), floored to the block size. Cost: one save (a page held until

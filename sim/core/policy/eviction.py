@@ -122,6 +122,12 @@ def create_eviction_policy(name: str, options: Mapping[str, Any] | None = None) 
         raise ValueError(prefix + message) from None
 
 
+def eviction_policy_for_placement(policy: BaseEvictionPolicy | None) -> BaseEvictionPolicy:
+    """The eviction policy of a run with a what-if checkpoint placement: ``policy``, or for ``lru``
+    (``None``) :class:`ExtraStatesFirstLRU`, so that the pool tags extra states and drops them first."""
+    return policy if policy is not None else ExtraStatesFirstLRU()
+
+
 def eviction_not_verifiable_reason(name: str) -> str | None:
     """Why a scenario with eviction policy ``name`` cannot be verified against vLLM, or ``None`` for ``lru``."""
     if name == LRU:
@@ -305,19 +311,30 @@ class _IndexedPolicy(BaseEvictionPolicy):
 
 
 class GroupCoherentPolicy(_IndexedPolicy):
-    """Dead entries first, then LRU (a what-if, not vLLM).
+    """Dead entries first, then extra Mamba states, then LRU (a what-if, not vLLM).
 
     Among the ``window`` oldest free cached blocks, the dead ones
-    (:class:`ChainIndex`) are evicted first, oldest first; the rest of the
-    allocation is taken in vLLM's LRU order. Deadness is judged as the window
-    is scanned, before any of this allocation's blocks is evicted.
+    (:class:`ChainIndex`) are evicted first, oldest first; then the extra
+    states a what-if checkpoint placement saved
+    (:attr:`~sim.core.kv.eviction.PolicyBlockPool.extra_state_ids`, cheaper to
+    drop than a request's own state: a speculative save, whose request keeps
+    its last state), oldest first; the rest of the allocation is taken in
+    vLLM's LRU order. Deadness is judged as the window is scanned, before any
+    of this allocation's blocks is evicted. ``extra_first: false`` treats
+    extra states as any other entry.
     """
 
     name = "group_coherent"
 
+    def __init__(self, window: int = 512, extra_first: bool = True) -> None:
+        super().__init__(window)
+        self.extra_first = extra_first
+
     def select(self, num_blocks: int) -> list[KVCacheBlock]:
         dead: list[KVCacheBlock] = []
+        extra: list[KVCacheBlock] = []
         is_dead = self.index.is_dead
+        extra_ids = self.pool.extra_state_ids if self.extra_first else ()
         for scanned, block in enumerate(free_cached_blocks(self.pool)):
             if scanned == self.window:
                 break
@@ -325,7 +342,43 @@ class GroupCoherentPolicy(_IndexedPolicy):
                 dead.append(block)
                 if len(dead) == num_blocks:
                     break
-        return self._fill_lru(dead, num_blocks)
+            elif block.block_id in extra_ids and len(extra) < num_blocks:
+                extra.append(block)
+        return self._fill_lru(dead + extra, num_blocks)
+
+
+class ExtraStatesFirstLRU(BaseEvictionPolicy):
+    """vLLM's LRU order, except that extra Mamba states go first (a what-if, not vLLM).
+
+    What ``cache.eviction_policy: lru`` means under a what-if checkpoint
+    placement (:mod:`sim.core.policy.checkpoint`): among the ``window`` oldest
+    free cached blocks the extra states
+    (:attr:`~sim.core.kv.eviction.PolicyBlockPool.extra_state_ids`) are
+    evicted first, oldest first; then LRU. Under vLLM's placement there are no
+    extra states and ``lru`` is the plain pool, not this class.
+    """
+
+    name = LRU
+
+    def __init__(self, window: int = 512) -> None:
+        self.window = _positive_int(window, "window", self.name)
+
+    def select(self, num_blocks: int) -> list[KVCacheBlock]:
+        extra_ids = self.pool.extra_state_ids
+        chosen: list[KVCacheBlock] = []
+        if extra_ids:
+            for scanned, block in enumerate(free_cached_blocks(self.pool)):
+                if scanned == self.window or len(chosen) == num_blocks:
+                    break
+                if block.block_id in extra_ids:
+                    chosen.append(block)
+        taken = {b.block_id for b in chosen}
+        for block in free_cached_blocks(self.pool):
+            if len(chosen) == num_blocks:
+                break
+            if block.block_id not in taken:
+                chosen.append(block)
+        return chosen
 
 
 class MarconiPolicy(_IndexedPolicy):
@@ -348,7 +401,11 @@ class MarconiPolicy(_IndexedPolicy):
     used become dead and follow, dead first), never a live FA or SWA block
     (dropping one would break every state below it); without Mamba groups, the
     FA/SWA leaves (no cached child), so chains shrink tail first. The lowest
-    scores go first (ties: oldest first); then LRU order.
+    scores go first (ties: oldest first); then LRU order. An extra Mamba state
+    of a what-if checkpoint placement
+    (:attr:`~sim.core.kv.eviction.PolicyBlockPool.extra_state_ids`) counts
+    ``extra_weight`` (default 0.5) of its efficiency: a speculative save is
+    cheaper to drop than a request's own state (1.0: no difference).
 
     Where we differ from the paper: Marconi scores radix-tree nodes (a token
     segment's KV plus one SSM state) over the whole cache; we score single
@@ -364,11 +421,14 @@ class MarconiPolicy(_IndexedPolicy):
 
     name = "marconi"
 
-    def __init__(self, alpha: float = 1.0, window: int = 512) -> None:
+    def __init__(self, alpha: float = 1.0, window: int = 512, extra_weight: float = 0.5) -> None:
         super().__init__(window)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
             raise ValueError(f"marconi: option alpha must be a non-negative number, got {alpha!r}")
+        if isinstance(extra_weight, bool) or not isinstance(extra_weight, (int, float)) or not 0 <= extra_weight <= 1:
+            raise ValueError(f"marconi: option extra_weight must be a number in [0, 1], got {extra_weight!r}")
         self.alpha = float(alpha)
+        self.extra_weight = float(extra_weight)
 
     def check_context(self, context: EvictionContext) -> None:
         if context.prefill_flops is None:
@@ -392,6 +452,7 @@ class MarconiPolicy(_IndexedPolicy):
             window.append(block)
         last = max(len(window) - 1, 1)
         flops = self._flops
+        extra_ids = self.pool.extra_state_ids
         scored: list[tuple[int, float, KVCacheBlock]] = []
         best = 0.0
         for rank, block in enumerate(window):
@@ -399,6 +460,8 @@ class MarconiPolicy(_IndexedPolicy):
                 scored.append((rank, 0.0, block))
             elif block.block_hash[1] in index.mamba_groups if index.mamba_groups else not index.continued(block):  # type: ignore[index]
                 eff = flops(block.block_hash_num_tokens or 0) / self._page_bytes
+                if block.block_id in extra_ids:
+                    eff *= self.extra_weight
                 best = max(best, eff)
                 scored.append((rank, eff, block))
         alpha = self.alpha / best if best > 0 else 0.0

@@ -171,3 +171,11 @@ def test_a_plug_in_loads_through_its_entry_point(monkeypatch):
     assert isinstance(policy, _PluginPlacement)
     assert _saves(policy, _request("r", ("X", 100))) == (16,)
     assert "what-if" in (cp.checkpoint_not_verifiable_reason("plugin_placement") or "")
+
+
+def test_the_junction_is_not_an_extra_state():
+    req = _request("r", ("X", 100))
+    state = prefill_checkpoint_position(100, B)
+    facts = cp.PrefixFacts(B, (), 64, 16, state, junction=64)
+    assert cp.extra_state_positions(cp.EveryBlockPolicy(), req, facts) == (32, 48, 80)
+    assert cp.extra_state_positions(cp.BranchPointsPolicy(), req, facts) == ()

@@ -167,7 +167,9 @@ def test_names_options_and_verifiability():
         ev.create_eviction_policy("fifo")
     with pytest.raises(ValueError, match="cache.eviction_options: lru takes no options"):
         ev.create_eviction_policy("lru", {"window": 3})
-    with pytest.raises(ValueError, match=r"cache.eviction_options.beta: unknown option \(valid: alpha, window\)"):
+    with pytest.raises(
+        ValueError, match=r"cache.eviction_options.beta: unknown option \(valid: alpha, extra_weight, window\)"
+    ):
         ev.create_eviction_policy("marconi", {"beta": 1})
     with pytest.raises(
         ValueError, match="cache.eviction_options: group_coherent: option window must be a positive integer"
@@ -200,3 +202,57 @@ def test_example_policy_loads_through_the_entry_point_and_evicts_attention_first
     assert _eviction_order(pool, names) == ["a3", "a2", "a1", "m"]
     with pytest.raises(ValueError, match="mamba_last: option window must be a positive integer"):
         ev.create_eviction_policy("mamba_last", {"window": "x"})
+
+
+def _extra_pool(policy, **options) -> PolicyBlockPool:
+    config = kv_cache_config_from_groups(FA_MAMBA, block_size=16, num_blocks=12, retention_interval=0)
+    pol = ev.eviction_policy_for_placement(ev.create_eviction_policy(policy, options))
+    pool = make_block_pool(config, True, True, pol, EvictionContext(prefill_flops=lambda p: float(p)))
+    assert isinstance(pool, PolicyBlockPool)
+    return pool
+
+
+def _chain_with_extra_state(pool: PolicyBlockPool, extra_at: int = 16):
+    """FA a1, a2 (keys 11, 12) and Mamba states at 16 (m1, key 11) and 32 (m2, key 12); the one at
+    ``extra_at`` is an extra state of a what-if placement. Freed m2, m1, then the FA tail first: LRU
+    order m2, m1, a2, a1."""
+    a1, a2, m1, m2 = pool.get_new_blocks(4, "r")
+    pool.set_extra_state_positions("r", (extra_at,))
+    pool.cache_full_blocks("r", [a1, a2], [11, 12], 0, 2, 16, 0)
+    pool.cache_full_blocks("r", [m1, m2], [11, 12], 0, 2, 16, 1)
+    extra = m1 if extra_at == 16 else m2
+    assert pool.extra_state_ids == {extra.block_id}
+    pool.set_extra_state_positions("r", ())
+    pool.free_blocks([m2])
+    pool.free_blocks([m1])
+    pool.free_blocks([a2, a1])
+    return {a1.block_id: "a1", a2.block_id: "a2", m1.block_id: "m1", m2.block_id: "m2"}
+
+
+def test_lru_under_a_what_if_placement_drops_extra_states_first():
+    pool = _extra_pool("lru")
+    assert isinstance(pool.policy, ev.ExtraStatesFirstLRU)
+    names = _chain_with_extra_state(pool)
+    assert _eviction_order(pool, names) == ["m1", "m2", "a2", "a1"]
+    assert not pool.extra_state_ids  # the tag goes with the entry
+
+
+def test_group_coherent_drops_dead_then_extra_states_then_lru():
+    names = _chain_with_extra_state(pool := _extra_pool("group_coherent"))
+    # Nothing dead; the extra state m1 first; then LRU m2, after which a2 (beyond every state) is dead.
+    assert _eviction_order(pool, names) == ["m1", "m2", "a2", "a1"]
+    names = _chain_with_extra_state(pool := _extra_pool("group_coherent", extra_first=False))
+    assert _eviction_order(pool, names) == ["m2", "a2", "m1", "a1"]
+
+
+def test_marconi_discounts_an_extra_state():
+    # Window m2 (rank 0), m1 (1), a2, a1 (live FA: not candidates); score rank / 3 + efficiency / best.
+    # m2 (32 tokens) is the extra state. Weight 1: m2 1.0, m1 1/3 + 1/2 -> m1 first.
+    names = _chain_with_extra_state(pool := _extra_pool("marconi", extra_weight=1.0), extra_at=32)
+    assert _eviction_order(pool, names)[0] == "m1"
+    # Default weight 0.5: m2 counts 16 tokens: m2 0 + 1, m1 1/3 + 1 -> m2 first; weight 0 likewise.
+    for options in ({}, {"extra_weight": 0.0}):
+        names = _chain_with_extra_state(pool := _extra_pool("marconi", **options), extra_at=32)
+        assert _eviction_order(pool, names)[0] == "m2"
+    with pytest.raises(ValueError, match="marconi: option extra_weight must be a number in"):
+        ev.create_eviction_policy("marconi", {"extra_weight": 2})
