@@ -17,10 +17,9 @@ from sim.config.scenario import Scenario
 from sim.engine.build import build_checkpoint_policy
 from sim.engine.run import RunRecord
 from sim.results.metrics import MambaPlacementLimits, add_ideal_hit_rate, run_summary
-from sim.results.sessions import session_table, sessions_summary, turn_table
 from sim.trace.bundle import LoadedResult
 from sim.trace.recorder import Recorder
-from sim.trace.tables import columns_from_recorder, frame_from_columns
+from sim.trace.schema import ArrowTables, arrow_tables_from_recorder
 
 #: Statuses whose tables are complete (every other status writes ``partial: true``).
 COMPLETE_STATUSES: tuple[str, ...] = ("complete", "crashed")
@@ -71,12 +70,11 @@ def _crash_detail(recorder: Recorder, crash: dict[str, Any]) -> dict[str, Any]:
 def finalize(record: RunRecord) -> RunResult:
     """The tables and the summary of a finished run (no file is written)."""
     scenario = record.scenario
-    # The summary reads the tables' column arrays, not the frames (the same values, without pandas'
-    # per-column Series).
-    columns = columns_from_recorder(record.recorder)
-    tables = {name: frame_from_columns(table) for name, table in columns.items()}
+    # Arrow tables of the declared schemas; the summary reads their columns, pandas sees them only on
+    # access (RunResult.tables).
+    tables = ArrowTables(arrow_tables_from_recorder(record.recorder))
     summary = run_summary(
-        columns,
+        tables.arrow,
         group_kinds=record.group_kinds,
         slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
         slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,
@@ -108,6 +106,8 @@ def finalize(record: RunRecord) -> RunResult:
         summary["connector_metrics"] = record.connector_metrics
     session_tables: dict[str, Any] = {}
     if scenario.workload.sessions is not None:
+        from sim.results.sessions import session_table, sessions_summary, turn_table
+
         turns = turn_table(record.requests, tables, record.think_used)
         session_tables = {"turns": turns, "sessions": session_table(turns)}
         summary["sessions"] = sessions_summary(scenario.workload.sessions.mode, turns, session_tables["sessions"])

@@ -42,15 +42,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence, TypeAlias
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from sim.trace.bundle import ResultSource, tables_of
-from sim.trace.tables import ColumnArray, infer_num_groups
+from sim.trace.bundle import LoadedResult, ResultSource, tables_of
+from sim.trace.schema import ArrowTables, infer_num_groups, numpy_of, string_array
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from sim.core.policy.checkpoint import BaseCheckpointPolicy
 
-#: One table's columns as arrays, by name in table order (:func:`sim.trace.tables.normalized_columns`).
+#: One column as the metrics read it: a NumPy array (numbers), or an Arrow or pandas string array.
+ColumnArray: TypeAlias = "np.ndarray | pa.Array | pa.ChunkedArray | pd.api.extensions.ExtensionArray"
+#: One table's columns as arrays, by name in table order.
 TableColumns: TypeAlias = Mapping[str, ColumnArray]
 
 #: ``requests.outcome`` values of a request that ran to completion.
@@ -67,6 +72,8 @@ def request_metrics(requests: pd.DataFrame) -> pd.DataFrame:
     out_tokens = requests["output_tokens"]
     decode_gaps = (out_tokens - 1).where(out_tokens > 1)
     finished = requests["finished_s"].notna() & requests["outcome"].isin(FINISHED_OUTCOMES)
+    import pandas as pd
+
     return pd.DataFrame(
         {
             "request_id": requests["request_id"],
@@ -104,6 +111,8 @@ class _FrameColumns(Mapping[str, ColumnArray]):
         self.frame = frame
 
     def __getitem__(self, name: str) -> ColumnArray:
+        import pandas as pd
+
         column = self.frame[name]
         return column.array if isinstance(column.dtype, pd.api.extensions.ExtensionDtype) else column.to_numpy()
 
@@ -114,23 +123,71 @@ class _FrameColumns(Mapping[str, ColumnArray]):
         return len(self.frame.columns)
 
 
+class _ArrowColumns(Mapping[str, ColumnArray]):
+    """An Arrow table's columns as arrays: numbers as NumPy arrays (a null float is NaN), strings as they are."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def __getitem__(self, name: str) -> ColumnArray:
+        column = self.table.column(name)
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            return column
+        return numpy_of(column)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table.column_names)
+
+    def __len__(self) -> int:
+        return self.table.num_columns
+
+
 def _num_rows(table: TableColumns) -> int:
     if isinstance(table, _FrameColumns):
         return len(table.frame)
+    if isinstance(table, _ArrowColumns):
+        return table.table.num_rows
     return len(next(iter(table.values()))) if table else 0
 
 
-def _columns_of(tables: ResultSource | Mapping[str, TableColumns]) -> Mapping[str, TableColumns]:
-    """Every table of ``tables`` as :data:`TableColumns` (a mapping of tables of arrays is taken as is)."""
-    if isinstance(tables, Mapping) and tables and not any(isinstance(t, pd.DataFrame) for t in tables.values()):
-        return tables
+def _columns_of(
+    tables: ResultSource | Mapping[str, TableColumns] | Mapping[str, pa.Table],
+) -> Mapping[str, TableColumns]:
+    """Every table of ``tables`` as :data:`TableColumns`: a run's Arrow tables are read as they are (no
+    pandas), a mapping of tables of arrays is taken as is, DataFrames are read column by column."""
+    source = tables.tables if isinstance(tables, LoadedResult) else tables
+    if isinstance(source, ArrowTables):
+        source = source.arrow
+    if isinstance(source, Mapping) and source and all(isinstance(t, pa.Table) for t in source.values()):
+        return {name: _ArrowColumns(table) for name, table in source.items()}
+    if isinstance(source, Mapping) and source and all(isinstance(t, Mapping) for t in source.values()):
+        return source
     return {name: _FrameColumns(frame) for name, frame in tables_of(tables).items()}  # type: ignore[arg-type]
 
 
 def _coded(values: ColumnArray) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes, uniques)`` of a column, to count many subsets of it without filtering frames; NA is code -1."""
-    codes, uniques = pd.factorize(values)
-    return codes, np.asarray(uniques, dtype=object)
+    """``(codes, uniques)`` of a string column, to count many subsets of it without filtering tables: the
+    values numbered in order of first appearance, as ``pandas.factorize`` numbers them; NA is code -1."""
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        array = values
+    elif isinstance(values, np.ndarray) or type(values).__module__.startswith("pandas"):
+        array = pa.array(values)  # a DataFrame's column: pandas is loaded already
+    else:
+        array = string_array(values)
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    encoded = pc.dictionary_encode(array)
+    raw = numpy_of(encoded.indices)  # int32; with NA, float with NaN
+    codes = (np.where(np.isnan(raw), -1, raw) if encoded.indices.null_count else raw).astype(np.int64)
+    uniques = np.empty(len(encoded.dictionary), dtype=object)
+    uniques[:] = encoded.dictionary.to_pylist()
+    return codes, uniques
+
+
+def _equal_to(values: ColumnArray, text: str) -> np.ndarray:
+    """Rows of a string column equal to ``text`` (NA is not)."""
+    codes, uniques = _coded(values)
+    return _coded_in(codes, uniques, frozenset({text}))
 
 
 def _coded_counts(codes: np.ndarray, uniques: np.ndarray, mask: np.ndarray) -> dict[str, int]:
@@ -148,7 +205,7 @@ def _coded_in(codes: np.ndarray, uniques: np.ndarray, members: frozenset[str]) -
 
 def _admitted_mask(admissions: TableColumns) -> np.ndarray:
     """Rows whose outcome admitted the request."""
-    return np.asarray(admissions["outcome"] != NOT_ADMITTED, dtype=bool)
+    return ~_equal_to(admissions["outcome"], NOT_ADMITTED)
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -158,7 +215,7 @@ def _ratio(num: float, den: float) -> float | None:
 def _first_rows(admissions: TableColumns, admitted: np.ndarray) -> np.ndarray:
     """Positions of each request's first admitted row, in table order (``admitted``: :func:`_admitted_mask`)."""
     rows = np.flatnonzero(admitted)
-    codes, _ = pd.factorize(admissions["request_id"])
+    codes, _ = _coded(admissions["request_id"])
     # The first position of every request id among the admitted rows (NA ids, code -1, count as one id).
     _, first = np.unique(codes[rows], return_index=True)
     return rows[np.sort(first)]
@@ -363,7 +420,7 @@ def _admission_section(adm: TableColumns, admitted: np.ndarray, group_kinds: Seq
 
 def _eviction_section(kv: TableColumns, num_groups: int) -> dict[str, Any]:
     # Column by column: filtering the whole (large) kv_events frame would copy every column.
-    removed = np.asarray(kv["kind"] == "removed", dtype=bool)
+    removed = _equal_to(kv["kind"], "removed")
     groups = np.asarray(kv["group"])
     causes, cause_values = _coded(kv["cause"])
     by_group = {}
@@ -414,8 +471,9 @@ def add_ideal_hit_rate(
 
     ordered = sorted(requests, key=lambda r: r.arrival_time)
     ideal = int(sum(ideal_hit_tokens(ordered, block_size)))
-    first = first_admissions(tables_of(tables)["admissions"])
-    reused = int(first["local_tokens"].sum() + first["external_tokens"].sum())
+    adm = _columns_of(tables)["admissions"]
+    first = _first_rows(adm, _admitted_mask(adm))
+    reused = int(np.asarray(adm["local_tokens"])[first].sum() + np.asarray(adm["external_tokens"])[first].sum())
     cache = summary["cache"]
     prompt = float(summary["requests"]["prompt_tokens"])
     cache["ideal_hit_tokens"] = ideal

@@ -32,14 +32,16 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, TypeAlias
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sim.trace.tables import TABLE_NAMES, empty_table, infer_num_groups, normalize_table
+from sim.trace.schema import TABLE_NAMES, ArrowTables, infer_num_groups
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCENARIO_FILE = "scenario.resolved.yaml"
 SUMMARY_FILE = "summary.json"
@@ -73,8 +75,8 @@ def json_safe(value: Any) -> Any:
         return f if math.isfinite(f) else None
     if value is None or isinstance(value, str):
         return value
-    if value is pd.NA:
-        return None
+    if type(value).__name__ == "NAType" and type(value).__module__.startswith("pandas"):
+        return None  # pd.NA (pandas itself is imported only where a table is a DataFrame)
     raise ValueError(f"summary value {value!r} of type {type(value).__name__} is not JSON-able")
 
 
@@ -87,6 +89,9 @@ def dumps_summary(summary: Mapping[str, Any]) -> str:
 
 
 def _arrow_table(df: pd.DataFrame) -> pa.Table:
+    """A normalized DataFrame as an Arrow table of the same declared types (``sim.trace.schema``)."""
+    import pandas as pd
+
     arrays, fields = [], []
     for col in df.columns:
         s = df[col]
@@ -103,11 +108,12 @@ def _arrow_table(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def write_table(df: pd.DataFrame, path: Path, fmt: TablesFormat) -> None:
-    """Write one normalized table; same frame → same bytes."""
+def write_table(table: pa.Table | pd.DataFrame, path: Path, fmt: TablesFormat) -> None:
+    """Write one normalized table (an Arrow table of ``sim.trace.schema``, or a DataFrame); same table,
+    same bytes. Parquet is written by pyarrow as it is; CSV through pandas (the one CSV writer)."""
     if fmt == "parquet":
         pq.write_table(
-            _arrow_table(df),
+            table if isinstance(table, pa.Table) else _arrow_table(table),
             path,
             compression="zstd",
             version="2.6",
@@ -116,13 +122,20 @@ def write_table(df: pd.DataFrame, path: Path, fmt: TablesFormat) -> None:
             store_schema=False,
         )
     elif fmt == "csv":
-        df.to_csv(path, index=False, lineterminator="\n", na_rep="")
+        from sim.trace.tables import frame_from_arrow
+
+        frame = frame_from_arrow(table) if isinstance(table, pa.Table) else table
+        frame.to_csv(path, index=False, lineterminator="\n", na_rep="")
     else:
         raise ValueError(f"tables_format {fmt!r} is not one of {TABLE_FORMATS}")
 
 
 def read_table(name: str, path: Path) -> pd.DataFrame:
     """Read one table file (``.parquet`` or ``.csv``) into the schema of :mod:`sim.trace.tables`."""
+    import pandas as pd
+
+    from sim.trace.tables import normalize_table
+
     if path.suffix == ".parquet":
         mapper = {pa.int64(): pd.Int64Dtype()}.get
         df = pq.read_table(path).to_pandas(types_mapper=mapper)
@@ -162,7 +175,7 @@ def write_result(
     *,
     scenario_yaml: str,
     summary: Mapping[str, Any],
-    tables: Mapping[str, pd.DataFrame],
+    tables: Mapping[str, pd.DataFrame] | ArrowTables,
     tables_format: TablesFormat = "parquet",
     partial: bool = False,
     reason: str | None = None,
@@ -173,7 +186,8 @@ def write_result(
     """Write a result bundle to ``out_dir`` whole (see :mod:`sim.trace.atomic`) and return its path.
 
     ``tables`` maps table names (:data:`~sim.trace.tables.TABLE_NAMES`) to
-    DataFrames; they are normalized before writing. ``summary`` gains the key
+    DataFrames, normalized before writing, or is a run's :class:`~sim.trace.schema.ArrowTables`,
+    written as they are. ``summary`` gains the key
     ``partial``; a caller-given ``partial`` must agree with the argument;
     ``reason`` says why a partial bundle was cut short (it goes into the
     manifest). ``extras(stage_dir)`` writes further files (``crash.json``,
@@ -203,9 +217,14 @@ def write_result(
             if name not in tables:
                 continue
             path = _inside(directory, f"{name}.{tables_format}")
-            frame = normalize_table(name, tables[name])
-            write_table(frame, path, tables_format)
-            stage.record_table(name, path, len(frame))
+            if isinstance(tables, ArrowTables):
+                table: pa.Table | pd.DataFrame = tables.arrow[name]
+            else:
+                from sim.trace.tables import normalize_table
+
+                table = normalize_table(name, tables[name])
+            write_table(table, path, tables_format)
+            stage.record_table(name, path, len(table))
         if extras is not None:
             extras(directory)
         stage.finish()
@@ -225,7 +244,8 @@ class LoadedResult:
     """
 
     summary: dict[str, Any]
-    tables: dict[str, pd.DataFrame]
+    #: The five tables by name (a run's are an :class:`~sim.trace.schema.ArrowTables`: DataFrames on access).
+    tables: Mapping[str, pd.DataFrame]
     scenario_yaml: str = ""
     path: Path | None = None
     group_kinds: list[str] = field(default_factory=list)
@@ -273,6 +293,8 @@ class LoadedResult:
         scenario_yaml: str = "",
     ) -> "LoadedResult":
         """Wrap in-memory tables (e.g. from :func:`~sim.trace.tables.tables_from_recorder`)."""
+        from sim.trace.tables import empty_table, normalize_table
+
         summary = dict(summary or {})
         kinds = list(group_kinds if group_kinds is not None else summary.get("groups") or [])
         present = {n: normalize_table(n, t) for n, t in tables.items()}
@@ -343,6 +365,8 @@ def write_session_tables(tables: Mapping[str, pd.DataFrame], stage: Path, fmt: T
 
 
 def _read_session_tables(folder: Path) -> dict[str, pd.DataFrame]:
+    import pandas as pd
+
     out: dict[str, pd.DataFrame] = {}
     for name in SESSION_TABLE_NAMES if folder.is_dir() else ():
         file = find_table_file(folder, name)
@@ -356,11 +380,13 @@ def _read_session_tables(folder: Path) -> dict[str, pd.DataFrame]:
 
 
 #: What the metrics and plots read: a result (run or loaded back) or a plain mapping of tables.
-ResultSource = LoadedResult | Mapping[str, pd.DataFrame]
+ResultSource: TypeAlias = "LoadedResult | Mapping[str, pd.DataFrame]"
 
 
 def tables_of(source: ResultSource) -> dict[str, pd.DataFrame]:
     """Every contract table of ``source``; a table it lacks is empty with the contract columns."""
+    from sim.trace.tables import empty_table
+
     if isinstance(source, LoadedResult):
         tables: Mapping[str, pd.DataFrame] = source.tables
     elif isinstance(source, Mapping):

@@ -354,19 +354,20 @@ def _float_bits(value):
 @pytest.mark.parametrize("scenario", ["golden-pressure.yaml", "repro/nixl-mamba-deeper.yaml"])
 @pytest.mark.parametrize("slo", [(None, None), (0.05, 0.01)])
 def test_summary_from_column_arrays_equals_summary_from_frames(scenario, slo):
-    """``finalize`` summarizes the tables' column arrays; the frames give the same dict, every float
+    """``finalize`` summarizes the Arrow tables' columns; the frames give the same dict, every float
     bit for bit and every key in the same order."""
     from pathlib import Path
 
     from sim.api import RunOptions
     from sim.config import load_scenario
     from sim.engine.run import build_run
-    from sim.trace.tables import columns_from_recorder, tables_from_recorder
+    from sim.trace.schema import arrow_tables_from_recorder
+    from sim.trace.tables import tables_from_recorder
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / scenario
     record = build_run(load_scenario(path, ["outputs.plots=false"]), RunOptions()).execute()
     kwargs = dict(group_kinds=record.group_kinds, slo_ttft_s=slo[0], slo_tpot_s=slo[1], crash=record.crash)
-    from_arrays = run_summary(columns_from_recorder(record.recorder), **kwargs)
+    from_arrays = run_summary(arrow_tables_from_recorder(record.recorder), **kwargs)
     from_frames = run_summary(tables_from_recorder(record.recorder), **kwargs)
     assert json.dumps(_float_bits(from_arrays)) == json.dumps(_float_bits(from_frames))
     assert from_arrays["requests"]["total"] > 0 and from_arrays["admissions"]["attempts"] > 0

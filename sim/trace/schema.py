@@ -1,0 +1,461 @@
+"""The DESIGN.md §6 result tables as Arrow tables, one declared schema per table (no pandas).
+
+A run's tables go from the :class:`~sim.trace.recorder.Recorder`'s columns
+straight to ``pyarrow.Table.from_pydict(columns, schema=...)``; the bundle
+writer stores them as they are, and :class:`ArrowTables` shows them to pandas
+users as DataFrames on first access (:mod:`sim.trace.tables` converts). A table
+leaving this module has:
+
+* the contract columns of DESIGN.md §6 in their order (the per-group columns
+  ``hit_g<i>`` / ``blocks_g<i>`` / ``cached_g<i>`` for ``i = 0..N-1`` in place),
+  then extension columns in the order they were recorded;
+* one declared Arrow type per column (:func:`arrow_schema`): ``int64``,
+  ``double`` (a missing time is null), ``bool`` or ``string`` (a missing string
+  is ``""``, never null); an extension column the schema does not know gets
+  the type :func:`_extension_type` infers from its values, by the rules the
+  pandas reader (:mod:`sim.trace.tables`) applies to a file's column;
+* a deterministic row order (:data:`SORT_KEYS`, a stable sort): ``kv_events`` by
+  ``seq``; ``admissions`` and ``schedule`` by ``step`` then recording order;
+  ``requests`` by ``arrival_s`` then ``request_id``; ``steps`` by ``step``.
+
+Block hashes are 64-bit unsigned ints, stored as 16-character lower-case,
+zero-padded hex strings (``""`` when an event has no hash): exact in Parquet
+and CSV alike and greppable in a CSV diff. :func:`hash_to_hex` /
+:func:`hex_to_hash` convert.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from sim.trace.recorder import (
+    Columns,
+    KVEventTable,
+    Recorder,
+    admission_columns,
+    kv_event_columns,
+    request_columns,
+    schedule_columns,
+    step_columns,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TABLE_NAMES: tuple[str, ...] = ("kv_events", "admissions", "requests", "schedule", "steps")
+
+#: Dtype name of the 64-bit block-hash column (a ``str`` column of 16 hex digits).
+HASH_DTYPE = "hex64"
+
+_INT, _NINT, _FLOAT, _BOOL, _STR = "int64", "Int64", "float64", "bool", "str"
+
+_FIXED_DTYPES: dict[str, dict[str, str]] = {
+    "kv_events": {
+        "seq": _INT,
+        "step": _INT,
+        "time_s": _FLOAT,
+        "kind": _STR,
+        "group": _INT,
+        "block_id": _INT,
+        "block_hash": HASH_DTYPE,
+        "request_id": _STR,
+        "cause": _STR,
+    },
+    "admissions": {
+        "step": _INT,
+        "time_s": _FLOAT,
+        "request_id": _STR,
+        "prompt_tokens": _INT,
+        "local_tokens": _INT,
+        "external_tokens": _INT,
+        "hit_diverged": _BOOL,
+        "fallback": _BOOL,
+        "policy": _STR,
+        "outcome": _STR,
+        "crash_reason": _STR,
+        "kind": _STR,
+        "reason": _STR,
+        "num_computed_tokens": _INT,
+        "tokens_lost": _INT,
+        "taint_origin": _STR,
+        "lookup_seq": _INT,
+        "claimed_boundary": _INT,
+        "connector_asked_at": _INT,
+        "connector_answer": _INT,
+    },
+    "requests": {
+        "request_id": _STR,
+        "arrival_s": _FLOAT,
+        "first_scheduled_s": _FLOAT,
+        "first_token_s": _FLOAT,
+        "finished_s": _FLOAT,
+        "prompt_tokens": _INT,
+        "output_tokens": _INT,
+        "local_hit_tokens": _INT,
+        "external_hit_tokens": _INT,
+        "preemptions": _INT,
+        "outcome": _STR,
+    },
+    "schedule": {
+        "step": _INT,
+        "request_id": _STR,
+        "kind": _STR,
+        "num_scheduled_tokens": _INT,
+        "num_computed_tokens": _INT,
+        "preempted": _BOOL,
+    },
+    "steps": {
+        "step": _INT,
+        "time_s": _FLOAT,
+        "duration_s": _FLOAT,
+        "running": _INT,
+        "waiting": _INT,
+        "prefill_tokens": _INT,
+        "decode_tokens": _INT,
+        "free_blocks": _INT,
+    },
+}
+
+_PER_GROUP = {
+    "admissions": ("hit_g",),
+    "steps": ("blocks_g", "cached_g"),
+}
+
+#: Columns each table is sorted by (stable sort, so ties keep recording order).
+SORT_KEYS: dict[str, tuple[str, ...]] = {
+    "kv_events": ("seq",),
+    "admissions": ("step",),
+    "requests": ("arrival_s", "request_id"),
+    "schedule": ("step",),
+    "steps": ("step",),
+}
+
+#: The Arrow type each schema dtype is stored as (a bundle's Parquet column type).
+ARROW_TYPES: dict[str, pa.DataType] = {
+    _INT: pa.int64(),
+    _NINT: pa.int64(),
+    _FLOAT: pa.float64(),
+    _BOOL: pa.bool_(),
+    _STR: pa.string(),
+    HASH_DTYPE: pa.string(),
+}
+
+_HEX64 = re.compile(r"^[0-9a-f]{16}$")
+_GROUP_COL = re.compile(r"^(hit_g|blocks_g|cached_g)(\d+)$")
+
+
+def hash_to_hex(block_hash: int | None) -> str:
+    """A 64-bit unsigned block hash as 16 lower-case hex digits (``""`` for none)."""
+    if block_hash is None:
+        return ""
+    h = int(block_hash)
+    if not 0 <= h < 1 << 64:
+        raise ValueError(f"block_hash {block_hash!r} is not a 64-bit unsigned int")
+    return format(h, "016x")
+
+
+def hex_to_hash(text: str) -> int | None:
+    """Inverse of :func:`hash_to_hex`."""
+    if text == "":
+        return None
+    if not _HEX64.match(text):
+        raise ValueError(f"block_hash {text!r} is not 16 lower-case hex digits")
+    return int(text, 16)
+
+
+def check_table(table: str) -> None:
+    if table not in TABLE_NAMES:
+        raise ValueError(f"unknown table {table!r}; valid tables: {', '.join(TABLE_NAMES)}")
+
+
+def column_dtype(table: str, column: str) -> str | None:
+    """The schema dtype of a contract or known extension column, ``None`` if unknown."""
+    check_table(table)
+    fixed = _FIXED_DTYPES[table].get(column)
+    if fixed is not None:
+        return fixed
+    m = _GROUP_COL.match(column)
+    if m and m.group(1) in _PER_GROUP.get(table, ()):
+        return _INT
+    return None
+
+
+def contract_columns(table: str, num_groups: int) -> list[str]:
+    """Column order of a table as the recorder defines it (DESIGN.md §6 + known extensions)."""
+    check_table(table)
+    return {
+        "kv_events": kv_event_columns,
+        "admissions": lambda: admission_columns(num_groups),
+        "requests": request_columns,
+        "schedule": schedule_columns,
+        "steps": lambda: step_columns(num_groups),
+    }[table]()
+
+
+def infer_num_groups(columns: Iterable[str]) -> int:
+    """Number of KV-cache groups implied by per-group column names (0 if none)."""
+    indices = [int(m.group(2)) for c in columns if (m := _GROUP_COL.match(c))]
+    return max(indices) + 1 if indices else 0
+
+
+def arrow_schema(table: str, dtypes: Mapping[str, str]) -> pa.Schema:
+    """The declared schema of ``table`` with these columns (name -> schema dtype), every field nullable."""
+    check_table(table)
+    return pa.schema([pa.field(name, ARROW_TYPES[dtype], nullable=True) for name, dtype in dtypes.items()])
+
+
+# ---------------------------------------------------------------- recorder -> Arrow
+
+
+def _is_missing(v: object) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def _extension_type(values: Sequence[object]) -> str:
+    """The schema dtype of a recorded extension column, from its Python values: the rules the pandas
+    reader infers a file's unknown column by (``sim.trace.tables._infer_dtype``)."""
+    present = [v for v in values if not _is_missing(v) and v != ""]
+    if not present:
+        return _STR
+    if all(isinstance(v, (bool, np.bool_)) for v in present):
+        return _BOOL if len(present) == len(values) else _STR
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present):
+        return _INT if len(present) == len(values) else _NINT
+    if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in present):
+        return _FLOAT
+    return _STR
+
+
+# pyarrow's ``pa.array`` and ``Array.to_numpy`` import pandas whenever it is installed (to check for pandas
+# input and output), so the columns are moved between NumPy and Arrow through their buffers instead:
+# the run's path never imports pandas (docs/speed.md).
+
+#: Byte ``b`` -> its two lower-case hex digits as one little-endian uint16 (ASCII), for :func:`_hex_column`.
+_HEX_PAIRS = np.array([int.from_bytes(format(b, "02x").encode("ascii"), "little") for b in range(256)], np.uint16)
+
+_NUMPY_OF_ARROW: dict[pa.DataType, np.dtype] = {
+    pa.int64(): np.dtype(np.int64),
+    pa.int32(): np.dtype(np.int32),
+    pa.uint64(): np.dtype(np.uint64),
+    pa.float64(): np.dtype(np.float64),
+}
+
+
+def _bitmap(mask: np.ndarray | None) -> pa.Buffer | None:
+    """An Arrow validity (or boolean) bitmap of a bool mask (``None`` stays ``None``: all valid)."""
+    return None if mask is None else pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
+def from_numpy(values: np.ndarray, typ: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
+    """A 1-D NumPy array (int64, float64 or bool) as an Arrow array of ``typ``; ``valid`` marks non-null rows."""
+    if valid is not None and valid.all():
+        valid = None
+    data = _bitmap(values) if typ == pa.bool_() else pa.py_buffer(np.ascontiguousarray(values))
+    return pa.Array.from_buffers(typ, len(values), [_bitmap(valid), data])
+
+
+def numpy_of(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An int, float or bool Arrow column as a NumPy array (a null float as NaN; an int column with
+    nulls as float64 with NaN, as pandas reads it)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n, offset = len(array), array.offset
+    validity, data = array.buffers()[:2]
+    if array.type == pa.bool_():
+        bits = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        values = np.unpackbits(bits, bitorder="little", count=offset + n)[offset:].astype(bool)
+    else:
+        dtype = _NUMPY_OF_ARROW[array.type]
+        values = np.frombuffer(data, dtype=dtype, count=n, offset=offset * dtype.itemsize) if n else np.zeros(0, dtype)
+    if array.null_count:
+        bits = np.frombuffer(validity, np.uint8)
+        valid = np.unpackbits(bits, bitorder="little", count=offset + n)[offset:].astype(bool)
+        values = np.where(valid, values, np.nan)
+    return values
+
+
+def string_array(values: Sequence[str]) -> pa.StringArray:
+    """Python strs (or str subclasses, taken as their text) as an Arrow string array, through its buffers."""
+    text = "".join(values)
+    data = text.encode("utf-8")
+    if len(data) == len(text):  # ASCII: a value's bytes are its characters
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    else:
+        lengths = np.fromiter((len(v.encode("utf-8")) for v in values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError("a string column of 2 GiB or more")
+    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
+
+
+def _hex_column(values: Sequence[int | None]) -> pa.Array:
+    """64-bit hashes (ints, None for none) as 16-digit hex strings (``""`` for none), in one vectorized
+    pass: the big-endian bytes through a byte -> two-digit table. A value outside ``[0, 2**64)`` raises."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    words = np.fromiter((v for v in values if v is not None), dtype=np.uint64, count=int(valid.sum()))
+    text = _HEX_PAIRS[words.astype(">u8").view(np.uint8)]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.where(valid, 16, 0), out=offsets[1:])
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
+
+
+def _numbers(values: Sequence[object] | np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """An int, float or bool column as a NumPy array and its validity (``None``: every row valid)."""
+    if isinstance(values, np.ndarray):
+        array = values.astype(_NUMPY_DTYPES[dtype], copy=False)
+    elif dtype == _FLOAT:
+        array = np.array(values, dtype=np.float64)  # None gives NaN
+    elif dtype == _BOOL:
+        if not all(type(v) is bool or isinstance(v, np.bool_) for v in values):
+            raise ValueError(
+                f"expected booleans, got {next(v for v in values if not isinstance(v, (bool, np.bool_)))!r}"
+            )
+        array = np.array(values, dtype=bool)
+    elif dtype == _NINT and any(v is None for v in values):
+        valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        return np.array([0 if v is None else v for v in values], dtype=np.int64), valid
+    else:
+        if any(isinstance(v, float) or v is None for v in values):
+            raise ValueError("missing value in a column that is always set")
+        array = np.array(values, dtype=np.int64) if len(values) else np.zeros(0, np.int64)
+    if dtype == _FLOAT:
+        nan = np.isnan(array)
+        return array, (~nan if nan.any() else None)
+    return array, None
+
+
+_NUMPY_DTYPES: dict[str, np.dtype] = {
+    _INT: np.dtype(np.int64),
+    _NINT: np.dtype(np.int64),
+    _FLOAT: np.dtype(np.float64),
+    _BOOL: np.dtype(bool),
+}
+
+
+def _arrow_column(values: Sequence[object] | np.ndarray, dtype: str) -> pa.Array:
+    """One recorded column as an Arrow array of its schema dtype (a bad value raises)."""
+    if dtype == HASH_DTYPE:
+        return _hex_column(values)  # type: ignore[arg-type]
+    if dtype == _STR:
+        if not all(isinstance(v, str) for v in values):
+            values = ["" if _is_missing(v) else str(v) for v in values]
+        return string_array(values)  # type: ignore[arg-type]
+    array, valid = _numbers(values, dtype)
+    return from_numpy(array, ARROW_TYPES[dtype], valid)
+
+
+def arrow_table(table: str, columns: Mapping[str, Sequence[object] | np.ndarray]) -> pa.Table:
+    """Recorded columns (lists, or 1-D NumPy arrays) as ``table``'s Arrow table: the declared schema,
+    the contract column order then the extensions, the :data:`SORT_KEYS` row order."""
+    check_table(table)
+    names = list(columns)
+    order = contract_columns(table, infer_num_groups(names))
+    missing = [c for c in order if c not in columns]
+    if missing:
+        raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
+    order += [c for c in names if c not in order]
+    dtypes = {name: column_dtype(table, name) or _extension_type(columns[name]) for name in order}
+    arrays = []
+    for name, dtype in dtypes.items():
+        try:
+            arrays.append(_arrow_column(columns[name], dtype))
+        except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
+            raise ValueError(f"{table}.{name}: {exc}") from None
+    result = pa.Table.from_arrays(arrays, schema=arrow_schema(table, dtypes))
+    return sort_table(table, result)
+
+
+def sort_table(table: str, data: pa.Table) -> pa.Table:
+    """``data`` in ``table``'s row order: a stable sort by :data:`SORT_KEYS` (NaN and nulls last, ties in
+    recording order), skipped when a single key is already non-decreasing."""
+    keys = SORT_KEYS[table]
+    if data.num_rows < 2:
+        return data
+    ranks = []
+    for key in reversed(keys):
+        column = data.column(key)
+        if pa.types.is_string(column.type):
+            values = column.to_pylist()
+            order = sorted(set(values))
+            rank = {v: i for i, v in enumerate(order)}
+            ranks.append(np.fromiter((rank[v] for v in values), dtype=np.int64, count=len(values)))
+        else:
+            numbers = numpy_of(column)
+            if numbers.dtype.kind == "f":
+                # NaN last, -0.0 equal to 0.0, as a stable sort in pandas has them.
+                ranks.append(np.where(np.isnan(numbers), np.inf, numbers))
+                ranks.append(np.isnan(numbers))
+            else:
+                ranks.append(numbers)
+    if len(ranks) == 1 and bool((ranks[0][1:] >= ranks[0][:-1]).all()):
+        return data
+    perm = np.lexsort(ranks)
+    return data.take(from_numpy(perm.astype(np.int64), pa.int64()))
+
+
+def _kv_event_columns(events: KVEventTable) -> dict[str, Sequence[object] | np.ndarray]:
+    """The ``kv_events`` columns: ``seq`` and the clock stamps expanded from the runs with NumPy
+    (``np.arange`` / ``np.repeat``: a run holds the values its rows do), the event fields as recorded."""
+    lengths = np.asarray(events.run_lengths, dtype=np.int64)
+    return {
+        "seq": np.arange(len(events), dtype=np.int64),
+        "step": np.repeat(np.asarray(events.run_steps, dtype=np.int64), lengths),
+        "time_s": np.repeat(np.asarray(events.run_times, dtype=np.float64), lengths),
+        "kind": events.kind,
+        "group": events.group,
+        "block_id": events.block_id,
+        "block_hash": events.block_hash,
+        "request_id": events.request_id,
+        "cause": events.cause,
+    }
+
+
+def table_from_recorded(table: str, columns: Columns | KVEventTable) -> pa.Table:
+    """One recorder table as its Arrow table."""
+    if isinstance(columns, KVEventTable):
+        return arrow_table(table, _kv_event_columns(columns))
+    return arrow_table(table, {name: columns.data[name] for name in columns.names})
+
+
+def arrow_tables_from_recorder(recorder: Recorder) -> dict[str, pa.Table]:
+    """All five tables of a run as Arrow tables, keyed by :data:`TABLE_NAMES` (in that order)."""
+    recorded: dict[str, Columns | KVEventTable] = {
+        "kv_events": recorder.kv_events,
+        "admissions": recorder.admissions,
+        "requests": recorder.requests,
+        "schedule": recorder.schedule,
+        "steps": recorder.steps,
+    }
+    return {name: table_from_recorded(name, recorded[name]) for name in TABLE_NAMES}
+
+
+class ArrowTables(Mapping[str, "pd.DataFrame"]):
+    """A run's Arrow tables, seen as pandas DataFrames: each is converted on first access and kept
+    (:func:`sim.trace.tables.frame_from_arrow`), so a run that only writes its bundle never imports pandas.
+    :attr:`arrow` holds the tables themselves."""
+
+    def __init__(self, arrow: Mapping[str, pa.Table]) -> None:
+        self.arrow = dict(arrow)
+        self._frames: dict[str, pd.DataFrame] = {}
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        frame = self._frames.get(name)
+        if frame is None:
+            from sim.trace.tables import frame_from_arrow
+
+            frame = self._frames[name] = frame_from_arrow(self.arrow[name])
+        return frame
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.arrow
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.arrow)
+
+    def __len__(self) -> int:
+        return len(self.arrow)
