@@ -215,7 +215,7 @@ def _is_missing(v: object) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def _extension_type(values: Sequence[object]) -> str:
+def _extension_type(values: Sequence[object] | np.ndarray) -> str:
     """The schema dtype of a recorded extension column, from its Python values: the rules the pandas
     reader infers a file's unknown column by (``sim.trace.tables._infer_dtype``)."""
     present = [v for v in values if not _is_missing(v) and v != ""]

@@ -21,7 +21,7 @@ The mapping (hybridsim's names to the trace's; docs/design.md §6 semantics unch
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -57,7 +57,7 @@ def _rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return frame.to_dict("records") if len(frame) else []
 
 
-def decision_trace(tables: dict[str, pd.DataFrame], summary: dict[str, Any]) -> DecisionTrace:
+def decision_trace(tables: Mapping[str, pd.DataFrame], summary: dict[str, Any]) -> DecisionTrace:
     """The decision trace of one hybridsim run (its tables and summary)."""
     steps: dict[int, StepTrace] = {}
 
