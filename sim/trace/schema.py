@@ -1,4 +1,4 @@
-"""The DESIGN.md §6 result tables as Arrow tables, one declared schema per table (no pandas).
+"""The docs/design.md §6 result tables as Arrow tables, one declared schema per table (no pandas).
 
 A run's tables go from the :class:`~sim.trace.recorder.Recorder`'s columns
 straight to ``pyarrow.Table.from_pydict(columns, schema=...)``; the bundle
@@ -6,7 +6,7 @@ writer stores them as they are, and :class:`ArrowTables` shows them to pandas
 users as DataFrames on first access (:mod:`sim.trace.tables` converts). A table
 leaving this module has:
 
-* the contract columns of DESIGN.md §6 in their order (the per-group columns
+* the contract columns of docs/design.md §6 in their order (the per-group columns
   ``hit_g<i>`` / ``blocks_g<i>`` / ``cached_g<i>`` for ``i = 0..N-1`` in place),
   then extension columns in the order they were recorded;
 * one declared Arrow type per column (:func:`arrow_schema`): ``int64``,
@@ -185,7 +185,7 @@ def column_dtype(table: str, column: str) -> str | None:
 
 
 def contract_columns(table: str, num_groups: int) -> list[str]:
-    """Column order of a table as the recorder defines it (DESIGN.md §6 + known extensions)."""
+    """Column order of a table as the recorder defines it (docs/design.md §6 + known extensions)."""
     check_table(table)
     return {
         "kv_events": kv_event_columns,

@@ -1,4 +1,4 @@
-"""The DESIGN.md §6 result tables as pandas DataFrames: the notebook and file-reading side of
+"""The docs/design.md §6 result tables as pandas DataFrames: the notebook and file-reading side of
 :mod:`sim.trace.schema`.
 
 A run's tables are Arrow tables with one declared schema each (:mod:`sim.trace.schema`, no pandas);
