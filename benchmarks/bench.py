@@ -96,11 +96,13 @@ def work_vllm(path: str, repeat: int, check: bool) -> dict:
     from sim.verify import vllm_side
 
     if not vllm_side.vllm_available():
-        return {"missing": "vLLM 0.33 is not importable (install it with `make vllm-env`)"}
+        return {"missing": "vLLM is not importable (install it with `make vllm-env`)"}
     from sim.config import load_scenario
     from sim.verify.lower import lower
 
-    script = lower(load_scenario(path))
+    # The scenario as one for the installed release (its decisions do not depend on it at default knobs).
+    scenario = load_scenario(path, [f"vllm_version={vllm_side.installed_release()}"])
+    script = lower(scenario)
     best: tuple[float, float] | None = None
     for _ in range(repeat):
         start, cpu = time.perf_counter(), time.process_time()
@@ -110,9 +112,9 @@ def work_vllm(path: str, repeat: int, check: bool) -> dict:
     assert best is not None
     out = {"cpu_s": best[0], "wall_s": best[1], "steps": int(trace["num_steps"]), "peak_rss_mb": _peak_rss_mb()}
     if check:
-        from sim.verify.run import verify_file
+        from sim.verify.run import verify_scenario
 
-        verdict = verify_file(path)
+        verdict = verify_scenario(scenario)
         out["decisions"] = verdict.label
         if verdict.difference is not None:
             out["first_difference"] = str(verdict.difference)

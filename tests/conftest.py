@@ -6,9 +6,11 @@ The suite runs the interpreted core even where a compiled build exists
 classes refuse. The compiled build is held to the interpreted one by
 ``tests/native/test_native_differential.py``, in subprocesses of its own.
 
-Tests that need the real vLLM take the ``vllm`` fixture: without an importable
-vLLM 0.33 they are skipped, unless ``HYBRIDSIM_REQUIRE_VLLM=1`` (CI after
-``make vllm-env``), in which case they fail.
+Tests that need the real vLLM take the ``vllm`` fixture, the installed release
+(``"0.33"`` or ``"0.34"``): without an importable vLLM they are skipped, unless
+``HYBRIDSIM_REQUIRE_VLLM=1`` (CI after ``make vllm-env``), in which case they
+fail. Every such test is also marked ``vllm``, so that CI can run just them
+again against the other release (``pytest -m vllm``, .ci/run).
 """
 
 from __future__ import annotations
@@ -21,15 +23,23 @@ os.environ.setdefault("HYBRIDSIM_NATIVE", "0")
 
 
 @pytest.fixture(scope="session")
-def vllm() -> None:
+def vllm() -> str:
+    """The installed vLLM's release (skip, or fail under ``HYBRIDSIM_REQUIRE_VLLM=1``, without one)."""
     from sim.verify import vllm_side
 
     try:
-        vllm_side._load_vllm()
+        return vllm_side.installed_release()
     except vllm_side.VllmMissing as exc:
         if os.environ.get("HYBRIDSIM_REQUIRE_VLLM") == "1":
             pytest.fail(f"HYBRIDSIM_REQUIRE_VLLM=1 but vLLM is not importable: {exc}")
-        pytest.skip(f"vLLM 0.33 not installed ({exc}); `make vllm-env` installs it")
+        pytest.skip(f"vLLM not installed ({exc}); `make vllm-env` installs it")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that takes the ``vllm`` fixture ``vllm`` (the differential tests CI reruns per release)."""
+    for item in items:
+        if "vllm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.vllm)
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ from sim.config.presets import (
     kv_memory_budget,
     model_preset,
 )
+from sim.config.vllm_versions import DEFAULT_BLOCK_SIZE, NEWEST, VllmVersion, normalize
 from sim.config.yamlio import ScenarioError, did_you_mean, load_yaml_file
 from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
 from sim.workload.spec import WorkloadSpec
@@ -486,6 +487,8 @@ class Scenario(_Strict):
     name: str = Field(min_length=1)
     seed: Annotated[int, Field(ge=0, lt=2**63, strict=True)] = 0
     clock: Literal["steps", "time"] = "steps"
+    #: The vLLM release whose semantics the run mirrors (sim.config.vllm_versions); YAML ``0.34`` reads as "0.34".
+    vllm_version: Annotated[VllmVersion, BeforeValidator(normalize)] = NEWEST
     model: ModelSection | None = None
     hardware: HardwareSection | None = None
     cache: CacheSection = Field(default_factory=CacheSection)
@@ -511,6 +514,17 @@ class Scenario(_Strict):
                 "at most 128 characters)"
             )
         return name
+
+    @model_validator(mode="before")
+    @classmethod
+    def _version_block_size(cls, data: Any) -> Any:
+        """``cache.block_size: null`` is vLLM's default block size of the scenario's release (16, or 64 from 0.34)."""
+        if isinstance(data, dict) and isinstance(data.get("cache"), dict) and "block_size" in data["cache"]:
+            if data["cache"]["block_size"] is None:
+                version = normalize(data.get("vllm_version", NEWEST))
+                if version in DEFAULT_BLOCK_SIZE:
+                    data = {**data, "cache": {**data["cache"], "block_size": DEFAULT_BLOCK_SIZE[version]}}
+        return data
 
     @model_validator(mode="after")
     def _resolve(self) -> "Scenario":

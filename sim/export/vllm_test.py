@@ -4,7 +4,7 @@ Generated code is data plus fixed code. The written file has three parts:
 
 1. a fixed comment header (how to run it; where to read what it asserts);
 2. :mod:`sim.verify.vllm_side`, verbatim (read with :func:`inspect.getsource`):
-   the harness ``hybridsim verify`` runs, which builds vLLM 0.33's
+   the harness ``hybridsim verify`` runs, which builds vLLM's (0.33 or 0.34)
    ``Scheduler`` + ``KVCacheManager`` as vLLM's scheduler tests do (hand-built
    ``KVCacheConfig``, fabricated model output, a scripted connector written
    against ``KVConnectorBase_V1`` and loaded by vLLM's factory);
@@ -52,12 +52,12 @@ from sim.engine.build import CapacityWarning, build_components
 from sim.shrink.probe import under_policy
 from sim.shrink.property import DEFAULT_CONTRAST
 from sim.verify import vllm_side
-from sim.verify.lower import TOKEN_STRIDE, lower, not_verifiable_reason
+from sim.verify.lower import lower, not_verifiable_reason
 from sim.verify.run import hybridsim_trace
 from sim.verify.vllm_side import DecisionTrace, LoweredScript
 
 ADMISSION_FIELDS = ("step", "request", "kind", "hits", "local", "external", "hit_diverged", "fallback", "result")
-#: The policy a crash under another policy is contrasted with: vLLM 0.33 as shipped (#48425 merged).
+#: The policy a crash under another policy is contrasted with: vLLM as shipped (#48425 merged).
 CONTRAST_POLICY = DEFAULT_CONTRAST
 CASE_FORMAT = 1
 
@@ -106,7 +106,7 @@ def _stream_label(stream: str) -> str:
     return stream
 
 
-def _request_note(r: dict, segments: tuple, streams: dict[int, str]) -> str:
+def _request_note(r: dict, segments: tuple, streams: dict[int, str], stride: int) -> str:
     parts, pos, ids = [], 0, r["prompt_token_ids"]
     for seg in segments:
         if seg.length == 0:
@@ -114,7 +114,7 @@ def _request_note(r: dict, segments: tuple, streams: dict[int, str]) -> str:
         chunk = ids[pos : pos + seg.length]
         pos += seg.length
         if isinstance(seg, StreamSegment) and chunk == list(range(chunk[0], chunk[0] + len(chunk))):
-            base = chunk[0] - chunk[0] % TOKEN_STRIDE
+            base = chunk[0] - chunk[0] % stride
             streams.setdefault(base, _stream_label(seg.stream))
             parts.append(f"{streams[base]}[{chunk[0] - base}:{chunk[0] - base + len(chunk)}]")
         else:
@@ -185,7 +185,9 @@ def case(scenario: Scenario, source: str) -> dict[str, Any]:
         expected = expectation(hybridsim_trace(scenario, script["max_steps"]))
         contrast = _contrast(scenario, script, expected)
     streams: dict[int, str] = {}
-    request_notes = [_request_note(dict(r), segments[r["id"]], streams) for r in script["requests"]]
+    request_notes = [
+        _request_note(dict(r), segments[r["id"]], streams, script["token_stride"]) for r in script["requests"]
+    ]
     asserts = [f"under prefix_policy {script['prefix_policy']}: {_what(expected)}"]
     if contrast is not None:
         asserts.append(f"under prefix_policy {contrast['policy']}: no crash, {_what(contrast['expected'])}")
@@ -233,7 +235,8 @@ def case_literal(document: dict[str, Any]) -> str:
 
 
 HEADER = """\
-# Exported by `hybridsim export vllm-test`. Self-contained: needs only vllm 0.33 and pytest.
+# Exported by `hybridsim export vllm-test`. Self-contained: needs only pytest and vllm, the release CASE's script
+# names (its "vllm_version": the scenario's).
 # Run: VLLM_TARGET_DEVICE=cpu python -m pytest THIS_FILE
 # The test is at the end of the file, after hybridsim's vLLM harness: CASE (the scenario, lowered, and what
 # hybridsim observed, as one JSON document; CASE["asserts"] says what the tests assert) and the test code.

@@ -85,6 +85,7 @@ def finalize(record: RunRecord) -> RunResult:
             "name": scenario.name,
             "seed": scenario.seed,
             "clock": scenario.clock,
+            "vllm_version": scenario.vllm_version,
             "policy": scenario.scheduler.prefix_policy,
             "lookup_path": record.lookup_path,
             "connector": scenario.connector.type,

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.config.vllm_versions import NEWEST
 from sim.core.kv.specs import cdiv
 
 LAYOUTS: tuple[tuple[str, ...], ...] = (
@@ -61,8 +62,8 @@ def _blocks_alone(groups: list[dict[str, Any]], block_size: int, tokens: int, ca
     return total
 
 
-def generate(seed: int, index: int) -> dict[str, Any]:
-    """Scenario ``index`` of ``seed`` as a dict (deterministic)."""
+def generate(seed: int, index: int, vllm_version: str = NEWEST) -> dict[str, Any]:
+    """Scenario ``index`` of ``seed`` for ``vllm_version`` as a dict (deterministic)."""
     rng = np.random.default_rng([seed, index])
     layout = _pick(rng, LAYOUTS)
     block_size = int(_pick(rng, (8, 16, 16)))
@@ -166,6 +167,7 @@ def generate(seed: int, index: int) -> dict[str, Any]:
         "name": f"fuzz-{seed}-{index}",
         "seed": seed,
         "clock": "steps",
+        "vllm_version": vllm_version,
         "cache": cache,
         "scheduler": scheduler,
         "connector": connector,

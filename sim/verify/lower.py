@@ -1,20 +1,24 @@
 """Scenario -> lowered script for :mod:`sim.verify.vllm_side` (the one place hybridsim keys meet vLLM's).
 
 :func:`not_verifiable_reason` says why a scenario cannot be checked against
-vLLM 0.33 (``None`` when it can); :func:`lower` builds the run's components the
+vLLM (``None`` when it can); :func:`lower` builds the run's components the
 way hybridsim does (so the layout, block sizes and requests are exactly the
 ones hybridsim runs) and writes them down as a plain dict.
 
 Token ids: hybridsim's prompt content is ``(stream, position)`` pairs or
-explicit ids. Explicit ids are kept as they are (they must lie in
-``[0, TOKEN_STRIDE)``); request ``i`` (in arrival order) generates
-``(i + 1) * TOKEN_STRIDE + j`` as its ``j``-th token, which is also what a
-later prompt quoting that output (hybridsim's reserved output stream, e.g. a
-multi-turn chat's history) is lowered to; every other stream ``k`` (numbered
-after the outputs, by first appearance) maps position ``p`` to
-``(k + 1) * TOKEN_STRIDE + p``. So equal content gives equal ids, a stream
-token never equals an explicit id, and an output never equals a prompt
-token or another request's output, as docs/design.md §7 requires.
+explicit ids. Every stream gets a range of ``stride`` ids, the script's
+``token_stride`` (:func:`token_stride`: the smallest power of two, at least
+``2**16``, that holds the longest stream and every explicit id). Explicit ids
+are kept as they are (they lie in ``[0, stride)``); request ``i`` (in arrival
+order) generates ``(i + 1) * stride + j`` as its ``j``-th token, which is also
+what a later prompt quoting that output (hybridsim's reserved output stream,
+e.g. a multi-turn chat's history) is lowered to; every other stream ``k``
+(numbered after the outputs, by first appearance) maps position ``p`` to
+``(k + 1) * stride + p``. So equal content gives equal ids, a stream token
+never equals an explicit id, and an output never equals a prompt token or
+another request's output, as docs/design.md §7 requires. Every id fits a signed
+32-bit integer (vLLM 0.34 keeps a request's tokens in an int32 buffer); a
+workload whose streams do not is not verifiable.
 """
 
 from __future__ import annotations
@@ -36,15 +40,17 @@ from sim.verify.vllm_side import (
     RequestScript,
 )
 
-#: Token-id range of one stream (and of explicit ids).
-TOKEN_STRIDE = 1 << 24
+#: The smallest token-id range of one stream (and of explicit ids).
+MIN_TOKEN_STRIDE = 1 << 16
+#: vLLM 0.34 stores token ids as int32 (``vllm.v1.token_buffer.TokenBuffer``).
+MAX_TOKEN_ID = (1 << 31) - 1
 
 VERIFIABLE_POLICIES = ("pr48425", "max_per_group")
 VERIFIABLE_CONNECTORS = ("none", "scripted")
 
 
 def not_verifiable_reason(scenario: Scenario) -> str | None:
-    """Why vLLM 0.33 cannot be run on ``scenario`` (``None``: it can).
+    """Why vLLM cannot be run on ``scenario`` (``None``: it can).
 
     Refused: the time clock (vLLM's scheduler has no simulated time), prefix
     policies other than ``pr48425`` (vLLM as shipped) and ``max_per_group``
@@ -59,13 +65,13 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
         return "clock: time (vLLM's scheduler has no simulated time; verify needs clock: steps)"
     policy = scenario.scheduler.prefix_policy
     if policy not in VERIFIABLE_POLICIES:
-        return f"scheduler.prefix_policy: {policy!r} is not in vLLM 0.33 (verifiable: {', '.join(VERIFIABLE_POLICIES)})"
+        return f"scheduler.prefix_policy: {policy!r} is not in vLLM (verifiable: {', '.join(VERIFIABLE_POLICIES)})"
     ctype = scenario.connector.type
     if ctype not in VERIFIABLE_CONNECTORS:
         return f"connector.type: {ctype!r} has no vLLM counterpart in the harness (verifiable: none, scripted)"
     eviction = scenario.cache.model_dump().get("eviction_policy", "lru")
     if eviction != "lru":
-        return f"cache.eviction_policy: {eviction!r} is a what-if; vLLM 0.33 evicts in free-queue (lru) order"
+        return f"cache.eviction_policy: {eviction!r} is a what-if; vLLM evicts in free-queue (lru) order"
     try:
         placement_reason = checkpoint_not_verifiable_reason(scenario.cache.mamba_checkpoint_policy)
     except ValueError:  # an unknown name: building the run reports it as bad input
@@ -73,7 +79,7 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     if placement_reason is not None:
         return placement_reason
     if scenario.cache.corrected_mamba_accounting:
-        return "cache.corrected_mamba_accounting: true is a what-if option vLLM 0.33 does not have"
+        return "cache.corrected_mamba_accounting: true is a what-if option vLLM does not have"
     if ctype == "scripted" and scenario.connector.options().get("supports_hma", True) is False:
         return "connector.supports_hma: false (vLLM refuses a connector without HMA support on a hybrid layout)"
     for i, action in enumerate(scenario.actions):
@@ -86,7 +92,33 @@ class NotVerifiable(ValueError):
     """The scenario cannot be run through vLLM (message: why)."""
 
 
-def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
+def token_stride(requests: list[Any]) -> int:
+    """The id range of one stream for ``requests`` (see the module docstring); :class:`NotVerifiable` when the
+    streams' ranges do not fit in 32-bit token ids."""
+    extent = {output_stream(r.request_id): int(r.output_len) for r in requests}
+    explicit = 0
+    for r in requests:
+        for seg in basic_segments(r.prompt):
+            if isinstance(seg, StreamSegment):
+                extent[seg.stream] = max(extent.get(seg.stream, 0), seg.start + seg.length)
+            else:
+                assert isinstance(seg, IdsSegment)
+                values = [int(x) for x in seg.ids]
+                if values and min(values) < 0:
+                    raise NotVerifiable(f"request {r.request_id}: explicit token ids must not be negative")
+                explicit = max([explicit, *(v + 1 for v in values)])
+    stride = MIN_TOKEN_STRIDE
+    while stride < max([explicit, *extent.values()]):
+        stride *= 2
+    if (len(extent) + 1) * stride - 1 > MAX_TOKEN_ID:
+        raise NotVerifiable(
+            f"{len(extent)} token streams of up to {stride} ids do not fit vLLM's 32-bit token ids "
+            f"(at most {MAX_TOKEN_ID})"
+        )
+    return stride
+
+
+def _token_ids(request: Any, stream_base: dict[str, int], stride: int) -> list[int]:
     """Token ids of ``request``'s prompt; ``stream_base`` holds every stream's first id (grown here)."""
     ids: list[int] = []
     for seg in basic_segments(request.prompt):
@@ -97,19 +129,12 @@ def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
                         f"request {request.request_id}: prompt names the reserved stream "
                         f"{seg.stream!r} of a request not in the workload"
                     )
-                stream_base[seg.stream] = (len(stream_base) + 1) * TOKEN_STRIDE
-            if seg.start + seg.length > TOKEN_STRIDE:
-                raise NotVerifiable(
-                    f"request {request.request_id}: stream {seg.stream!r} is longer than {TOKEN_STRIDE} tokens"
-                )
+                stream_base[seg.stream] = (len(stream_base) + 1) * stride
             base = stream_base[seg.stream] + seg.start
             ids.extend(range(base, base + seg.length))
         else:
             assert isinstance(seg, IdsSegment)
-            values = [int(x) for x in seg.ids]
-            if values and (min(values) < 0 or max(values) >= TOKEN_STRIDE):
-                raise NotVerifiable(f"request {request.request_id}: explicit token ids must lie in [0, {TOKEN_STRIDE})")
-            ids.extend(values)
+            ids.extend(int(x) for x in seg.ids)
     return ids
 
 
@@ -185,14 +210,15 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
     config = components.kv_cache_config
     s = scenario.scheduler
     assert s.max_num_seqs is not None and s.max_num_batched_tokens is not None and s.max_model_len is not None
-    # Output streams first: request i's outputs start at (i + 1) * TOKEN_STRIDE; a later prompt that
+    # Output streams first: request i's outputs start at (i + 1) * stride; a later prompt that
     # quotes them (a multi-turn chat's history) then names the very ids vLLM's request generated.
     # (The engine's order: a stable sort by arrival time; requests arriving before one step join in it.)
     everyone = sorted(components.requests, key=lambda r: r.arrival_time)
-    stream_base: dict[str, int] = {output_stream(r.request_id): (i + 1) * TOKEN_STRIDE for i, r in enumerate(everyone)}
+    stride = token_stride(everyone)
+    stream_base: dict[str, int] = {output_stream(r.request_id): (i + 1) * stride for i, r in enumerate(everyone)}
     # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
     ordered = [r for r in everyone if r.num_prompt_tokens <= s.max_model_len]
-    prompts = {r.request_id: _token_ids(r, stream_base) for r in ordered}
+    prompts = {r.request_id: _token_ids(r, stream_base, stride) for r in ordered}
     requests: list[RequestScript] = []
     for r in ordered:
         if r.arrival_time != int(r.arrival_time):
@@ -213,6 +239,8 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
     script: LoweredScript = {
         "version": SCRIPT_VERSION,
         "name": scenario.name,
+        "vllm_version": scenario.vllm_version,
+        "token_stride": stride,
         "groups": _groups(components),
         "num_blocks": config.num_blocks,
         "scheduler_block_size": config.scheduler_block_size,

@@ -1,12 +1,18 @@
-"""``hybridsim verify``: one scenario through hybridsim and through vLLM 0.33, compared decision by decision.
+"""``hybridsim verify``: one scenario through hybridsim and through vLLM, compared decision by decision.
+
+The installed vLLM (0.33 or 0.34) must be the release the scenario names
+(``vllm_version``): otherwise the scenario is bad input, with a message
+naming both releases and how to install the other or change the scenario.
+``fuzz`` generates its scenarios for the installed release.
 
 hybridsim runs in-process with ``on_crash: stop`` (vLLM's engine dies at a
 crash, so both sides stop there) and the ``schedule`` table on; every other
 key is the scenario's. The vLLM side is :mod:`sim.verify.vllm_side` on the
 lowered script of :mod:`sim.verify.lower`.
 
-Exit codes: 0 identical, 1 differ, 2 bad input (including vLLM not
-installed), 3 not verifiable.
+Verdicts (:class:`VerifyStatus`): identical, differ, bad input (including vLLM
+not installed, or another release than the scenario's), not verifiable; the
+CLI maps them to exit codes (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ def require_vllm() -> None:
     try:
         vllm_side._load_vllm()
     except vllm_side.VllmMissing as exc:
-        raise VllmNotInstalled(f"vLLM 0.33 is not installed or not importable ({exc}); {INSTALL_HINT}") from None
+        raise VllmNotInstalled(f"vLLM is not installed or not importable ({exc}); {INSTALL_HINT}") from None
 
 
 def hybridsim_trace(scenario: Scenario, max_steps: int) -> DecisionTrace:
@@ -81,12 +87,16 @@ def hybridsim_trace(scenario: Scenario, max_steps: int) -> DecisionTrace:
 def verify_scenario(scenario: Scenario, quiet: bool = False) -> Verdict:
     """Verify one loaded scenario (vLLM must be importable: see :func:`require_vllm`).
 
+    Raises :class:`~sim.verify.vllm_side.VersionMismatch` when the installed
+    vLLM is not the scenario's ``vllm_version``.
+
     Build-time warnings (e.g. a pool that cannot hold a request alone) are
     shown once, from the first of the two builds; ``quiet`` hides them.
     """
     reason = not_verifiable_reason(scenario)
     if reason is not None:
         return Verdict(scenario.name, VerifyStatus.NOT_VERIFIABLE, reason)
+    vllm_side.check_release(scenario.vllm_version)
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore", CapacityWarning)
@@ -131,7 +141,7 @@ def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], No
     for path in paths:
         try:
             verdict = verify_file(path)
-        except (ScenarioError, WorkloadError, FileNotFoundError, NotVerifiable) as exc:
+        except (ScenarioError, WorkloadError, FileNotFoundError, NotVerifiable, vllm_side.VersionMismatch) as exc:
             status = VerifyStatus.NOT_VERIFIABLE if isinstance(exc, NotVerifiable) else VerifyStatus.BAD_INPUT
             echo(f"{path}: {'not verifiable' if status is VerifyStatus.NOT_VERIFIABLE else 'error'}: {exc}")
             statuses.append(status)
@@ -164,17 +174,26 @@ class FuzzCounts:
 
 
 def fuzz_command(
-    seed: int, count: int, use_vllm: bool, out_dir: Path | None, echo: Callable[[str], None]
+    seed: int,
+    count: int,
+    use_vllm: bool,
+    out_dir: Path | None,
+    echo: Callable[[str], None],
+    vllm_version: str | None = None,
 ) -> VerifyStatus:
     """``hybridsim fuzz``: generate ``count`` scenarios of ``seed``; with ``use_vllm`` verify each.
+
+    The scenarios are for ``vllm_version`` (default: the installed vLLM's
+    release with ``use_vllm``, else the newest hybridsim mirrors).
 
     Without ``use_vllm`` every scenario is written to ``out_dir``; with it, each
     differing scenario, with its first difference (``<name>.diff.txt``). ``out_dir``
     defaults to ``results/fuzz-<seed>``.
-    ``DIFFER`` if any differ, ``BAD_INPUT`` if vLLM is missing, else ``IDENTICAL``.
+    ``DIFFER`` if any differ, ``BAD_INPUT`` if vLLM is missing or is not ``vllm_version``, else ``IDENTICAL``.
     """
     from sim.config import ScenarioError
     from sim.config.load import scenario_from_text
+    from sim.config.vllm_versions import NEWEST
     from sim.verify.fuzz import generate, scenario_yaml
     from sim.workload.errors import WorkloadError
 
@@ -184,10 +203,19 @@ def fuzz_command(
         except VllmNotInstalled as exc:
             echo(f"error: {exc}")
             return VerifyStatus.BAD_INPUT
+        installed = vllm_side.installed_release()
+        if vllm_version is not None and vllm_version != installed:
+            echo(
+                f"error: --vllm-version {vllm_version} but vLLM {vllm_side.vllm_version()} is installed "
+                f"(`make vllm-env VLLM={vllm_version}`)"
+            )
+            return VerifyStatus.BAD_INPUT
+        vllm_version = installed
     out_dir = out_dir or Path("results") / f"fuzz-{seed}"
+    version = vllm_version or NEWEST
     counts = FuzzCounts()
     for index in range(count):
-        data = generate(seed, index)
+        data = generate(seed, index, version)
         text = scenario_yaml(data)
         name = str(data["name"])
         if not use_vllm:
@@ -216,7 +244,7 @@ def fuzz_command(
                 f"(written to {out_dir / (name + '.yaml')})"
             )
     if use_vllm:
-        echo(f"fuzz seed {seed}, {count} scenarios: {counts.line()}")
+        echo(f"fuzz seed {seed}, {count} scenarios for vLLM {vllm_side.vllm_version()}: {counts.line()}")
         return VerifyStatus.DIFFER if counts.differing else VerifyStatus.IDENTICAL
     echo(f"fuzz seed {seed}: generated {count} scenarios in {out_dir}")
     return VerifyStatus.IDENTICAL

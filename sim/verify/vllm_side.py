@@ -1,8 +1,29 @@
-"""Run a lowered script through vLLM 0.33's real ``Scheduler`` + ``KVCacheManager`` on CPU.
+"""Run a lowered script through the real vLLM ``Scheduler`` + ``KVCacheManager`` on CPU (vLLM 0.33 or 0.34).
 
 STANDALONE: this module imports only the standard library and (lazily) vllm and
 torch; it never imports ``sim``. ``hybridsim export vllm-test`` embeds it
 verbatim into a self-contained pytest, so keep it that way.
+
+One harness serves both supported releases (:data:`SUPPORTED_VERSIONS`). The
+script names the release it was lowered for (``vllm_version``); the installed
+vLLM must be that release (:class:`VersionMismatch` otherwise). What differs
+between them at this seam, and how the harness handles it:
+
+* 0.34's ``ModelRunnerOutput`` has no ``req_id_to_index`` (it indexes by
+  ``req_ids``): the fabricated output passes it only where the field exists;
+* 0.34 sends a resumed request as a new one (``NewRequestData``); the harness
+  reads only ``num_scheduled_tokens`` and the request's own status, so nothing
+  changes for it;
+* 0.34's ``BlockHashToBlockMap`` stores one block id per key (``_cache``) and
+  the ids of keys cached by several blocks in ``_dup_ids``, and is built with
+  the pool's block list; 0.33 stored a block or a ``{block_id: block}`` dict.
+  The recording map and the ``evict`` action read either;
+* on x86, 0.34's ``CpuPlatform.check_and_update_config`` refuses to build a
+  ``VllmConfig`` without triton (about 1 GB), which the scheduler path never
+  uses. While the harness builds the config, ``vllm.triton_utils.HAS_TRITON``
+  reads true, and it is restored right after (:func:`_triton_check_passed`);
+  nothing in the scheduler or KV-cache manager reads it;
+* the scripted connector answers 0.34's ``may_load_async`` from its script.
 
 Two plain, JSON-able formats cross this seam. Both are described here as
 TypedDicts (documentation and type checking only; nothing is validated
@@ -21,14 +42,18 @@ Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
 * scheduler limits: ``max_num_seqs``, ``max_num_batched_tokens``,
   ``max_model_len``, ``long_prefill_token_threshold``, ``scheduling_policy``
   (``fcfs`` | ``priority``), ``watermark``.
-* ``prefix_policy``: ``pr48425`` (vLLM 0.33 as shipped) or ``max_per_group``
+* ``vllm_version``: ``"0.33"`` or ``"0.34"``, the release the script was lowered for;
+  ``token_stride``: the id range of one token stream (for readers; every id
+  fits a signed 32-bit integer, as 0.34's token buffer needs).
+* ``prefix_policy``: ``pr48425`` (vLLM as shipped) or ``max_per_group``
   (the pre-#48425 lookup, emulated on the scheduler instance: see
   :func:`_install_max_per_group`).
 * ``connector``: ``None`` or a :class:`ConnectorScript` (the ``scripted``
   connector of hybridsim's docs/design.md §4: ``matched_tokens`` answered verbatim,
   ``holds`` answered ``max(0, min(N, num_tokens - 1) aligned - local)``,
   ``load_async`` bool or per-request map, ``async_load_steps``,
-  ``supports_divergent_local_hybrid_hits``).
+  ``supports_divergent_local_hybrid_hits``; under 0.34 it answers
+  ``may_load_async`` with ``load_async`` for that request).
 * ``requests``: :class:`RequestScript` each: ``id``, ``arrival_step`` (added
   just before that step's ``schedule()``), explicit ``prompt_token_ids``,
   ``max_tokens``, ``priority`` and ``output_token_base`` (the k-th sampled
@@ -81,13 +106,14 @@ remaining, the run stops as ``stalled``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import traceback
-from typing import Any, Literal, Optional, TypedDict, Union
+from typing import Any, Iterator, Literal, Optional, TypedDict, Union
 
 # --------------------------------------------------------------------------- formats
 
@@ -127,6 +153,8 @@ class ActionScript(TypedDict, total=False):
 class LoweredScript(TypedDict):
     version: int
     name: str
+    vllm_version: str
+    token_stride: int
     groups: list[GroupScript]
     num_blocks: int
     scheduler_block_size: int
@@ -187,14 +215,25 @@ class DecisionTrace(TypedDict):
     stopped: str
 
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 CONNECTOR_CLASS_NAME = "HybridsimScriptedConnector"
+#: The vLLM releases this harness drives, oldest first.
+SUPPORTED_VERSIONS = ("0.33", "0.34")
 
 # --------------------------------------------------------------------------- vLLM import
 
 
 class VllmMissing(RuntimeError):
     """vLLM (or torch) cannot be imported; the message is the import error alone (callers add the remedy)."""
+
+
+class VersionMismatch(RuntimeError):
+    """The installed vLLM is not the release a script was lowered for (message: both, and what to do)."""
+
+
+def release(version: str) -> str:
+    """``"0.34"`` for ``"0.34.0"`` (major.minor, the granularity scenarios name)."""
+    return ".".join(version.split(".")[:2])
 
 
 _VLLM: dict[str, Any] = {}
@@ -249,9 +288,18 @@ def _load_vllm() -> dict[str, Any]:
         from vllm.v1.structured_output import StructuredOutputManager
     except ImportError as exc:  # pragma: no cover - depends on the machine
         raise VllmMissing(str(exc)) from None
+    import vllm
+
+    installed = release(str(getattr(vllm, "__version__", "unknown")))
+    if installed not in SUPPORTED_VERSIONS:
+        raise VllmMissing(
+            f"vLLM {vllm.__version__} is installed; this harness drives {' and '.join(SUPPORTED_VERSIONS)} "
+            "(`make vllm-env VLLM=0.34` or `VLLM=0.33`)"
+        )
     kv_cache_utils.init_none_hash(sha256_cbor)
     _quiet()
     _VLLM.update(
+        release=installed,
         torch=torch,
         CacheConfig=CacheConfig,
         KVEventsConfig=KVEventsConfig,
@@ -294,6 +342,21 @@ def vllm_version() -> str:
     import vllm
 
     return str(getattr(vllm, "__version__", "unknown"))
+
+
+def installed_release() -> str:
+    """The installed vLLM's release, ``"0.33"`` or ``"0.34"`` (imports vLLM; :class:`VllmMissing` if it cannot)."""
+    return str(_load_vllm()["release"])
+
+
+def check_release(wanted: str) -> None:
+    """Raise :class:`VersionMismatch` unless the installed vLLM is release ``wanted``."""
+    have = installed_release()
+    if have != wanted:
+        raise VersionMismatch(
+            f"the scenario is for vLLM {wanted} (vllm_version) but vLLM {vllm_version()} is installed: "
+            f'install {wanted} (`make vllm-env VLLM={wanted}`), or set vllm_version: "{have}" in the scenario'
+        )
 
 
 # --------------------------------------------------------------------------- scripted connector
@@ -350,6 +413,10 @@ def _define_connector() -> None:
                 ext = 0
             self.last_answer = (rid, ext)
             return ext, ext > 0 and self._is_async(rid)
+
+        def may_load_async(self, request: Any) -> bool:
+            """vLLM 0.34: whether this request's load may be asynchronous (its ``load_async`` in the script)."""
+            return self._is_async(request.request_id)
 
         def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
             if num_external_tokens > 0 and self._is_async(request.request_id):
@@ -464,9 +531,30 @@ def _group_spec(g: GroupScript, mamba_mode: str) -> Any:
     )
 
 
+@contextlib.contextmanager
+def _triton_check_passed() -> Iterator[None]:
+    """While a ``VllmConfig`` is built, ``vllm.triton_utils.HAS_TRITON`` reads true (restored after).
+
+    vLLM 0.34's ``CpuPlatform.check_and_update_config`` raises on x86 when
+    triton is missing ("vLLM on x86 CPUs requires Triton"), because its model
+    runner needs triton-cpu. The harness runs no model: the scheduler and the
+    KV-cache manager never read the flag, so the check is passed for the
+    config's construction only, instead of installing triton (about 1 GB).
+    """
+    import vllm.triton_utils as triton_utils
+
+    had = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        triton_utils.HAS_TRITON = had
+
+
 def build_scheduler(script: LoweredScript) -> Any:
     """vLLM's ``Scheduler`` for ``script``: configs, hand-built ``KVCacheConfig``, connector by module path."""
     v = _load_vllm()
+    check_release(script["vllm_version"])
     hybrid = any(g["type"] == "mamba" for g in script["groups"])
     model_config = v["ModelConfig"](
         model=_model_dir(hybrid), skip_tokenizer_init=True, max_model_len=script["max_model_len"], dtype="float32"
@@ -495,13 +583,14 @@ def build_scheduler(script: LoweredScript) -> Any:
                 "scheduler_block_size": script["scheduler_block_size"],
             },
         )
-    vllm_config = v["VllmConfig"](
-        model_config=model_config,
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        kv_transfer_config=kv_transfer,
-        kv_events_config=v["KVEventsConfig"](enable_kv_cache_events=True, publisher="null"),
-    )
+    with _triton_check_passed():
+        vllm_config = v["VllmConfig"](
+            model_config=model_config,
+            scheduler_config=scheduler_config,
+            cache_config=cache_config,
+            kv_transfer_config=kv_transfer,
+            kv_events_config=v["KVEventsConfig"](enable_kv_cache_events=True, publisher="null"),
+        )
     _quiet()  # building a VllmConfig may configure vLLM's logging again
     mamba_mode = cache_config.mamba_cache_mode if hybrid else "none"
     groups = [v["KVCacheGroupSpec"]([f"layer{i}"], _group_spec(g, mamba_mode)) for i, g in enumerate(script["groups"])]
@@ -722,7 +811,11 @@ class _Recorder:
                 ext, load_async = orig_match(request, num_computed_tokens)
                 att = rec.open
                 if att is not None and att["request"] == request.request_id:
-                    att["external"] = 0 if (ext is None or request.skip_reading_prefix_cache) else int(ext)
+                    # 0.33: skip_reading_prefix_cache; 0.34: skip_reading_external_kv (a hit-limited request).
+                    skip = getattr(request, "skip_reading_external_kv", None)
+                    if skip is None:
+                        skip = request.skip_reading_prefix_cache
+                    att["external"] = 0 if (ext is None or skip) else int(ext)
                 return ext, load_async
 
             conn.get_num_new_matched_tokens = match
@@ -760,7 +853,8 @@ class _Recorder:
                 return out
 
         def install() -> None:
-            fresh = RecordingMap()
+            # 0.34's map holds block ids and is built with the pool's blocks; 0.33's takes nothing.
+            fresh = RecordingMap(pool.blocks) if _VLLM["release"] != "0.33" else RecordingMap()
             old = pool.cached_block_hash_to_block
             assert len(old) == 0, "the block map is replaced only while empty"
             pool.cached_block_hash_to_block = fresh
@@ -802,7 +896,7 @@ def _apply_action(scheduler: Any, action: ActionScript, prompts: dict[str, Any],
 
     request = prompts[action["request"]]
     fine = request.block_hashes
-    table = kvm.block_pool.cached_block_hash_to_block._cache
+    block_map = kvm.block_pool.cached_block_hash_to_block
     # Every block cached under each named hash, group by group, in the order of
     # the action's blocks, then by ascending block id; evict_blocks iterates
     # what it is given, so it gets this order (a list, not a set).
@@ -816,13 +910,22 @@ def _apply_action(scheduler: Any, action: ActionScript, prompts: dict[str, Any],
             j = (i + 1) * ratio - 1
             if j >= len(fine):
                 continue
-            entry = table.get(make_block_hash_with_group_id(fine[j], group))
-            if entry is None:
-                continue
-            found = sorted(int(b) for b in entry) if isinstance(entry, dict) else [int(entry.block_id)]
-            ids.update(dict.fromkeys(found))
+            ids.update(
+                dict.fromkeys(sorted(_cached_block_ids(block_map, make_block_hash_with_group_id(fine[j], group))))
+            )
     if ids:
         kvm.evict_blocks(list(ids))
+
+
+def _cached_block_ids(block_map: Any, key: Any) -> list[int]:
+    """Ids of every block cached under ``key`` (0.33: a block or ``{id: block}``; 0.34: an id, dups apart)."""
+    entry = block_map._cache.get(key)
+    if entry is None:
+        return []
+    if isinstance(entry, int):
+        dups = block_map._dup_ids.get(key)
+        return [int(b) for b in dups] if dups is not None else [entry]
+    return [int(b) for b in entry] if isinstance(entry, dict) else [int(entry.block_id)]
 
 
 def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
@@ -855,6 +958,8 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
     stopped = ""
     step = 0
     connector = scheduler.connector
+    # 0.33's ModelRunnerOutput maps request ids to rows; 0.34 reads the rows in req_ids order.
+    by_index = v["release"] == "0.33"
     while True:
         if step >= script["max_steps"]:
             stopped = "max_steps"
@@ -879,11 +984,12 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
                 else:
                     sampled.append([])
             recving = connector.step_finished_recving() if connector is not None else set()
+            index = {"req_id_to_index": {rid: i for i, rid in enumerate(req_ids)}} if by_index else {}
             mro = v["ModelRunnerOutput"](
                 req_ids=req_ids,
-                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
                 sampled_token_ids=sampled,
                 kv_connector_output=v["KVConnectorOutput"](finished_recving=recving) if recving else None,
+                **index,
             )
             engine_out = scheduler.update_from_output(out, mro)
             for rid, tokens in zip(req_ids, sampled):

@@ -277,19 +277,27 @@ def _with(document: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[s
     return out
 
 
+def _for_release(document: dict[str, Any], release: str) -> dict[str, Any]:
+    """``document`` (a case) with its script lowered for vLLM ``release`` (a contrast names only what differs)."""
+    out = copy.deepcopy(document)
+    out["script"]["vllm_version"] = release
+    return out
+
+
 @pytest.mark.slow
 def test_exported_tests_pass_against_vllm_and_fail_when_edited(
     vllm, tmp_path: Path, values_scenario, fuzz_scenario
 ) -> None:
+    # Scenarios for the installed release (with the new knobs at their defaults both releases decide alike).
     crash_file = tmp_path / "crash.yaml"
-    crash_file.write_text(scenario_yaml(_crash_scenario()))
+    crash_file.write_text(scenario_yaml(_crash_scenario().model_copy(update={"vllm_version": vllm})))
     res = CliRunner().invoke(app, ["export", "vllm-test", str(crash_file), "-o", str(tmp_path / "test_crash.py")])
     assert res.exit_code == 0, res.output
-    crash = _crash_case()
-    values = case(values_scenario, "values.yaml")
+    crash = _for_release(_crash_case(), vllm)
+    values = _for_release(case(values_scenario, "values.yaml"), vllm)
     modules = {
         "test_values": values,
-        "test_fuzz": case(fuzz_scenario, "fuzz-1-80.yaml"),
+        "test_fuzz": _for_release(case(fuzz_scenario, "fuzz-1-80.yaml"), vllm),
         # Edited expectations: another crash message; the contrast's last admission; one admission's local tokens.
         "test_crash_edited": _with(crash, ("expected", "crash", "message"), "num_new_tokens > 1"),
         "test_contrast_edited": _with(crash, ("contrast", "expected", "admissions", -1, -1), "crash"),

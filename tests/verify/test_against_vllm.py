@@ -1,4 +1,7 @@
-"""hybridsim against the real vLLM 0.33 scheduler (needs vLLM: see conftest.py).
+"""hybridsim against the real vLLM scheduler, 0.33 or 0.34, whichever is installed (see conftest.py).
+
+Scenarios are verified as scenarios for the installed release (``vllm_version``
+set to it): with the new knobs at their defaults the two releases decide alike.
 
 * every bundled step-clock scenario with a verifiable policy is identical;
   the others are not verifiable for the reason listed in NOT_VERIFIABLE;
@@ -19,7 +22,7 @@ from sim.cli import ExitCode, app
 from sim.config import ScenarioError, load_scenario
 from sim.verify.run import VerifyStatus, fuzz_command, verify_scenario
 
-#: Not in the unit tier (`make test-fast`): differential: whole scenarios against the real vLLM 0.33.
+#: Not in the unit tier (`make test-fast`): differential: whole scenarios against the real vLLM.
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +51,7 @@ def _step_scenarios() -> list[Path]:
 
 @pytest.mark.parametrize("path", _step_scenarios(), ids=lambda p: p.name)
 def test_bundled_step_scenarios_are_identical(vllm, path):
-    verdict = verify_scenario(load_scenario(path))
+    verdict = verify_scenario(load_scenario(path, [f"vllm_version={vllm}"]))
     if path.name in NOT_VERIFIABLE:
         assert verdict.label == "not verifiable" and NOT_VERIFIABLE[path.name] in verdict.reason
         return
@@ -62,6 +65,14 @@ def test_fuzz_200_fixed_seed_all_identical(vllm, tmp_path):
     status = fuzz_command(FUZZ_SEED, 200, True, tmp_path, lines.append)
     assert status is VerifyStatus.IDENTICAL, "\n".join(lines)
     assert lines[-1].endswith("identical 200, differing 0, not verifiable 0, refused by hybridsim 0"), lines[-1]
+    assert f"for vLLM {vllm}." in lines[-1]
+
+
+def _for_installed(path: Path, release: str, tmp_path: Path) -> Path:
+    """A copy of the scenario file ``path`` for vLLM ``release``."""
+    copy = tmp_path / path.name
+    copy.write_text(path.read_text() + f'\nvllm_version: "{release}"\n')
+    return copy
 
 
 def test_verify_bites_on_a_reversed_free_queue(vllm, monkeypatch, tmp_path):
@@ -69,7 +80,7 @@ def test_verify_bites_on_a_reversed_free_queue(vllm, monkeypatch, tmp_path):
 
     # Freed uncached blocks go to the back instead of the front (vLLM prepends them).
     monkeypatch.setattr(FreeKVCacheBlockQueue, "prepend_n", FreeKVCacheBlockQueue.append_n)
-    path = ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml"
+    path = _for_installed(ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml", vllm, tmp_path)
     table = tmp_path / "side.csv"
     result = CliRunner().invoke(app, ["verify", str(path), "--table", str(table)])
     assert result.exit_code == 1, result.output
@@ -104,7 +115,7 @@ workload:
 def test_a_crash_is_compared_and_identical(vllm):
     from sim.config.load import scenario_from_text
 
-    verdict = verify_scenario(scenario_from_text(CRASH, "crash.yaml"))
+    verdict = verify_scenario(scenario_from_text(CRASH + f'vllm_version: "{vllm}"\n', "crash.yaml"))
     assert verdict.status is VerifyStatus.IDENTICAL, verdict.difference.describe() if verdict.difference else ""
     crash = verdict.theirs["crash"]
     assert crash is not None and crash["request"] == "b" and crash["type"] == "AssertionError"
@@ -115,8 +126,27 @@ def test_record_false_only_steps(vllm):
     from sim.verify import vllm_side
     from sim.verify.lower import lower
 
-    script = lower(load_scenario(ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml"))
+    script = lower(
+        load_scenario(ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml", [f"vllm_version={vllm}"])
+    )
     full = vllm_side.run_script(script)
     bare = vllm_side.run_script(script, record=False)
     assert bare["steps"] == [] and full["steps"]
     assert bare["finished"] == full["finished"] and bare["num_steps"] == full["num_steps"]
+
+
+def test_a_scenario_for_the_other_release_is_refused_naming_both(vllm, tmp_path):
+    other = "0.33" if vllm == "0.34" else "0.34"
+    path = _for_installed(ROOT / "scenarios" / "repro" / "divergence-mamba-deeper.yaml", other, tmp_path)
+    result = CliRunner().invoke(app, ["verify", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"the scenario is for vLLM {other}" in result.output and f"vLLM {vllm}." in result.output
+    assert f"make vllm-env VLLM={other}" in result.output
+
+
+def test_fuzz_scenarios_are_for_the_installed_release(vllm, tmp_path):
+    lines: list[str] = []
+    assert fuzz_command(3, 2, True, tmp_path, lines.append, vllm_version=None) == 0, lines
+    other = "0.33" if vllm == "0.34" else "0.34"
+    assert fuzz_command(3, 1, True, tmp_path, lines.append, vllm_version=other) == 2
+    assert f"--vllm-version {other}" in lines[-1]

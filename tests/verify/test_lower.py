@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sim.config.load import scenario_from_text
-from sim.verify.lower import TOKEN_STRIDE, NotVerifiable, lower, not_verifiable_reason
+from sim.verify.lower import MAX_TOKEN_ID, NotVerifiable, lower, not_verifiable_reason
 
 BASE = """
 name: low
@@ -36,7 +36,9 @@ def test_equal_content_equal_ids_and_outputs_quoted_as_generated():
     tail = b["prompt_token_ids"][22:]
     assert len(tail) == 5 and not set(tail) & set(a["prompt_token_ids"])
     assert a["output_token_base"] != b["output_token_base"]
-    assert all(t >= TOKEN_STRIDE for t in a["prompt_token_ids"])
+    assert all(t >= script["token_stride"] for t in a["prompt_token_ids"])
+    everything = [t for r in script["requests"] for t in r["prompt_token_ids"]]
+    assert max(everything) <= MAX_TOKEN_ID and script["token_stride"] == 1 << 16
 
 
 def test_layout_connector_and_actions_are_hybridsims():
@@ -106,8 +108,29 @@ def test_hash_block_prompts_lower_as_their_per_block_segments():
     run = StreamBlocksSegment("mc:", (7, 8, 7), 16, 40)
     compact = Request("r", [run], 1)
     spelled = Request("r", list(run.pieces()), 1)
-    ids = _token_ids(compact, {})
-    assert ids == _token_ids(spelled, {})
+    ids = _token_ids(compact, {}, 1 << 16)
+    assert ids == _token_ids(spelled, {}, 1 << 16)
     assert len(ids) == 40
     assert ids[32:] == ids[:8]  # the third block (8 tokens) repeats the first block's id: the same tokens
     assert not set(ids[16:32]) & set(ids[:16])  # another id: other tokens
+
+
+def test_token_ids_fit_32_bits_and_streams_too_long_for_them_are_not_verifiable():
+    """vLLM 0.34 keeps token ids in an int32 buffer: the stride grows with the longest stream, and a workload
+    whose streams cannot all fit is refused instead of overflowing."""
+    long_doc = BASE.replace(
+        "{content: doc, tokens: 40}], max_tokens: 3}", "{content: doc, tokens: 70000}], max_tokens: 3}"
+    )
+    script = lower(_scenario(long_doc, **{"scheduler.max_model_len": "80000"}))
+    assert script["token_stride"] == 1 << 17
+    assert max(t for r in script["requests"] for t in r["prompt_token_ids"]) <= MAX_TOKEN_ID
+    from sim.core.request import Request
+    from sim.core.tokens import StreamSegment
+    from sim.verify.lower import token_stride
+
+    # Each request is two streams (its prompt's and its output's); with ranges of 2**20 ids, the explicit range
+    # and 2047 streams fit in 31 bits, 2049 do not.
+    deep = [Request(f"q{i}", [StreamSegment(f"d{i}", (1 << 20) - 8, 8)], 1) for i in range(1023)]
+    assert token_stride(deep) == 1 << 20
+    with pytest.raises(NotVerifiable, match="32-bit token ids"):
+        token_stride(deep + [Request(f"x{i}", [StreamSegment(f"x{i}", 0, 8)], 1) for i in range(1)])
