@@ -33,13 +33,16 @@ def _verify_exit(status: "VerifyStatus") -> ExitCode:
 def verify(
     scenarios: List[Path] = typer.Argument(..., help="Step-clock scenario YAML files."),
     table: Optional[Path] = typer.Option(None, "--table", help="Side-by-side CSV (a directory for several scenarios)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a key of every scenario: key.path=value."),
 ) -> None:
-    """Run each scenario through hybridsim and vLLM 0.33 and compare decisions (docs/verify.md).
+    """Run each scenario through hybridsim and the installed vLLM (0.33 or 0.34, the scenario's vllm_version) and
+    compare decisions (docs/verify.md).
 
-    Exit 0 identical, 1 differ, 2 bad input (vLLM missing: `make vllm-env`), 7 not verifiable."""
+    Exit 0 identical, 1 differ, 2 bad input (vLLM missing: `make vllm-env`; another release than the scenario's),
+    7 not verifiable."""
     from sim.verify.run import verify_paths
 
-    raise typer.Exit(_verify_exit(verify_paths(list(scenarios), table, typer.echo)))
+    raise typer.Exit(_verify_exit(verify_paths(list(scenarios), table, typer.echo, list(set_))))
 
 
 @app.command()
@@ -47,7 +50,12 @@ def verify(
 def fuzz(
     seed: int = typer.Option(0, "--seed", help="Generator seed (scenario i of seed s is always the same)."),
     count: int = typer.Option(100, "--count", min=1, help="Number of scenarios."),
-    use_vllm: bool = typer.Option(False, "--vllm", help="Verify each scenario against vLLM 0.33."),
+    use_vllm: bool = typer.Option(False, "--vllm", help="Verify each scenario against the installed vLLM."),
+    vllm_version: Optional[str] = typer.Option(
+        None,
+        "--vllm-version",
+        help="The release the scenarios are for: 0.33 or 0.34 (default: the installed one with --vllm, else 0.34).",
+    ),
     out: Optional[Path] = typer.Option(
         None,
         "-o",
@@ -56,6 +64,12 @@ def fuzz(
     ),
 ) -> None:
     """Seeded random step-clock scenarios; with --vllm verify each (exit 1 if any differ)."""
+    from sim.config.vllm_versions import SUPPORTED
     from sim.verify.run import fuzz_command
 
-    raise typer.Exit(_verify_exit(fuzz_command(seed, count, use_vllm, out, typer.echo)))
+    if vllm_version is not None and vllm_version not in SUPPORTED:
+        typer.echo(
+            f"error: --vllm-version: {vllm_version!r} is not a release hybridsim mirrors (valid: {', '.join(SUPPORTED)})"
+        )
+        raise typer.Exit(ExitCode.BAD_INPUT)
+    raise typer.Exit(_verify_exit(fuzz_command(seed, count, use_vllm, out, typer.echo, vllm_version)))

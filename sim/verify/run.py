@@ -110,10 +110,10 @@ def verify_scenario(scenario: Scenario, quiet: bool = False) -> Verdict:
     return Verdict(scenario.name, VerifyStatus.DIFFER if diff else VerifyStatus.IDENTICAL, "", diff, ours, theirs)
 
 
-def verify_file(path: str | Path) -> Verdict:
+def verify_file(path: str | Path, overrides: list[str] | None = None) -> Verdict:
     from sim.config import load_scenario
 
-    return verify_scenario(load_scenario(path))
+    return verify_scenario(load_scenario(path, overrides or []))
 
 
 def overall_status(statuses: list[VerifyStatus]) -> VerifyStatus:
@@ -121,10 +121,13 @@ def overall_status(statuses: list[VerifyStatus]) -> VerifyStatus:
     return next((s for s in _PRECEDENCE if s in statuses), VerifyStatus.IDENTICAL)
 
 
-def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], None]) -> VerifyStatus:
+def verify_paths(
+    paths: list[Path], table: Path | None, echo: Callable[[str], None], overrides: list[str] | None = None
+) -> VerifyStatus:
     """``hybridsim verify``: verify each scenario file, print verdicts and first differences; the overall verdict.
 
-    ``table``: one scenario -> the CSV file; several -> a directory of ``<name>.csv``.
+    ``table``: one scenario -> the CSV file; several -> a directory of ``<name>.csv``; ``overrides``
+    (``key.path=value``) apply to every scenario.
     Bad input (a scenario that does not load or build, vLLM missing) is
     reported per scenario and gives exit 2.
     """
@@ -140,7 +143,7 @@ def verify_paths(paths: list[Path], table: Path | None, echo: Callable[[str], No
     statuses: list[VerifyStatus] = []
     for path in paths:
         try:
-            verdict = verify_file(path)
+            verdict = verify_file(path, overrides)
         except (ScenarioError, WorkloadError, FileNotFoundError, NotVerifiable, vllm_side.VersionMismatch) as exc:
             status = VerifyStatus.NOT_VERIFIABLE if isinstance(exc, NotVerifiable) else VerifyStatus.BAD_INPUT
             echo(f"{path}: {'not verifiable' if status is VerifyStatus.NOT_VERIFIABLE else 'error'}: {exc}")

@@ -355,7 +355,8 @@ def check_release(wanted: str) -> None:
     if have != wanted:
         raise VersionMismatch(
             f"the scenario is for vLLM {wanted} (vllm_version) but vLLM {vllm_version()} is installed: "
-            f'install {wanted} (`make vllm-env VLLM={wanted}`), or set vllm_version: "{have}" in the scenario'
+            f'install {wanted} (`make vllm-env VLLM={wanted}`), or set vllm_version: "{have}" in the scenario '
+            f"(`hybridsim verify --set vllm_version={have}`)"
         )
 
 

@@ -141,12 +141,14 @@ def test_a_scenario_for_the_other_release_is_refused_naming_both(vllm, tmp_path)
     result = CliRunner().invoke(app, ["verify", str(path)])
     assert result.exit_code == 2, result.output
     assert f"the scenario is for vLLM {other}" in result.output and f"vLLM {vllm}." in result.output
-    assert f"make vllm-env VLLM={other}" in result.output
+    assert f"make vllm-env VLLM={other}" in result.output and f"--set vllm_version={vllm}" in result.output
+    again = CliRunner().invoke(app, ["verify", str(path), "--set", f"vllm_version={vllm}"])
+    assert again.exit_code == 0, again.output
 
 
 def test_fuzz_scenarios_are_for_the_installed_release(vllm, tmp_path):
     lines: list[str] = []
-    assert fuzz_command(3, 2, True, tmp_path, lines.append, vllm_version=None) == 0, lines
+    assert fuzz_command(3, 2, True, tmp_path, lines.append, vllm_version=None) is VerifyStatus.IDENTICAL, lines
     other = "0.33" if vllm == "0.34" else "0.34"
-    assert fuzz_command(3, 1, True, tmp_path, lines.append, vllm_version=other) == 2
+    assert fuzz_command(3, 1, True, tmp_path, lines.append, vllm_version=other) is VerifyStatus.BAD_INPUT
     assert f"--vllm-version {other}" in lines[-1]
