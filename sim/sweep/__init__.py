@@ -9,30 +9,42 @@ The CLI (``hybridsim sweep``) is a thin layer over::
 See ``docs/sweeps.md`` for the grid syntax, the grid-file format and the output layout.
 """
 
-from sim.sweep.executors import EXECUTORS, Executor, LocalExecutor, RayExecutor, SerialExecutor, make_executor
-from sim.sweep.grid import (
-    Axis,
-    PlotSpec,
-    RunSpec,
-    SeedSpec,
-    SweepError,
-    SweepSpec,
-    build_sweep,
-    load_grid_file,
-    parse_grid_arg,
-    parse_seeds,
-    plan_runs,
-)
-from sim.sweep.runner import RunRecord, SweepResult, read_sweep, run_sweep
+from importlib import import_module
+
+#: Where each public name lives: imported on first use, so that ``from sim.sweep.grid import ...`` (the scenario
+#: checks of ``hybridsim validate``) does not import the executors' process pools, and importing the package
+#: does not import matplotlib (``plot_sweep``).
+_HOMES = {
+    **dict.fromkeys(
+        ("EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "SerialExecutor", "make_executor"),
+        "sim.sweep.executors",
+    ),
+    **dict.fromkeys(
+        (
+            "Axis",
+            "PlotSpec",
+            "RunSpec",
+            "SeedSpec",
+            "SweepError",
+            "SweepSpec",
+            "build_sweep",
+            "load_grid_file",
+            "parse_grid_arg",
+            "parse_seeds",
+            "plan_runs",
+        ),
+        "sim.sweep.grid",
+    ),
+    **dict.fromkeys(("RunRecord", "SweepResult", "read_sweep", "run_sweep"), "sim.sweep.runner"),
+    "plot_sweep": "sim.sweep.plots",
+}
 
 
 def __getattr__(name: str):
-    """``plot_sweep`` is imported on first use, so importing the package does not import matplotlib."""
-    if name == "plot_sweep":
-        from sim.sweep.plots import plot_sweep
-
-        return plot_sweep
-    raise AttributeError(f"module 'sim.sweep' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'sim.sweep' has no attribute {name!r}")
+    return getattr(import_module(home), name)
 
 
 __all__ = [

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from sim.core.tokens import IdsSegment
@@ -30,6 +28,9 @@ from sim.workload.errors import WorkloadError
 from sim.workload.script import record_prompt, to_draft
 from sim.workload.spec import RecordSpec, RequestFields
 from sim.workload.traces.common import jsonl_objects, open_trace, where
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _explain(exc: ValidationError) -> str:
@@ -60,6 +61,8 @@ def _read_jsonl(path: Path) -> Iterator[RequestDraft]:
 
 def _token_id_column(column: pa.ChunkedArray, path: Path) -> list[np.ndarray | None]:
     """Per row, a view of its token ids (``None`` for a null row)."""
+    import pyarrow as pa
+
     array = column.combine_chunks()
     if not (pa.types.is_list(array.type) or pa.types.is_large_list(array.type)):
         raise WorkloadError(f"{path}: column 'token_ids' must be a list of integers, not {array.type}")
@@ -80,6 +83,9 @@ def _strip_nulls(value: Any) -> Any:
 
 
 def _read_parquet(path: Path) -> list[RequestDraft]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         table = pq.read_table(open_trace(path))
     except (pa.ArrowException, OSError) as exc:

@@ -1,0 +1,71 @@
+"""The import budget of the cheap commands, by module set, not by time (docs/speed.md).
+
+``hybridsim --help`` imports no simulator stage and none of the heavy libraries; ``hybridsim validate`` loads
+and checks a scenario without the table, plotting or event libraries. A run that writes Parquet needs no
+pandas either (tests/trace/test_trace_tables.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Libraries neither command may import.
+HEAVY = ("pandas", "pyarrow", "matplotlib", "simpy", "scipy")
+
+
+#: Simulator stages and the modules that read tables (``sim.trace.atomic``, the stdlib-only folder checks, may load).
+STAGES = (
+    "sim.core",
+    "sim.engine",
+    "sim.config",
+    "sim.workload",
+    "sim.results",
+    "sim.analysis",
+    "sim.trace.bundle",
+    "sim.trace.schema",
+    "sim.trace.tables",
+    "sim.trace.diff",
+)
+
+
+def _imported(*args: str) -> set[str]:
+    """The modules ``python -m sim ARGS`` imports (from ``-X importtime``, which lists every one)."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sim", *args], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("import time:") and "|" in line]
+    return {line.rsplit("|", 1)[1].strip() for line in lines}
+
+
+def _top_level(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
+
+
+def test_help_imports_no_heavy_library_and_no_simulator_stage():
+    modules = _imported("--help")
+    assert "typer" in _top_level(modules)  # the parse is real: -X importtime listed the imports
+    assert not _top_level(modules) & {*HEAVY, "numpy", "pydantic"}, sorted(_top_level(modules) & {*HEAVY, "numpy"})
+    stages = {m for m in modules if m.startswith(STAGES)}
+    assert not stages, sorted(stages)
+
+
+@pytest.mark.parametrize("scenario", ["benchmarks/scenarios/step-fa-1000.yaml", "scenarios/golden-pressure.yaml"])
+def test_validate_imports_no_table_plot_or_event_library(scenario):
+    modules = _imported("validate", scenario)
+    assert "sim.config.scenario" in modules
+    assert not _top_level(modules) & set(HEAVY), sorted(_top_level(modules) & set(HEAVY))
+
+
+def test_trace_diff_default_tables_are_the_diff_modules():
+    """The CLI spells ``trace diff``'s default tables out (so --help need not import pandas): the same list."""
+    from sim.cli.bundles import DIFF_TABLES
+    from sim.trace.diff import DEFAULT_TABLES
+
+    assert DIFF_TABLES == ",".join(DEFAULT_TABLES)
