@@ -3,10 +3,12 @@ and the checks of a run's ``-o`` folder before anything runs."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence
 
 
 def console() -> Any:
@@ -56,9 +58,31 @@ def prepare_out_dir(target: Path, force: bool = False) -> None:
         raise ScenarioError(f"-o/--out {target}: the output directory is not writable; give a writable directory path")
 
 
-def run_targets(scenarios: List[Path], names: List[str], out: Optional[Path]) -> List[Path]:
+#: The longest override suffix of a default folder name kept as written (a longer one is cut and ends in a
+#: digest of the whole, so the name stays well under the file system's 255 bytes).
+_SUFFIX_MAX = 96
+
+
+def default_folder_name(name: str, overrides: Sequence[str]) -> str:
+    """The default ``-o`` folder name of a run: the scenario's ``name``, or with ``--set``/``--seed`` overrides
+    ``name@key=value,key=value`` (each character outside ``A-Za-z0-9._=-`` written ``_``), so that a run with
+    overrides never replaces the bundle of the run as written, and two different override lists never share a
+    folder (a suffix cut for length ends in a digest of the full list)."""
+    if not overrides:
+        return name
+    suffix = ",".join(re.sub(r"[^A-Za-z0-9._=-]", "_", item) for item in overrides)
+    if len(suffix) > _SUFFIX_MAX:
+        digest = hashlib.sha256("\0".join(overrides).encode("utf-8")).hexdigest()[:12]
+        suffix = f"{suffix[: _SUFFIX_MAX - 13]}~{digest}"
+    return f"{name}@{suffix}"
+
+
+def run_targets(
+    scenarios: List[Path], names: List[str], out: Optional[Path], overrides: Sequence[str] = ()
+) -> List[Path]:
     """One output folder per scenario; names are path-safe (checked by the scenario model); two scenarios
-    with the same name in one invocation are refused (they would overwrite each other)."""
+    with the same name in one invocation are refused (they would overwrite each other). Without ``-o`` the
+    folder is ``results/`` + :func:`default_folder_name` (``overrides``: the user's ``--set``/``--seed``)."""
     from sim.config import ScenarioError
 
     seen: dict[str, Path] = {}
@@ -70,7 +94,7 @@ def run_targets(scenarios: List[Path], names: List[str], out: Optional[Path]) ->
             )
         seen[name] = path
     if out is None:
-        return [Path("results") / name for name in names]
+        return [Path("results") / default_folder_name(name, overrides) for name in names]
     if len(scenarios) > 1:
         return [out / name for name in names]
     return [out]

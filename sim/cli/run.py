@@ -43,12 +43,18 @@ def run(
     overrides = list(set_)
     if seed is not None:
         overrides.append(f"seed={seed}")
+    result_overrides = list(overrides)  # what changes the results (and the default folder name)
     if tables_format is not None:
         overrides.append(f"outputs.tables_format={tables_format}")
     if no_plots:
         overrides.append("outputs.plots=false")
     loaded = [load_scenario(path, overrides) for path in scenarios]
-    targets = run_targets(scenarios, [s.name for s in loaded], out)
+    targets = run_targets(scenarios, [s.name for s in loaded], out, result_overrides)
+    if out is None and result_overrides:
+        for scenario, target in zip(loaded, targets):
+            typer.echo(
+                f"note: --set/--seed given: writing {target} (not results/{scenario.name}; -o names it)", err=True
+            )
     for target in targets:
         prepare_out_dir(target, force)
     worst = 0
