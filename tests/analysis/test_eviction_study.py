@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from sim.analysis import eviction_study as study
 from sim.cli import app
 
+pytestmark = pytest.mark.slow  # end-to-end: its fixture runs a real sweep (make test-fast skips it)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
