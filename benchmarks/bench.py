@@ -22,7 +22,7 @@ run is printed too. Without vLLM the vLLM columns say so and only the
 hybridsim figures are printed. The first line says which core hybridsim runs:
 the compiled one (``make native``, docs/native.md; ``make bench`` builds it) or
 the interpreted one. ``--interpreted`` times the interpreted core even when a
-compiled build exists, and ``--plain`` times hybridsim without its fast paths
+compiled build exists, and ``--plain`` times hybridsim without its speed layer (sim.accel)
 (``RunOptions(fast_paths=False)``), for comparison.
 """
 
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="Runs per workload and replay (the best is kept).")
     parser.add_argument("--no-vllm", action="store_true", help="Skip the vLLM side.")
     parser.add_argument("--no-check", action="store_true", help="Skip the identical-decisions check.")
-    parser.add_argument("--plain", action="store_true", help="Time hybridsim without its fast paths.")
+    parser.add_argument("--plain", action="store_true", help="Time hybridsim without its speed layer (sim.accel).")
     parser.add_argument(
         "--interpreted", action="store_true", help="Time hybridsim's interpreted core even if a compiled one is built."
     )

@@ -1,13 +1,17 @@
-"""The simulator's fast paths change nothing: with and without them every table is byte-identical.
+"""The seam's contract: the speed layer (sim.accel) changes nothing; with and without it every table is byte-identical.
 
 Each scenario runs twice in-process, once with ``RunOptions(fast_paths=False)``
-(the plain vLLM-mirroring path: no quiet horizons, no prefix-lookup reuse) and
-once with them, the ``schedule`` table on; every table (as CSV text) and the
-summary must match. Scenarios: every golden, repro and pathology scenario, and
-seeded random step-clock scenarios drawn below (layouts with full attention,
-Mamba with and without prefill checkpoints, sliding window, mixed block sizes;
-block pressure; watermark; priority; scripted connector with sync and async
-loads; crashes recorded).
+(the plain core: sim.core only) and once with the speed layer the build
+chooses, the ``schedule`` table on; every table (as CSV text) and the summary
+must match. Scenarios: every golden, repro and pathology scenario, seeded
+random step-clock scenarios drawn below (layouts with full attention, Mamba
+with and without prefill checkpoints, several identical Mamba groups, sliding
+window, mixed block sizes; block pressure; watermark; priority; scripted
+connector with sync and async loads; crashes recorded), decode-heavy cases and
+demo-pressure on the time clock.
+
+The unit tier (``-m "not slow"``, ``make test-fast``) runs a small set: a few
+random scenarios and one decode-heavy case; the rest is in the slow tier.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from pathlib import Path
 
 import pytest
 
+from sim.accel import QuietKVCacheManager
+from sim.accel.quiet import QuietHorizons
 from sim.api import RunOptions, run_scenario
 from sim.config import load_scenario, scenario_from_text
+from sim.core.kv.manager import KVCacheManager
+from sim.engine.build import build_components
 from sim.trace.golden import GOLDEN_SCENARIOS
 
-#: Not in the unit tier (`make test-fast`): differential: whole scenarios run both ways.
-pytestmark = pytest.mark.slow
+#: How many random scenarios (and decode-heavy cases) the unit tier runs; the slow tier runs the rest.
+FAST_SEEDS = 3
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = sorted(
@@ -50,6 +58,41 @@ def _assert_same(scenario) -> dict[str, str]:
     return plain
 
 
+def _tiered(values, fast: int = FAST_SEEDS):
+    """The first ``fast`` values in the unit tier, the others marked slow."""
+    return [v if i < fast else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(values)]
+
+
+@pytest.fixture
+def quiet_skips(monkeypatch) -> list[int]:
+    """Counts the ``allocate_slots`` calls the quiet horizons skipped (a case that skips none shows nothing)."""
+    counted = [0]
+    covers = QuietHorizons.covers
+
+    def counting(self, request, num_new_tokens):
+        hit = covers(self, request, num_new_tokens)
+        counted[0] += hit
+        return hit
+
+    monkeypatch.setattr(QuietHorizons, "covers", counting)
+    return counted
+
+
+def test_the_build_chooses_the_layer_once() -> None:
+    """``fast_paths`` picks the manager class at build time: the speed layer where its rules cover the
+    layout, the plain core otherwise or when off."""
+    scenario = load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", OVERRIDES)
+    fast = build_components(scenario, fast_paths=True)
+    plain = build_components(scenario, fast_paths=False)
+    assert fast is not None and plain is not None
+    assert type(fast.kv_manager) is QuietKVCacheManager
+    assert type(plain.kv_manager) is KVCacheManager
+    window = scenario_from_text(random_scenario(0, ["[full_attention, {type: sliding_window, window: 64}]"]), "<w>")
+    built = build_components(window, fast_paths=True)
+    assert built is not None and type(built.kv_manager) is KVCacheManager
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_scenario_files_identical_with_and_without_fast_paths(path: Path) -> None:
     tables = _assert_same(load_scenario(path, OVERRIDES))
@@ -66,7 +109,7 @@ LAYOUTS = [
 ]
 
 
-#: Several identical Mamba groups, as vLLM builds them for Nemotron-H (sim.core.kv.fastpath.MambaReplicas).
+#: Several identical Mamba groups, as vLLM builds them for Nemotron-H.
 REPLICA_LAYOUTS = [
     "[{type: mamba, prefill_checkpoints: true}, {type: mamba, prefill_checkpoints: true}, full_attention,"
     " {type: mamba, prefill_checkpoints: true}]",
@@ -122,62 +165,24 @@ def random_scenario(seed: int, layouts: list[str] = LAYOUTS) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("seed", range(36))
+@pytest.mark.parametrize("seed", _tiered(range(36)))
 def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> None:
     _assert_same(scenario_from_text(random_scenario(seed), f"<fuzz {seed}>", overrides=OVERRIDES))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
-def test_replica_mamba_groups_identical_with_and_without_fast_paths(seed: int, monkeypatch) -> None:
-    from sim.core.kv.fastpath import MambaReplicas
-
-    calls = [0]
-    allocate = MambaReplicas.allocate_new_blocks
-
-    def counting(self, *args):
-        calls[0] += 1
-        return allocate(self, *args)
-
-    monkeypatch.setattr(MambaReplicas, "allocate_new_blocks", counting)
+def test_identical_mamba_groups_identical_with_and_without_fast_paths(seed: int, quiet_skips: list[int]) -> None:
     _assert_same(scenario_from_text(random_scenario(seed, REPLICA_LAYOUTS), f"<replicas {seed}>", overrides=OVERRIDES))
-    assert calls[0] > 0, "the replica groups were not decided once"
+    assert quiet_skips[0] > 0
 
 
-# --------------------------------------------------------------------------- the event-driven running set
-# The decode cohort (sim.core.kv.fastpath.DecodeCohort) is off with on_crash="record" (and with priority
-# scheduling): these variants run with on_crash=stop, so parked decodes are in play; with the schedule
-# table off (above it is on: the cohort writes its members' rows).
-COHORT_OVERRIDES = ["outputs.plots=false", "outputs.schedule_table=false", "on_crash=stop"]
+# --------------------------------------------------------------------------- decode-heavy cases
+# Many concurrent decodes inside their horizons (the common case the layer exists for), with and without
+# the schedule table, preemptions, length caps and a connector; on_crash stop.
 
 
-@pytest.fixture
-def parks(monkeypatch) -> list[int]:
-    """Counts ``DecodeCohort.park`` calls (a test that parks nothing could not fail)."""
-    from sim.core.kv.fastpath import DecodeCohort
-
-    counted = [0]
-    park = DecodeCohort.park
-
-    def counting(self, request, steps):
-        counted[0] += 1
-        return park(self, request, steps)
-
-    monkeypatch.setattr(DecodeCohort, "park", counting)
-    return counted
-
-
-@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
-def test_scenario_files_identical_with_parked_decodes(path: Path) -> None:
-    _assert_same(load_scenario(path, COHORT_OVERRIDES))
-
-
-@pytest.mark.parametrize("seed", range(36))
-def test_random_scenarios_identical_with_parked_decodes(seed: int) -> None:
-    text = random_scenario(seed).replace("on_crash: record", "on_crash: stop")
-    _assert_same(scenario_from_text(text, f"<fuzz {seed}>", overrides=COHORT_OVERRIDES[:2]))
-
-
-def _cohort_scenario(
+def _decode_scenario(
     name: str,
     *,
     layout: str,
@@ -211,8 +216,8 @@ workload:
 {extra}"""
 
 
-COHORT_CASES = {
-    # 64 concurrent long decodes (parked ones far outnumber the rest), FA + Mamba.
+DECODE_CASES = {
+    # 64 concurrent long decodes, FA + Mamba.
     "many-decodes": dict(
         layout="[full_attention, mamba]",
         num_blocks=3000,
@@ -221,7 +226,7 @@ COHORT_CASES = {
         rate=8.0,
         output="{dist: uniform, low: 100, high: 400}",
     ),
-    # Tight pool: preemptions pop parked decodes from the end of `running`.
+    # Tight pool: preemptions pop decodes inside their horizons from the end of `running`.
     "preemption": dict(
         layout="[full_attention, {type: mamba, prefill_checkpoints: true}]",
         num_blocks=120,
@@ -230,7 +235,7 @@ COHORT_CASES = {
         rate=4.0,
         output="{dist: uniform, low: 40, high: 300}",
     ),
-    # Short prompts, a small budget: parked decodes take most of it every step.
+    # Short prompts, a small budget: decodes take most of it every step.
     "budget-cuts": dict(
         layout="[full_attention]",
         num_blocks=2000,
@@ -241,7 +246,7 @@ COHORT_CASES = {
         system="low: 4, high: 12",
         user="low: 2, high: 8",
     ),
-    # max_tokens below most EOS points: length-capped finishes right after a parked stretch.
+    # max_tokens below most EOS points: length-capped finishes right after a quiet stretch.
     "max-tokens": dict(
         layout="[full_attention, mamba]",
         num_blocks=1500,
@@ -250,7 +255,7 @@ COHORT_CASES = {
         rate=4.0,
         output="{dist: uniform, low: 50, high: 500}\n    max_tokens: 90",
     ),
-    # A scripted connector (sync and async loads) next to parked decodes.
+    # A scripted connector (sync and async loads) next to quiet decodes.
     "connector": dict(
         layout="[full_attention, mamba]",
         num_blocks=400,
@@ -264,31 +269,20 @@ COHORT_CASES = {
 
 
 @pytest.mark.parametrize("schedule_table", ["false", "true"])
-@pytest.mark.parametrize("case", sorted(COHORT_CASES))
-def test_parked_decodes_change_nothing(case: str, schedule_table: str, parks: list[int], monkeypatch) -> None:
-    from sim.core.scheduler import Scheduler
-
-    parked_victims = [0]
-    preempt = Scheduler._preempt_request
-
-    def counting_preempt(self, request):
-        parked_victims[0] += request.request_id in self.cohort.members
-        return preempt(self, request)
-
-    monkeypatch.setattr(Scheduler, "_preempt_request", counting_preempt)
-    text = _cohort_scenario(case, **COHORT_CASES[case])
+@pytest.mark.parametrize("case", _tiered(sorted(DECODE_CASES), fast=1))
+def test_decode_heavy_cases_identical(case: str, schedule_table: str, quiet_skips: list[int]) -> None:
+    text = _decode_scenario(case, **DECODE_CASES[case])
     overrides = ["outputs.plots=false", f"outputs.schedule_table={schedule_table}"]
     tables = _assert_same(scenario_from_text(text, f"<{case}>", overrides=overrides))
-    assert parks[0] > 0, "no decode was parked: the case does not exercise the cohort"
+    assert quiet_skips[0] > 0, "no allocate_slots call was skipped: the case does not exercise the layer"
     summary = json.loads(tables["summary"])
     assert summary["status"] == "complete"
     if schedule_table == "true":
         assert tables["schedule"].count("\n") > 1
-    if case == "preemption":
-        assert parked_victims[0] > 0, "no parked decode was preempted"
 
 
-def test_parked_decodes_change_nothing_on_the_time_clock(parks: list[int]) -> None:
-    """The step-time model's decode totals include the parked decodes (Nemotron-H 8B on H100, time clock)."""
-    _assert_same(load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", COHORT_OVERRIDES))
-    assert parks[0] > 0
+@pytest.mark.slow
+def test_demo_pressure_identical_on_the_time_clock(quiet_skips: list[int]) -> None:
+    """The step-time model reads the batch totals (Nemotron-H 8B on H100, time clock)."""
+    _assert_same(load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", OVERRIDES))
+    assert quiet_skips[0] > 0

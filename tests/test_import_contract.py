@@ -2,10 +2,11 @@
 
 Layers, lowest first (a module may import its own layer and the layers below):
 
-    trace < core < workload < config < connector < engine < results < analysis < api < sweep, verify < cli
+    trace < core < accel, workload < config < connector < engine < results < analysis < api < sweep, verify < cli
 
 The core (tokens, request, kv, policy, scheduler, interfaces, admission_truth,
-registry) additionally imports nothing outside the core, and no simpy, pandas
+registry) additionally imports nothing outside the core (in particular nothing of the speed
+layer ``sim.accel``, which sits above it), and no simpy, pandas
 or matplotlib. Checked twice: statically over every ``import`` in the source
 (function-level imports included), and by importing the core in a fresh
 interpreter and reading ``sys.modules``.
@@ -32,6 +33,7 @@ LAYERS: dict[str, int] = {
     "sim.interrupts": 0,
     "sim.native": 0,
     "sim.core": 1,
+    "sim.accel": 2,
     "sim.workload": 2,
     "sim.config": 3,
     "sim.connector": 4,

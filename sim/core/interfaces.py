@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence, Sized
 
 from sim.core.kv.coordinator import KVCacheCoordinator
-from sim.core.kv.fastpath import QuietHorizons
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import BlockPool, KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig
@@ -85,8 +84,6 @@ class SchedulerKVManager(Protocol):
     coordinator: KVCacheCoordinator
     block_pool: BlockPool
     empty_kv_cache_blocks: KVCacheBlocks
-    #: Quiet fast path (a simulator speed-up): each running request's horizon inside which ``allocate_slots`` is a no-op.
-    quiet: QuietHorizons
 
     @property
     def num_pending_events(self) -> int:
@@ -112,8 +109,6 @@ class SchedulerKVManager(Protocol):
         reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
     ) -> KVCacheBlocks | None: ...
-
-    def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None: ...
 
     def free(self, request: Request) -> None: ...
 

@@ -51,14 +51,12 @@ windows, fine-grained partial Mamba hits (``prefix_match_unit``), the
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
 
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
-from sim.core.kv.fastpath import DecodeCohort
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import ChainBackend, RequestBlockHasher
 from sim.core.kv.manager import KVCacheBlocks
@@ -169,20 +167,16 @@ class SchedulerOutput:
         self.sampling_reqs: list[Request] = []
         #: ``num_computed_tokens`` before this step, parallel to ``num_scheduled_tokens``.
         self.computed_before: list[int] = []
-        #: Parked decodes (:class:`sim.core.kv.fastpath.DecodeCohort`) scheduled for one token each this
-        #: step; they are in neither ``num_scheduled_tokens`` nor ``sampling_reqs`` but are counted
-        #: in ``decode_tokens`` / ``decode_context_tokens``. Always 0 on the plain path.
-        self.num_parked_decodes = 0
 
     def __repr__(self) -> str:
         return (
             f"SchedulerOutput(step={self.step}, num_scheduled_tokens={self.num_scheduled_tokens}, "
-            f"num_parked_decodes={self.num_parked_decodes}, preempted_req_ids={self.preempted_req_ids})"
+            f"preempted_req_ids={self.preempted_req_ids})"
         )
 
     @property
     def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values()) + self.num_parked_decodes
+        return sum(self.num_scheduled_tokens.values())
 
     @property
     def num_computed_tokens_before(self) -> dict[str, int]:
@@ -290,27 +284,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: dict[str, Request] = {}
-        #: Reuse a waiting request's last prefix lookup while its inputs are unchanged (see
-        #: :meth:`_prefix_lookup`); tests turn it off to compare against fresh lookups.
-        self.reuse_prefix_lookups = True
-        self._last_lookup: tuple[tuple[object, ...], tuple[int, ...], PrefixLookup] | None = None
-        #: The pool's ``cache_generation`` at the fresh lookup of the attempt under way, whose
-        #: hashes are watched only if the attempt does not admit (:meth:`_settle_lookup`); -1: none.
-        self._lookup_generation = -1
         #: Crashes kept with ``on_crash="record"`` (in order).
         self.crashes: list[EngineCrash] = []
-        #: The event-driven running set (sim.core.kv.fastpath): with the quiet horizons, when no
-        #: priority victim or recorded crash needs every member in order. With the schedule
-        #: table on, the parked members' rows are written in ``running`` order
-        #: (:meth:`_record_schedule_with_parked`).
-        self.cohort = DecodeCohort(enabled=kv_manager.quiet.enabled and not self.priority and on_crash == "stop")
-        #: Positions in ``running`` of the requests that are not parked in the cohort, ascending,
-        #: kept up to date (only while the cohort is enabled) by every change of ``running`` and of
-        #: the cohort's membership, so the parked running loop visits them without scanning
-        #: ``running``. Invariant between scheduler calls: it equals
-        #: ``[i for i, r in enumerate(running) if r.request_id not in cohort.members]``.
-        self._active_positions: list[int] = []
-        self._track_actives = self.cohort.enabled
         self.step = 0
         # Counters.
         self.num_preemptions = 0
@@ -365,14 +340,7 @@ class Scheduler:
         # vLLM: the threshold only applies when someone else could be starved.
         threshold = self.config.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
-        cohort = self.cohort
-        if cohort.members:
-            for request in cohort.materialize_due():
-                insort(self._active_positions, self.running.index(request))
-        if cohort.members:
-            budget = self._schedule_running_parked(out, budget, threshold, preempted)
-        else:
-            budget = self._schedule_running(out, budget, threshold, preempted)
+        budget = self._schedule_running(out, budget, threshold, preempted)
         if not preempted:
             self._schedule_waiting(out, budget, threshold, kinds)
 
@@ -383,21 +351,11 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]) -> int:
         req_index = 0
         running = self.running
-        allocate_slots = self.kv.allocate_running_slots
-        # The kv manager's quiet horizons (sim.core.kv.fastpath): inside one, allocate_slots is a proven no-op.
-        quiet = self.kv.quiet
-        take_decodes = quiet.take_decodes if quiet.enabled else None
+        allocate_slots = self.kv.allocate_slots
         scheduled_running = out.scheduled_running_reqs
         num_scheduled = out.num_scheduled_tokens
         finished_error = RequestStatus.FINISHED_ERROR
         while req_index < len(running) and budget > 0:
-            if take_decodes is not None:
-                # A run of 1-token decodes inside their horizons, scheduled in one call.
-                num_fast = take_decodes(running, req_index, budget, scheduled_running, num_scheduled)
-                req_index += num_fast
-                budget -= num_fast
-                if req_index >= len(running) or budget <= 0:
-                    break
             request = running[req_index]
             n = self._running_tokens(request, budget, threshold)
             if n <= 0:
@@ -444,71 +402,6 @@ class Scheduler:
             n = self._mamba_block_aligned_split(request, n)
         return n
 
-    def _schedule_running_parked(
-        self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]
-    ) -> int:
-        """:meth:`_schedule_running` with parked decodes (:class:`DecodeCohort`) in ``running``.
-
-        Only the other (*active*) requests are visited, in ``running`` order (their
-        positions are kept in ``_active_positions``: no scan of ``running``); the
-        parked ones between them take one token of the budget each, as the plain
-        loop would give them, without being touched. Positions in ``running`` are
-        stable during the loop: only preemption (which pops from the end; a parked
-        victim is unparked first) removes requests, and the cohort is off with
-        priority scheduling and with ``on_crash="record"``. Where the plain loop
-        would stop (budget used up, or an allocation that fails even after
-        preempting), the parked requests from there on are not scheduled this
-        step: they are unparked with their counters as they are.
-        """
-        running = self.running
-        actives = [(i, running[i]) for i in self._active_positions]
-        allocate_slots = self.kv.allocate_running_slots
-        scheduled_running = out.scheduled_running_reqs
-        num_scheduled = out.num_scheduled_tokens
-        prev = -1  # the last visited active position
-        cut = -1  # from this position on, nothing more is scheduled (-1: everything was)
-        for pos, request in actives:
-            if pos >= len(running):
-                break  # preempted (with everything after it)
-            parked = pos - prev - 1
-            if parked >= budget:
-                cut = prev + 1 + budget
-                budget = 0
-                break
-            budget -= parked
-            prev = pos
-            n = self._running_tokens(request, budget, threshold)
-            if n <= 0:
-                continue
-            try:
-                new_blocks = allocate_slots(request, n)
-            except (AssertionError, ValueError) as exc:
-                new_blocks = self._allocation_crash(request, exc)  # raises: on_crash is "stop"
-            if new_blocks is None:
-                new_blocks, _, budget = self._preempt_for(request, n, pos, budget, out, preempted, allocate_slots)
-                if new_blocks is None:
-                    cut = pos
-                    break
-            scheduled_running.append(request)
-            num_scheduled[request.request_id] = n
-            budget -= n
-            if budget <= 0:
-                cut = pos + 1
-                break
-        if cut == -1:
-            # The parked ones after the last active still there take one token each.
-            parked = len(running) - prev - 1
-            if parked > budget:
-                cut = prev + 1 + budget
-            budget -= min(parked, budget)
-        if cut != -1:
-            materialize = self.cohort.materialize
-            for request in running[cut:]:
-                materialize(request.request_id)
-            positions = self._active_positions
-            positions[bisect_left(positions, cut) :] = range(cut, len(running))
-        return budget
-
     def _allocation_crash(self, request: Request, exc: BaseException) -> KVCacheBlocks | None:
         """``allocate_slots`` raised: an engine crash; with ``on_crash="record"`` the request fails (no blocks)."""
         try:
@@ -553,9 +446,6 @@ class Scheduler:
                     budget += out.num_scheduled_tokens.pop(victim.request_id)
             else:
                 victim = self.running.pop()
-                positions = self._active_positions
-                if self._track_actives and positions and positions[-1] == len(self.running):
-                    positions.pop()
             self._preempt_request(victim)
             preempted.append(victim)
             if victim is request:
@@ -618,11 +508,9 @@ class Scheduler:
         try:
             self._run_attempt(attempt, budget, threshold)
         except EngineCrash as crash:
-            self._settle_lookup(request, False)
             attempt.outcome, attempt.crash_reason = "crash", crash.reason
             self._record_admission(attempt)
             raise
-        self._settle_lookup(request, attempt.end is not AttemptEnd.ADMITTED)
         self._record_admission(attempt)
         return attempt
 
@@ -790,8 +678,6 @@ class Scheduler:
         """An admitted request joins ``running`` with its tokens scheduled; returns them."""
         request, n = attempt.request, attempt.num_new_tokens
         rid = request.request_id
-        if self._track_actives:
-            self._active_positions.append(len(self.running))
         self.running.append(request)
         if request.status == RequestStatus.WAITING:
             out.scheduled_new_reqs.append(request)
@@ -807,56 +693,10 @@ class Scheduler:
         return n
 
     def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
-        """The per-group hits and the policy's lookup for a waiting request.
-
-        A simulator speed-up, not a vLLM feature: a head-of-line request that
-        failed to admit is looked up again on the next step, usually against the
-        same entries for its hashes. Both answers read only the pool's cache
-        entries under the request's own hashes (not ref counts or the free queue)
-        and its hashes, token count and ``skip_reading_prefix_cache``, so the last
-        answer is reused while none of those entries was added or removed
-        (``BlockPool.watch_hashes``) and those inputs are unchanged, for a policy
-        declaring ``pure_lookup``. Every attempt still records its own row.
-        """
-        pool = self.kv.block_pool
-        key = None
-        if self.reuse_prefix_lookups and self.prefix_policy.pure_lookup:
-            key = (
-                request.request_id,
-                request.num_tokens,
-                len(request.block_hashes),
-                request.skip_reading_prefix_cache,
-            )
-            last = self._last_lookup
-            if last is not None and last[0] == key and not pool.watched_changed:
-                return last[1], last[2]
+        """The per-group hits (the admissions table's ``hit_gN``) and the policy's lookup for a waiting request."""
         hits = tuple(self.kv.find_per_group_hits(request))
         lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
-        if key is not None:
-            self._last_lookup = (key, hits, lookup)
-            self._lookup_generation = pool.cache_generation
-        else:
-            self._last_lookup = None
         return hits, lookup
-
-    def _settle_lookup(self, request: Request, keep: bool) -> None:
-        """At the end of an attempt that made a fresh, reusable lookup: keep it for the next
-        attempt (``keep``: the request stays queued) by watching its hashes from now on, or drop it.
-
-        Watching from here instead of from the lookup is exact only if no cache entry was added or
-        removed in between, so it is kept only then (``cache_generation`` unchanged); a dropped
-        lookup is only redone. An admitted request's lookup is dropped: building the watched set
-        is most of the cost of a watch, and admitted requests are most attempts."""
-        generation = self._lookup_generation
-        if generation < 0:
-            return
-        self._lookup_generation = -1
-        pool = self.kv.block_pool
-        if keep and pool.cache_generation == generation:
-            pool.watch_hashes(request.block_hashes)
-        else:
-            self._last_lookup = None
-            pool.unwatch()
 
     def _check(self, ok: bool, assertion: str, request: Request) -> None:
         """vLLM ``assert <assertion>``: a failed one is an engine crash."""
@@ -941,83 +781,14 @@ class Scheduler:
                     continue
             prefill += n
             prefill_chunks.append((n, before))
-        cohort = self.cohort
-        if cohort.members:
-            # The parked decodes, in aggregate: each computes one token on its context.
-            parked, parked_context = cohort.decode_totals()
-            out.num_parked_decodes = parked
-            decode += parked
-            decode_context += parked_context
-            cohort.sched_clock += 1
         out.decode_tokens += decode
         out.decode_context_tokens += decode_context
         out.prefill_tokens += prefill
         rec = self.recorder
         if rec is not None and rec.schedule_enabled:
-            if out.num_parked_decodes:
-                self._record_schedule_with_parked(out, reqs, kinds)
-                return
             rids = list(num_scheduled)
             row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
             rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
-
-    def _record_schedule_with_parked(self, out: SchedulerOutput, reqs: list[Request], kinds: dict[str, str]) -> None:
-        """The step's ``schedule`` rows when parked decodes (:class:`DecodeCohort`) were scheduled.
-
-        The plain path writes one row per scheduled request in scheduling order:
-        the running loop's requests in ``running`` order, then the admitted ones
-        (appended to ``running`` as they were admitted). Every remaining cohort
-        member was scheduled for one token (the others were unparked at the
-        cut), and each is in ``running``; so walking ``running`` and taking the
-        members and the scheduled requests gives exactly the plain order.
-
-        ``reqs`` are the scheduled requests in scheduling order (parallel to
-        ``num_scheduled_tokens`` and ``computed_before``): a subsequence of
-        ``running`` at the active positions (``_active_positions``, which hold
-        every non-member), so one walk over those positions merges them with the
-        runs of members between them. A member's row is ``running``, 1 token,
-        and its count before the step: ``sched_clock`` already counts this step,
-        so that is ``computed_base + sched_clock - 1``.
-        """
-        rec = self.recorder
-        assert rec is not None
-        cohort = self.cohort
-        members = cohort.members
-        running = self.running
-        num_rows = len(members) + len(reqs)
-        # Most rows are members' ("running", 1 token): the scheduled ones overwrite theirs.
-        row_kinds = ["running"] * num_rows
-        counts = [1] * num_rows
-        rids: list[str] = []
-        befores: list[int] = []
-        sched_counts = list(out.num_scheduled_tokens.values())
-        sched_befores = out.computed_before
-        clock_before = cohort.sched_clock - 1
-        num_reqs = len(reqs)
-        j = 0  # the next scheduled request, in reqs
-        start = 0  # where the current run of members starts in running
-        for pos in self._active_positions:
-            for i in range(start, pos):
-                rid = running[i].request_id
-                rids.append(rid)
-                befores.append(members[rid].computed_base + clock_before)
-            start = pos + 1
-            request = running[pos]
-            if j < num_reqs and reqs[j] is request:
-                rid = request.request_id
-                row = len(rids)
-                rids.append(rid)
-                befores.append(sched_befores[j])
-                counts[row] = sched_counts[j]
-                if kinds:
-                    row_kinds[row] = kinds.get(rid, "running")
-                j += 1
-        for i in range(start, len(running)):
-            rid = running[i].request_id
-            rids.append(rid)
-            befores.append(members[rid].computed_base + clock_before)
-        assert j == num_reqs and len(rids) == num_rows, "schedule rows: the scheduled requests are not in running order"
-        rec.record_schedule_rows(rids, row_kinds, counts, befores)
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.
@@ -1025,7 +796,6 @@ class Scheduler:
         Its ``schedule`` row (0 tokens, ``preempted=True``) carries the
         computed tokens it lost.
         """
-        self.cohort.materialize(request.request_id)
         if self.recorder is not None:
             self.recorder.record_schedule(request.request_id, "running", 0, request.num_computed_tokens, True)
         self.kv.free(request)
@@ -1177,9 +947,6 @@ class Scheduler:
         finished: list[Request] = []
         running_status = RequestStatus.RUNNING
         max_model_len = self.max_model_len
-        cohort = self.cohort
-        if out.num_parked_decodes:
-            cohort.out_clock += 1  # every parked decode sampled one token (none can stop)
         # Prefill chunks that leave tokens to compute sample nothing; `sampling_reqs` skips them.
         for request in out.sampling_reqs:
             if request.status is not running_status:
@@ -1196,39 +963,12 @@ class Scheduler:
             status = self._stop_status(request)
             if status is not None:
                 request.status = status
-                self._remove_running(request)
+                self.running.remove(request)
                 self._free_request(request)
                 finished.append(request)
-        if cohort.enabled and self._park_quiet_decodes(out.sampling_reqs):
-            members = cohort.members
-            running = self.running
-            self._active_positions = [i for i in self._active_positions if running[i].request_id not in members]
         self._drain_events()
         self.step += 1
         return finished
-
-    def _park_quiet_decodes(self, sampled: list[Request]) -> bool:
-        """Park each request that just sampled and whose next steps are quiet decodes
-        (:meth:`DecodeCohort.quiet_steps`, at least two of them); True if it parked any."""
-        cohort = self.cohort
-        horizons = self.kv.quiet
-        running_status = RequestStatus.RUNNING
-        max_model_len = self.max_model_len
-        parked = False
-        for request in sampled:
-            if request.status is not running_status:
-                continue
-            steps = cohort.quiet_steps(request, horizons.get(request.request_id), max_model_len)
-            if steps >= 2:
-                cohort.park(request, steps)
-                parked = True
-        return parked
-
-    def settle(self) -> None:
-        """Write every parked decode's counters back (the run ends; tables read requests)."""
-        self.cohort.materialize_all()
-        if self._track_actives:
-            self._active_positions = list(range(len(self.running)))
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         """vLLM ``check_stop`` order: EOS (here: the workload's ``output_len``), then length caps."""
@@ -1268,25 +1008,10 @@ class Scheduler:
 
     def _remove_from_queues(self, request: Request) -> None:
         if request.status == RequestStatus.RUNNING:
-            self.cohort.materialize(request.request_id)
-            self._remove_running(request)
+            self.running.remove(request)
         else:
             self.waiting.remove({request})
             self.kv_holding_waiting.remove({request})
-
-    def _remove_running(self, request: Request) -> None:
-        """Take a request that is not parked in the cohort out of ``running`` (keeping the active positions)."""
-        running = self.running
-        if not self._track_actives:
-            running.remove(request)
-            return
-        pos = running.index(request)
-        del running[pos]
-        positions = self._active_positions
-        j = bisect_left(positions, pos)
-        if j < len(positions) and positions[j] == pos:
-            del positions[j]
-        positions[j:] = [i - 1 for i in positions[j:]]
 
     def _fail_request(self, request: Request) -> None:
         """``on_crash="record"``: the crashing request fails, the engine goes on."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from sim import native
+from sim.accel import QuietKVCacheManager
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.connector.protocol import Connector
@@ -400,9 +401,10 @@ def build_components(
     Everything that can be refused is checked before anything stateful is
     built: the cache layout, the workload, the sizing, the policy, the
     connector, the step-time model and the eviction policy. ``fast_paths``
-    False builds the plain vLLM-mirroring path: no quiet horizons
-    (:mod:`sim.core.kv.fastpath`) and no reuse of prefix lookups; the tables
-    are identical.
+    chooses, once, the KV-cache manager: the speed layer's
+    :class:`~sim.accel.QuietKVCacheManager` where it supports the layout, else
+    (or with ``fast_paths`` False) the plain :class:`KVCacheManager`; the
+    tables are identical (tests/test_fastpath_differential.py).
     """
     config = _check_block_limit(build_kv_cache_config(scenario))
     rngs = run_rngs(scenario.seed)
@@ -420,12 +422,12 @@ def build_components(
         return None
 
     # As vLLM's Scheduler does, hand the manager the in-flight token bound (sliding-window admission cap).
-    kv_manager = KVCacheManager(
+    manager_cls = QuietKVCacheManager if fast_paths and QuietKVCacheManager.supports(config) else KVCacheManager
+    kv_manager = manager_cls(
         config,
         max_in_flight_tokens=scheduler_config.max_in_flight_tokens,
         watermark=scenario.scheduler.watermark,
         corrected_mamba_accounting=scenario.cache.corrected_mamba_accounting,
-        fast_paths=fast_paths,
         eviction_policy=eviction_policy,
         eviction_context=eviction_context,
     )
@@ -441,7 +443,6 @@ def build_components(
         chain_hasher=compiled_chain_hasher(),
         checkpoint_policy=placement,
     )
-    scheduler.reuse_prefix_lookups = fast_paths
     return Components(
         scenario=scenario,
         kv_cache_config=config,

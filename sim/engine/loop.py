@@ -283,7 +283,7 @@ class EngineLoop:
         if finished and self.on_finished is not None:
             self.on_finished(finished, end)
         # Nothing ran and nothing moved: sleep until something new can happen.
-        self._idle = not (output.num_scheduled_tokens or output.num_parked_decodes or output.preempted_req_ids)
+        self._idle = not (output.num_scheduled_tokens or output.preempted_req_ids)
         self.num_finished += len(finished)
         running, waiting = sched.get_request_counts()
         rec.record_step(

@@ -56,7 +56,7 @@ class RunOptions:
     write_plots: bool | None = None
     max_steps: int | None = None
     force: bool = False  # replace an output folder holding files hybridsim did not write (kept aside)
-    #: The simulator's fast paths (quiet horizons, lookup reuse, parked decodes); ``None``: on unless the
+    #: The simulator's speed layer (sim.accel: quiet horizons); ``None``: on unless the
     #: environment sets ``HYBRIDSIM_PLAIN=1``. Off runs the plain vLLM-mirroring path
     #: (identical tables, slower), for differential tests and debugging.
     fast_paths: bool | None = None
@@ -232,7 +232,6 @@ class Run:
                 progress.stop()
             loop.close()
         components = self.components
-        components.scheduler.settle()  # parked decodes (sim.core.kv.fastpath.DecodeCohort) write their counters back
         stopped = status != "complete"
         if stopped:
             loop.fail_in_flight()

@@ -62,7 +62,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sim.core.kv.pool",
     "sim.core.kv.eviction",
     "sim.core.kv.managers",
-    "sim.core.kv.fastpath",
     "sim.core.kv.coordinator",
     "sim.core.kv.manager",
     "sim.core.policy.prefix",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.accel import QuietKVCacheManager
 from sim.connector.context import ConnectorContext, GroupLayout
 from sim.core.kv.eviction import EvictionContext
 from sim.core.kv.manager import KVCacheManager
@@ -35,7 +36,7 @@ class Harness:
         policy="reconciled",
         on_crash="stop",
         sched_policy="fcfs",
-        fast_paths=True,
+        fast_paths=False,
         checkpoint_policy=None,
         eviction_policy=None,
         **sched,
@@ -45,9 +46,10 @@ class Harness:
         )
         if checkpoint_policy is not None:  # as the engine builds it: a what-if placement needs a policy pool
             eviction_policy = eviction_policy_for_placement(eviction_policy)
-        self.kv = KVCacheManager(
+        # The plain core by default; ``fast_paths`` builds the speed layer's manager where it applies.
+        fast = fast_paths and QuietKVCacheManager.supports(self.kv_cfg)
+        self.kv = (QuietKVCacheManager if fast else KVCacheManager)(
             self.kv_cfg,
-            fast_paths=fast_paths,
             eviction_policy=eviction_policy,
             eviction_context=EvictionContext(prefill_flops=lambda p: float(p * p)),
         )
@@ -73,7 +75,6 @@ class Harness:
             on_crash=on_crash,
             checkpoint_policy=checkpoint_policy,
         )
-        self.sched.reuse_prefix_lookups = fast_paths
         self.step = 0
         self.finished: dict[str, int] = {}
         self.status: dict[str, RequestStatus] = {}

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
-from sim.core.kv.fastpath import LookupMemo, MambaReplicas
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
 from sim.core.kv.pool import BlockPool, KVCacheBlock
@@ -48,15 +47,13 @@ class KVCacheOptions:
     """How the pool and the per-group managers are built: everything but the layout (``KVCacheConfig``).
 
     ``max_in_flight_tokens`` sizes the sliding-window admission cap (None: ``max_model_len``);
-    ``corrected_mamba_accounting`` is the Mamba what-if of :class:`MambaManager`; ``fast_paths``
-    turns the lookup memo and the Mamba replicas on (sim.core.kv.fastpath); an eviction policy
+    ``corrected_mamba_accounting`` is the Mamba what-if of :class:`MambaManager`; an eviction policy
     replaces the pool's LRU (not vLLM: docs/eviction.md).
     """
 
     enable_kv_cache_events: bool = True
     max_in_flight_tokens: int | None = None
     corrected_mamba_accounting: bool = False
-    fast_paths: bool = True
     eviction_policy: EvictionPolicy | None = None
     eviction_context: EvictionContext | None = None
 
@@ -66,7 +63,6 @@ class KVCacheCoordinator:
 
     def __init__(self, kv_cache_config: KVCacheConfig, options: KVCacheOptions) -> None:
         enable_caching = kv_cache_config.enable_prefix_caching
-        fast_paths = options.fast_paths
         self.kv_cache_config = kv_cache_config
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
@@ -96,10 +92,6 @@ class KVCacheCoordinator:
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)
         self.retention_interval = kv_cache_config.retention_interval
         self.full_attention_group_id: int | None = None
-        #: Every group type's prefix lookup goes through it (a fast path: sim.core.kv.fastpath).
-        self.lookups = LookupMemo(self.block_pool, enabled=fast_paths)
-        #: Identical Mamba groups decided once (a fast path: sim.core.kv.fastpath), or None.
-        self.replicas = MambaReplicas.find(managers, enabled=fast_paths and enable_caching)
         self._init_layout()
 
     def _init_layout(self) -> None:
@@ -121,20 +113,6 @@ class KVCacheCoordinator:
         only matters under retention 0; otherwise every chunk may checkpoint."""
         if self.retention_interval != 0:
             prefill_end = 0
-        replicas = self.replicas
-        if replicas is not None and replicas.enabled:
-            fast = replicas.get_num_blocks_to_allocate(
-                request_id,
-                num_tokens,
-                new_computed_blocks,
-                total_computed_tokens,
-                num_local_computed_tokens,
-                num_tokens_main_model,
-                apply_admission_cap,
-                prefill_end,
-            )
-            if fast is not None:
-                return fast
         total = 0
         for i, manager in enumerate(self.single_type_managers):
             total += manager.get_num_blocks_to_allocate(
@@ -175,9 +153,6 @@ class KVCacheCoordinator:
                 )
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> BlockLists:
-        replicas = self.replicas
-        if replicas is not None and replicas.enabled:
-            return replicas.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         return tuple(
             [m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers]
         )
@@ -192,31 +167,16 @@ class KVCacheCoordinator:
         boundaries = (request.num_prompt_tokens - 1,)
         retention = self.retention_interval
         cacheable = self.get_num_cacheable_tokens(num_computed_tokens)
-        replicas = self.replicas
-        if (
-            replicas is not None
-            and replicas.enabled
-            and replicas.cache_blocks(request, cacheable, retention, boundaries)
-        ):
-            return
         for manager in self.single_type_managers:
             if manager.enable_caching:
                 manager.cache_blocks(request, cacheable, retention, boundaries)
 
     # ------------------------------------------------------------------- misc
     def free(self, request_id: str) -> None:
-        replicas = self.replicas
-        if replicas is not None and replicas.enabled:
-            replicas.free(request_id)
-            return
         for manager in self.single_type_managers:
             manager.free(request_id)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        replicas = self.replicas
-        if replicas is not None and replicas.enabled:
-            replicas.remove_skipped_blocks(request_id, processed_computed_tokens)
-            return
         for manager in self.single_type_managers:
             manager.remove_skipped_blocks(request_id, processed_computed_tokens)
 
@@ -269,20 +229,10 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> tuple[BlockLists, int, int]:
-        blocks, hit = self.lookups.find_longest_cache_hit(
-            self._cls, block_hashes, max_cache_hit_length, (0,), self._spec, self._spec.block_size
+        blocks, hit = self._cls.find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, (0,), self.block_pool, self._spec, self._spec.block_size
         )
         return blocks, hit, 0
-
-    def find_per_group_hit_lengths(
-        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
-    ) -> tuple[int, ...]:
-        """The one group's hit, asked of the memo for the hit alone (the found blocks are not copied)."""
-        return (
-            self.lookups.find_hit_length(
-                self._cls, block_hashes, max_cache_hit_length, (0,), self._spec, self._spec.block_size
-            ),
-        )
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -324,7 +274,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 if isinstance(spec, FullAttentionSpec) and blocks_by_group[first] is not None:
                     cur = min(cur, len_by_group[first])
                     continue
-                found, cur = self.lookups.find_longest_cache_hit(cls, block_hashes, cur, gids, spec, align)
+                found, cur = cls.find_longest_cache_hit(block_hashes, cur, gids, self.block_pool, spec, align)
                 for gid, lst in zip(gids, found):
                     blocks_by_group[gid] = lst
                     len_by_group[gid] = cur
@@ -353,23 +303,13 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hit_blocks: list[list[KVCacheBlock]] = [[] for _ in range(n)]
         hits = [0] * n
         for spec, gids, cls in self.attention_groups:
-            found, hit = self.lookups.find_longest_cache_hit(
-                cls, block_hashes, max_cache_hit_length, gids, spec, self._alignment
+            found, hit = cls.find_longest_cache_hit(
+                block_hashes, max_cache_hit_length, gids, self.block_pool, spec, self._alignment
             )
             for gid, lst in zip(gids, found):
                 hit_blocks[gid] = lst
                 hits[gid] = hit
         return tuple(hit_blocks), tuple(hits)
-
-    def find_per_group_hit_lengths(
-        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
-    ) -> tuple[int, ...]:
-        hits = [0] * len(self.single_type_managers)
-        for spec, gids, cls in self.attention_groups:
-            hit = self.lookups.find_hit_length(cls, block_hashes, max_cache_hit_length, gids, spec, self._alignment)
-            for gid in gids:
-                hits[gid] = hit
-        return tuple(hits)
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         """Hybrid: only up to the last scheduler-block boundary can ever be hit."""

@@ -166,23 +166,6 @@ class PolicyBlockPool(BlockPool):
                     self.extra_state_ids.add(blk.block_id)
                 policy.on_cached(blk, block_hashes[i - 1] if i > 0 else None)
 
-    def cache_full_blocks_groups(
-        self,
-        request_id: str,
-        tables: list[list[KVCacheBlock]],
-        block_hashes: Sequence[BlockHash],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        group_ids: list[int],
-        block_mask: Sequence[bool] | None = None,
-    ) -> None:
-        """One :meth:`cache_full_blocks` per group, in order (the policy hears each new entry)."""
-        for blocks, gid in zip(tables, group_ids):
-            self.cache_full_blocks(
-                request_id, blocks, block_hashes, num_cached_blocks, num_full_blocks, block_size, gid, block_mask
-            )
-
     def cache_block_at(
         self, request_id: str, block: KVCacheBlock, block_hash: BlockHash, num_tokens: int, kv_cache_group_id: int
     ) -> tuple[BlockHash, int] | None:

@@ -11,8 +11,6 @@ from typing import Iterable, Sequence
 
 from sim.core.kv.coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, PolicyBlockPool
-from sim.core.kv.fastpath import QuietHorizons
-from sim.core.kv.managers import MambaManager
 from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.core.request import Request, RequestStatus
@@ -49,7 +47,6 @@ class KVCacheManager:
     sliding-window admission cap (vLLM: concurrent batches x
     ``max_num_batched_tokens``; defaults to ``max_model_len``).
     ``corrected_mamba_accounting``: see :class:`~sim.core.kv.managers.MambaManager`.
-    ``fast_paths`` False turns the simulator's fast paths off (:mod:`sim.core.kv.fastpath`).
     ``eviction_policy``: ``None`` is vLLM's LRU (the plain pool); anything else
     is a what-if policy (:mod:`sim.core.kv.eviction`), told ``eviction_context``.
     """
@@ -62,7 +59,6 @@ class KVCacheManager:
         enable_kv_cache_events: bool = True,
         watermark: float = 0.0,
         corrected_mamba_accounting: bool = False,
-        fast_paths: bool = True,
         eviction_policy: EvictionPolicy | None = None,
         eviction_context: EvictionContext | None = None,
     ) -> None:
@@ -75,7 +71,6 @@ class KVCacheManager:
             enable_kv_cache_events,
             max_in_flight_tokens,
             corrected_mamba_accounting,
-            fast_paths,
             eviction_policy,
             eviction_context,
         )
@@ -88,24 +83,6 @@ class KVCacheManager:
         self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.hash_block_size = kv_cache_config.hash_block_size
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
-        managers = self.coordinator.single_type_managers
-        #: The simulator's fast path around ``allocate_slots`` (off: vLLM's plain path on every call).
-        self.quiet = QuietHorizons(
-            managers,
-            max_model_len=self.max_model_len,
-            watermark_blocks=self.watermark_blocks,
-            # A chunk longer than the alignment may export a Mamba prefill checkpoint.
-            max_tokens=min(
-                (
-                    m.cache_hit_alignment_tokens
-                    for m in managers
-                    if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks
-                ),
-                default=self.max_model_len,
-            ),
-            enabled=fast_paths,
-            replicas=self.coordinator.replicas,
-        )
 
     # ----------------------------------------------------------------- lookup
     @property
@@ -166,15 +143,6 @@ class KVCacheManager:
             return tuple(0 for _ in range(self.num_kv_cache_groups))
         return self.coordinator.find_per_group_hit_lengths(request.block_hashes, request.num_tokens - 1)
 
-    # -------------------------------------------------------- quiet fast path
-    def allocate_running_slots(self, request: Request, num_new_tokens: int) -> KVCacheBlocks | None:
-        """``allocate_slots(request, num_new_tokens)`` (no hit, no external or
-        lookahead tokens: the running loop's call); inside the request's quiet
-        horizon (:mod:`sim.core.kv.fastpath`) it returns no blocks without the per-group work."""
-        if self.quiet.covers(request, num_new_tokens):
-            return self.empty_kv_cache_blocks
-        return self._allocate_slots_full(request, num_new_tokens)
-
     # ------------------------------------------------------------- allocation
     def allocate_slots(
         self,
@@ -198,42 +166,7 @@ class KVCacheManager:
         touches hits in every group before allocating external blocks, and
         caches up to ``min(computed + new, num_tokens)`` unless ``delay_cache_blocks``.
         """
-        if (
-            new_computed_blocks is None
-            and has_scheduled_reqs
-            and not (num_new_computed_tokens or num_external_computed_tokens or num_lookahead_tokens or reserved_blocks)
-            and not (delay_cache_blocks or full_sequence_must_fit)
-        ):
-            return self.allocate_running_slots(request, num_new_tokens)
-        return self._allocate_slots_full(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            num_lookahead_tokens,
-            num_external_computed_tokens,
-            delay_cache_blocks,
-            full_sequence_must_fit,
-            reserved_blocks,
-            has_scheduled_reqs,
-        )
-
-    def _allocate_slots_full(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        full_sequence_must_fit: bool = False,
-        reserved_blocks: int = 0,
-        has_scheduled_reqs: bool = True,
-    ) -> KVCacheBlocks | None:
-        """:meth:`allocate_slots` without the quiet shortcut (vLLM's per-group steps)."""
         rid = request.request_id
-        self.quiet.drop(rid)
         if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
         coordinator = self.coordinator
@@ -266,12 +199,10 @@ class KVCacheManager:
         if delay_cache_blocks:
             return self.create_kv_cache_blocks(new_blocks)
         coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
-        self.quiet.note(rid)
         return self.create_kv_cache_blocks(new_blocks)
 
     def free(self, request: Request) -> None:
         """Free every group's table (group order, each tail first)."""
-        self.quiet.drop(request.request_id)
         self.coordinator.free(request.request_id)
         if self._extra_state_pool is not None and request.extra_state_positions:
             self._extra_state_pool.set_extra_state_positions(request.request_id, ())
@@ -286,11 +217,9 @@ class KVCacheManager:
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
     ) -> None:
         """Free out-of-window blocks (``num_prompt_tokens`` is only read by vLLM's R-SWA, not modelled)."""
-        self.quiet.drop(request_id)
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        self.quiet.drop(request.request_id)
         if self.enable_caching:
             self.coordinator.cache_blocks(request, num_computed_tokens)
 

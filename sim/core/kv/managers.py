@@ -26,7 +26,7 @@ R-SWA, boundary-state offload hand-offs, worker zeroing lists.
 
 from __future__ import annotations
 
-from typing import ClassVar, Final, Sequence
+from typing import Sequence
 
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import BlockHash
@@ -57,10 +57,6 @@ def trim_null_head(blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
     while i < n and blocks[i].is_null:
         i += 1
     return blocks[i:] if i else blocks
-
-
-#: "No bound" in a :meth:`SingleTypeKVCacheManager.quiet_horizon` answer.
-QUIET_NO_BOUND: Final = 1 << 62
 
 
 class SingleTypeKVCacheManager:
@@ -96,11 +92,6 @@ class SingleTypeKVCacheManager:
         """Subclass hook: state a group type derives from its spec, once the shared state exists."""
 
     # ----------------------------------------------------------------- lookup
-    #: Whether a lookup's answer is also the answer for any ``max_length`` between its hit
-    #: and the ``max_length`` it was given (same hashes, same cache map); read by the
-    #: lookup memo (:class:`sim.core.kv.fastpath.LookupMemo`).
-    hit_kept_for_shorter_lookups: ClassVar[bool] = False
-
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -293,36 +284,8 @@ class SingleTypeKVCacheManager:
     def new_step_starts(self) -> None:
         return None
 
-    # ---------------------------------------------------------- quiet horizon
-    #: Whether this group type answers :meth:`quiet_horizon` (see :mod:`sim.core.kv.fastpath`);
-    #: a layout with any other group type always takes the full path.
-    has_quiet_horizon: bool = False
-
-    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None:
-        """``(max_main_tokens, max_processed_tokens)``: while a plain ``allocate_slots``
-        call (no hit, no external or lookahead tokens) has ``computed + new <=
-        max_main_tokens`` and ``processed <= max_processed_tokens``, it changes nothing
-        in this group's table and returns no block for it. ``None``: no such bound now.
-
-        Full-attention rule (block size ``B``, table length ``L``, ``N`` cached
-        slots): no new block while ``computed + new <= B * L``; nothing to cache
-        while ``computed + new < (N + 1) * B``; processing frees nothing.
-        """
-        table = self.req_to_blocks.get(request_id)
-        if table is None:
-            return None
-        bs = self.block_size
-        max_main = len(table) * bs
-        if self.enable_caching:
-            cache_bound = (self.num_cached_block.get(request_id, 0) + 1) * bs - 1
-            if cache_bound < max_main:
-                max_main = cache_bound
-        return max_main, QUIET_NO_BOUND
-
 
 class FullAttentionManager(SingleTypeKVCacheManager):
-    has_quiet_horizon = True
-
     @classmethod
     def find_longest_cache_hit(
         cls,
@@ -492,16 +455,9 @@ class MambaManager(SingleTypeKVCacheManager):
         self.corrected_mamba_accounting = corrected_mamba_accounting
         self.cached_blocks_this_step: set[CacheKey] = set()
         self.last_state_block_idx: dict[str, int] = {}
-        #: Public because the fast path's MambaReplicas (sim.core.kv.fastpath) mirrors a leader group's
-        #: per-request state into identical follower groups; nothing else writes them.
         self.num_retired_blocks: dict[str, int] = {}
         #: request -> (checkpoint position, reserved block index) of the current allocation.
         self.checkpoints: dict[str, tuple[int, int]] = {}
-        self.has_quiet_horizon = self._align
-
-    #: The scan takes the deepest cached aligned state below the cap, so a shorter cap
-    #: that still covers that state finds the same one (nothing cached lies between).
-    hit_kept_for_shorter_lookups = True
 
     @classmethod
     def find_longest_cache_hit(
@@ -725,27 +681,6 @@ class MambaManager(SingleTypeKVCacheManager):
             if not blocks[idx].is_null:
                 self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
                 blocks[idx] = self._null_block
-
-    def quiet_horizon(self, request_id: str) -> tuple[int, int] | None:
-        """Align mode: the full-attention bounds on the table, plus: nothing retired
-        while ``processed <= (R + 1) * B`` (``R`` retired slots, if ``R < L``), and the
-        previous state block is kept while ``processed <= (idx + 1) * B``. A pending
-        prefill checkpoint gives no horizon (the next call re-keys or drops it)."""
-        if request_id in self.checkpoints:
-            return None
-        bounds = super().quiet_horizon(request_id)
-        if bounds is None:
-            return None
-        max_main, max_processed = bounds
-        table = self.req_to_blocks[request_id]
-        bs = self.block_size
-        retired = self.num_retired_blocks.get(request_id, 0)
-        if retired < len(table) and (retired + 1) * bs < max_processed:
-            max_processed = (retired + 1) * bs
-        idx = self.last_state_block_idx.get(request_id)
-        if idx is not None and not table[idx].is_null and (idx + 1) * bs < max_processed:
-            max_processed = (idx + 1) * bs
-        return max_main, max_processed
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self.last_state_block_idx.pop(request_id, None)

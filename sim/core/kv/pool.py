@@ -278,32 +278,12 @@ class BlockPool:
         #: group id -> number of cache entries (blocks findable by a key); a list indexed by group id
         #: (native integer slots, no dict lookup per insert or eviction), grown as groups first cache.
         self._num_cached: list[int] = []
-        #: Bumped whenever a cache entry is added or removed (and on reset): while it is
-        #: unchanged, every ``get_cached_block`` answer is unchanged (lookups read only the map).
-        self.cache_generation = 0
-        #: The hashes :meth:`watch_hashes` was last given, and whether a cache entry under one of them
-        #: (in any group) was added or removed since, or the cache was reset.
-        self._watched: set[BlockHash] | None = None
-        self.watched_changed = False
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self._events = KVEventLog()
         #: Called as ``listener(block, request_id)`` whenever a block gets a new
         #: cache entry (the divergence checker taints blocks through it), or None.
         self.cache_listener: Callable[[KVCacheBlock, str], None] | None = None
-
-    def watch_hashes(self, hashes: Sequence[BlockHash]) -> None:
-        """Watch the cache entries under ``hashes`` from now on (instead of the ones watched before):
-        ``watched_changed`` turns True when one is added or removed in any group, or the cache is
-        reset. Every lookup of a request reads only the entries under its own hashes, so while it
-        stays False, such a lookup made before the call would give the same answer now."""
-        self._watched = set(hashes)
-        self.watched_changed = False
-
-    def unwatch(self) -> None:
-        """Watch nothing (``watched_changed`` stays True until the next :meth:`watch_hashes`)."""
-        self._watched = None
-        self.watched_changed = True
 
     # ----------------------------------------------------------------- lookup
     def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
@@ -388,28 +368,6 @@ class BlockPool:
             table = blocks if isinstance(blocks, list) else list(blocks)
             self._insert_at(request_id, table, positions, hashes, block_size, kv_cache_group_id)
 
-    def cache_full_blocks_groups(
-        self,
-        request_id: str,
-        tables: list[list[KVCacheBlock]],
-        block_hashes: Sequence[BlockHash],
-        num_cached_blocks: int,
-        num_full_blocks: int,
-        block_size: int,
-        group_ids: list[int],
-        block_mask: Sequence[bool] | None = None,
-    ) -> None:
-        """:meth:`cache_full_blocks` of ``tables[k]`` in group ``group_ids[k]``, for each ``k`` in
-        order, with one hash view, span and mask (identical Mamba groups: sim.core.kv.fastpath):
-        the same cache entries, events (in the same order) and listener calls as those calls."""
-        if num_cached_blocks >= num_full_blocks:
-            return
-        positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
-        if positions:
-            hashes = [block_hashes[i] for i in positions]
-            for k in range(len(tables)):
-                self._insert_at(request_id, tables[k], positions, hashes, block_size, group_ids[k])
-
     @staticmethod
     def _keyed_positions(start: int, end: int, block_mask: Sequence[bool] | None) -> list[int]:
         """The table positions in ``[start, end)`` the mask keeps (all without a mask)."""
@@ -430,7 +388,7 @@ class BlockPool:
     ) -> None:
         """Key ``blocks[positions[j]]`` under ``hashes[j]`` in group ``gid`` for each ``j``, in order: add
         the cache entry (beside any block already cached under that hash), set the block's key and the
-        tokens its entry covers (``(positions[j] + 1) * block_size``), note a watched hash, emit
+        tokens its entry covers (``(positions[j] + 1) * block_size``), emit
         ``stored`` (cause ``cache``) and call the cache listener. Null blocks are skipped, a block that
         already holds that exact key is left alone (no event), and one holding another key is an error.
         The group's map and counters are looked up once (nothing reads them between the inserts)."""
@@ -439,7 +397,6 @@ class BlockPool:
             group_map = self.cached_block_hash_to_block[gid] = {}
         events = self._events if self.enable_kv_cache_events else None
         listener = self.cache_listener
-        watched = self._watched
         added = 0
         for j in range(len(positions)):
             i = positions[j]
@@ -462,8 +419,6 @@ class BlockPool:
             blk.block_hash = group_key(h, gid)
             blk.block_hash_num_tokens = (i + 1) * block_size
             added += 1
-            if watched is not None and h in watched:
-                self.watched_changed = True
             if events is not None:
                 events.append("stored", gid, blk.block_id, h, request_id, "cache")
             if listener is not None:
@@ -473,7 +428,6 @@ class BlockPool:
             while len(counts) <= gid:
                 counts.append(0)
             counts[gid] += added
-            self.cache_generation += added
 
     def cache_block_at(
         self,
@@ -510,9 +464,6 @@ class BlockPool:
         blk.block_hash_num_tokens = None
         blk.taint = None
         self._num_cached[gid] -= 1
-        self.cache_generation += 1
-        if self._watched is not None and h in self._watched:
-            self.watched_changed = True
         if self.enable_kv_cache_events:
             self._events.append("removed", gid, blk.block_id, h, request_id, cause)
         return True
@@ -564,26 +515,6 @@ class BlockPool:
         self.free_block_queue.append_n(last)
         return len(first) + len(last)
 
-    def free_blocks_groups(self, ordered_lists: list[list[KVCacheBlock]]) -> list[int]:
-        """``[self.free_blocks(blocks) for blocks in ordered_lists]`` in one pass: the same ref
-        counts, returned counts and free-queue order (each call's uncached blocks go in front
-        of the earlier calls', its cached ones behind them)."""
-        fronts: list[list[KVCacheBlock]] = []
-        back: list[KVCacheBlock] = []
-        counts: list[int] = []
-        for blocks in ordered_lists:
-            first: list[KVCacheBlock] = []
-            num_back = len(back)
-            self._drop_references(blocks, first, back)
-            fronts.append(first)
-            counts.append(len(first) + len(back) - num_back)
-        front: list[KVCacheBlock] = []
-        for first in reversed(fronts):
-            front.extend(first)
-        self.free_block_queue.prepend_n(front)
-        self.free_block_queue.append_n(back)
-        return counts
-
     def _drop_references(
         self, blocks: Iterable[KVCacheBlock], first: list[KVCacheBlock], last: list[KVCacheBlock]
     ) -> None:
@@ -619,8 +550,6 @@ class BlockPool:
             return False
         self.cached_block_hash_to_block = {}
         self._num_cached = []
-        self.cache_generation += 1
-        self.watched_changed = True
         for block in self.blocks:
             block.block_hash = None
             block.block_hash_num_tokens = None

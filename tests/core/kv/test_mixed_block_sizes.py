@@ -14,7 +14,7 @@ import pytest
 from support.kv import ids, make_manager, make_request
 
 from sim.core.kv.hash_view import BlockHashesAtBlockSize, block_hashes_at
-from sim.core.kv.manager import KVCacheManager, check_invariants
+from sim.core.kv.manager import check_invariants
 from sim.core.kv.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec, kv_cache_config_from_groups
 from sim.core.request import RequestStatus
 
@@ -220,9 +220,3 @@ def test_three_groups_fixed_point_and_mamba_keyed_at_its_own_block():
     blocks, hit, boundary = m.get_computed_blocks(r2)
     assert (ids(blocks), hit, boundary) == ((list(range(1, 13)), [0, 0, 0, 0, 18, 19], [0, 0, 21]), 192, 0)
     check_invariants(m)
-
-
-def test_quiet_path_is_off_with_mixed_block_sizes():
-    assert not make_manager([FA32, "mamba"], num_blocks=30).quiet.enabled
-    same = kv_cache_config_from_groups([FA32, {"type": "mamba", "block_size": 32}], block_size=16, num_blocks=30)
-    assert same.hash_block_size == 32 and KVCacheManager(same).quiet.enabled

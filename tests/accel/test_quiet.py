@@ -1,47 +1,42 @@
-"""The quiet fast path of ``allocate_slots`` decides exactly what the full path decides.
+"""The speed layer's quiet horizons (sim.accel.quiet) decide exactly what the plain manager decides.
 
-Two managers run the same random operations; one has the shortcut disabled.
-After every operation their tables, free queues, events, Mamba bookkeeping
+A :class:`QuietKVCacheManager` and the core's plain :class:`KVCacheManager` run
+the same random operations. After every operation their tables, free queues, events, Mamba bookkeeping
 and held-block counters must be identical.
 """
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.kv import make_manager, make_request
+from support.kv import make_request
 
-from sim.core.kv.manager import check_invariants
+from sim.accel import QuietKVCacheManager
+from sim.core.kv.manager import KVCacheManager, check_invariants
 from sim.core.kv.managers import MambaManager
+from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.request import RequestStatus
 
 LAYOUTS = [
     ["full_attention", "mamba"],
     ["full_attention", {"type": "mamba", "prefill_checkpoints": True}],
     ["full_attention", "mamba", "mamba"],
-    # One common block size given per group: the shortcut stays on (block 32).
+    # One common block size given per group: the layer applies (block 32).
     [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "block_size": 32}],
-    # Mixed block sizes: the shortcut must turn itself off.
+    [{"type": "mamba", "prefill_checkpoints": True}, "full_attention", {"type": "mamba", "prefill_checkpoints": True}],
+]
+#: Mixed block sizes, sliding windows: the quiet rules do not cover them, the build takes the plain manager.
+UNSUPPORTED = [
     [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "prefill_checkpoints": True}],
     ["full_attention", {"type": "sliding_window", "window": 64, "block_size": 32}],
 ]
-#: Identical Mamba groups (decided once: sim.core.kv.fastpath.MambaReplicas), one of them after the attention group.
-REPLICA_LAYOUTS = [
-    ["full_attention", "mamba", "mamba"],
-    [
-        {"type": "mamba", "prefill_checkpoints": True},
-        {"type": "mamba", "prefill_checkpoints": True},
-        "full_attention",
-        {"type": "mamba", "prefill_checkpoints": True},
-    ],
-]
-
 op = st.one_of(
     st.tuples(st.just("add"), st.sampled_from(["a", "b"]), st.integers(1, 70), st.integers(1, 40)),
     st.tuples(st.just("step"), st.integers(0, 7), st.sampled_from([1, 1, 1, 2, 5, 16, 17, 40])),
     st.tuples(st.just("free"), st.integers(0, 7)),
     st.tuples(st.just("new_step")),
-    # A forced eviction drops one block's entry: replica groups' blocks then differ in their keys.
+    # A forced eviction drops one block's entry (the horizon's cache bound counts the request's own keys).
     st.tuples(st.just("evict"), st.integers(0, 29)),
 )
 
@@ -66,17 +61,22 @@ def test_quiet_path_matches_full_path(layout, retention, ops):
     _run_against_plain(layout, retention, ops)
 
 
-@settings(max_examples=60, deadline=None)
-@given(layout=st.sampled_from(REPLICA_LAYOUTS), retention=st.sampled_from([None, 0, 32]), ops=st.lists(op, max_size=60))
-def test_replica_mamba_groups_match_the_plain_path(layout, retention, ops):
-    _run_against_plain(layout, retention, ops)
-    assert make_manager(layout, num_blocks=30).coordinator.replicas is not None
+@pytest.mark.parametrize("layout", UNSUPPORTED, ids=str)
+def test_unsupported_layouts_are_refused_and_built_plain(layout):
+    config = kv_cache_config_from_groups(layout, block_size=16, num_blocks=30)
+    assert not QuietKVCacheManager.supports(config)
+    with pytest.raises(ValueError, match="quiet horizons need"):
+        QuietKVCacheManager(config)
+
+
+def _managers(layout, retention):
+    config = kv_cache_config_from_groups(layout, block_size=16, num_blocks=30, retention_interval=retention)
+    assert QuietKVCacheManager.supports(config)
+    return QuietKVCacheManager(config), KVCacheManager(config)
 
 
 def _run_against_plain(layout, retention, ops):
-    fast = make_manager(layout, num_blocks=30, retention_interval=retention)
-    ref = make_manager(layout, num_blocks=30, retention_interval=retention, fast_paths=False)
-    assert not ref.quiet.enabled
+    fast, ref = _managers(layout, retention)
     hbs = fast.kv_cache_config.hash_block_size
     waiting, running = [], []
     counter = 0
@@ -114,7 +114,7 @@ def _run_against_plain(layout, retention, ops):
                             continue
                         req.append_output_tokens(1)
                     n = min(chunk, req.num_tokens - req.num_computed_tokens)
-                    got = m.allocate_running_slots(req, n)
+                    got = m.allocate_slots(req, n)
                     results.append(None if got is None else got.get_block_ids())
                     if got is not None:
                         req.num_computed_tokens += n
@@ -131,9 +131,6 @@ def _run_against_plain(layout, retention, ops):
             ref.evict_blocks([o[1]])
         assert _state(fast) == _state(ref)
         check_invariants(fast)
-    sizes = {g.spec.block_size for g in fast.kv_cache_config.groups}
-    kinds = {g.spec.kind for g in fast.kv_cache_config.groups}
-    assert fast.quiet.enabled == (len(sizes) == 1 and "sliding_window" not in kinds)
 
 
 def _bounds(m, rid):
@@ -144,7 +141,7 @@ def _bounds(m, rid):
 def test_quiet_path_skips_decode_inside_held_blocks():
     """Once the full path has retired the skipped Mamba slots, decode tokens inside
     the held blocks take the shortcut: no blocks returned, tables untouched."""
-    m = make_manager(["full_attention", "mamba"], num_blocks=20)
+    m = QuietKVCacheManager(kv_cache_config_from_groups(["full_attention", "mamba"], block_size=16, num_blocks=20))
     req = make_request("r", ("a", 20), max_tokens=8)
     got = m.allocate_slots(req, 20, 0, None)
     assert got.get_block_ids() == ([1, 2], [0, 3])
@@ -152,35 +149,9 @@ def test_quiet_path_skips_decode_inside_held_blocks():
     req.num_computed_tokens = 20
     req.append_output_tokens(1)
     assert _bounds(m, "r") == (31, 16)  # cache bound 2 * 16 - 1; Mamba slot 0 not yet retired
-    assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks  # full path: retires slot 0
+    assert m.allocate_slots(req, 1) is m.empty_kv_cache_blocks  # full path: retires slot 0
     assert _bounds(m, "r") == (31, 32)  # slot 1 (the state being written) retires past 32
     req.num_computed_tokens = 21
     req.append_output_tokens(1)
-    assert m.allocate_running_slots(req, 1) is m.empty_kv_cache_blocks
+    assert m.allocate_slots(req, 1) is m.empty_kv_cache_blocks
     assert m.get_block_ids("r") == ([1, 2], [0, 3])
-
-
-def test_replica_groups_rekey_their_own_prompt_boundary_state():
-    """A forced eviction drops one replica group's prompt-boundary key while its request
-    holds the block: only that group keys it again (at the next chunk), as on the plain path."""
-    ckpt = {"type": "mamba", "prefill_checkpoints": True}
-    layout = [ckpt, ckpt, "full_attention", ckpt]
-    fast = make_manager(layout, num_blocks=40)
-    ref = make_manager(layout, num_blocks=40, fast_paths=False)
-    assert fast.coordinator.replicas is not None and ref.coordinator.replicas is None
-    events = []
-    for m in (fast, ref):
-        req = make_request("r", ("a", 40))
-        for chunk in (20, 12, 8):  # the second chunk ends on the prompt boundary (32)
-            assert m.allocate_slots(req, chunk, 0, None) is not None
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens += chunk
-            if req.num_computed_tokens == 32:
-                m.take_events()
-                m.evict_blocks([m.get_block_ids("r")[1][1]])  # group 1's state at 32
-        events.append([tuple(e) for e in m.take_events()])
-    assert events[0] == events[1]
-    assert [
-        (e[0], e[1]) for e in events[0] if e[5] == "cache" and e[3] == make_request("x", ("a", 40)).block_hashes[1]
-    ] == [("stored", 1)]
-    assert _state(fast) == _state(ref)

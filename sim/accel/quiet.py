@@ -1,0 +1,250 @@
+"""Quiet horizons: the running loop's ``allocate_slots`` calls that provably change nothing.
+
+Most calls of the scheduler's running loop give a running request a few more
+tokens inside blocks it already holds; then vLLM's per-group steps (skip,
+count, allocate, cache) change nothing and return no block. After each full
+``allocate_slots`` the manager notes, per request, a *quiet horizon*: bounds on
+``computed + new`` and on the processed tokens under which the next plain call
+(no hit, no external or lookahead tokens) provably changes nothing in any
+group; a call inside the horizon returns no blocks without the per-group work.
+
+Supported layouts (:meth:`QuietKVCacheManager.supports`): full attention and
+align-mode Mamba groups with one common block size. Any other layout is built
+with the plain :class:`~sim.core.kv.manager.KVCacheManager`.
+
+The bounds read the single-type managers' tables (never write them):
+:func:`quiet_horizon` is the per-group rule, written against
+``sim/core/kv/managers.py``; a change to how a group type skips, allocates or
+caches must be mirrored here (the differential test catches a miss).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Sequence
+
+from sim.core.kv.manager import KVCacheBlocks, KVCacheManager
+from sim.core.kv.managers import FullAttentionManager, MambaManager, SingleTypeKVCacheManager, manager_class_for
+from sim.core.kv.pool import KVCacheBlock
+from sim.core.kv.specs import KVCacheConfig, MambaSpec
+from sim.core.request import Request, RequestStatus
+
+#: "No bound" in a :func:`quiet_horizon` answer.
+NO_BOUND: Final = 1 << 62
+
+
+def _has_quiet_horizon(manager_cls: type[SingleTypeKVCacheManager], spec: object) -> bool:
+    """Whether :func:`quiet_horizon` knows the group type (exact classes: a subclass may change the rules)."""
+    if manager_cls is FullAttentionManager:
+        return True
+    return manager_cls is MambaManager and isinstance(spec, MambaSpec) and spec.mamba_cache_mode == "align"
+
+
+def quiet_horizon(manager: SingleTypeKVCacheManager, request_id: str) -> tuple[int, int] | None:
+    """``(max_main_tokens, max_processed_tokens)`` of one group: while a plain ``allocate_slots``
+    call (no hit, no external or lookahead tokens) has ``computed + new <= max_main_tokens`` and
+    ``processed <= max_processed_tokens``, it changes nothing in this group's table and returns
+    no block for it. ``None``: no such bound now.
+
+    Full attention (block size ``B``, table length ``L``, ``N`` cached slots): no new
+    block while ``computed + new <= B * L``; nothing to cache while ``computed + new <
+    (N + 1) * B``; processing frees nothing.
+
+    Align-mode Mamba adds: nothing retired while ``processed <= (R + 1) * B`` (``R``
+    retired slots, if ``R < L``), and the previous state block is kept while
+    ``processed <= (idx + 1) * B``. A pending prefill checkpoint gives no horizon (the
+    next call re-keys or drops it).
+    """
+    table = manager.req_to_blocks.get(request_id)
+    if table is None:
+        return None
+    mamba = manager if isinstance(manager, MambaManager) else None
+    if mamba is not None and request_id in mamba.checkpoints:
+        return None
+    bs = manager.block_size
+    max_main = len(table) * bs
+    if manager.enable_caching:
+        cache_bound = (manager.num_cached_block.get(request_id, 0) + 1) * bs - 1
+        if cache_bound < max_main:
+            max_main = cache_bound
+    max_processed = NO_BOUND
+    if mamba is not None:
+        retired = mamba.num_retired_blocks.get(request_id, 0)
+        if retired < len(table) and (retired + 1) * bs < max_processed:
+            max_processed = (retired + 1) * bs
+        idx = mamba.last_state_block_idx.get(request_id)
+        if idx is not None and not table[idx].is_null and (idx + 1) * bs < max_processed:
+            max_processed = (idx + 1) * bs
+    return max_main, max_processed
+
+
+class QuietHorizon:
+    """One request's horizon: valid while its first group's table is ``table``."""
+
+    __slots__ = ("table", "max_main_tokens", "max_processed_tokens")
+
+    def __init__(self, table: list[KVCacheBlock], max_main_tokens: int, max_processed_tokens: int) -> None:
+        self.table = table
+        self.max_main_tokens = max_main_tokens
+        self.max_processed_tokens = max_processed_tokens
+
+
+class QuietHorizons:
+    """The quiet horizons of every request, for one KV manager's groups.
+
+    Invariant: a stored horizon is exact for the tables as they were after the
+    last full ``allocate_slots`` of its request. The manager drops it before
+    anything that could move a bound or replace a table (free, skip, cache, a
+    full allocation). ``max_tokens`` caps ``num_new_tokens``: a longer chunk may
+    export a Mamba prefill checkpoint.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[SingleTypeKVCacheManager],
+        *,
+        max_model_len: int,
+        watermark_blocks: int,
+        max_tokens: int,
+    ) -> None:
+        if not groups:
+            raise ValueError("QuietHorizons needs at least one group")
+        self._groups = tuple(groups)
+        self.max_model_len = max_model_len
+        self.max_tokens = max_tokens
+        self._watermark = watermark_blocks > 0
+        self._first_tables: dict[str, list[KVCacheBlock]] = groups[0].req_to_blocks
+        self._horizons: dict[str, QuietHorizon] = {}
+
+    def get(self, request_id: str) -> QuietHorizon | None:
+        return self._horizons.get(request_id)
+
+    def drop(self, request_id: str) -> None:
+        self._horizons.pop(request_id, None)
+
+    def note(self, request_id: str) -> None:
+        """After a full ``allocate_slots``: store the minimum of every group's bounds (or none)."""
+        first = self._first_tables.get(request_id)
+        if first is None:
+            return
+        max_main = max_processed = NO_BOUND
+        for group in self._groups:
+            bounds = quiet_horizon(group, request_id)
+            if bounds is None:
+                return
+            if bounds[0] < max_main:
+                max_main = bounds[0]
+            if bounds[1] < max_processed:
+                max_processed = bounds[1]
+        self._horizons[request_id] = QuietHorizon(first, max_main, max_processed)
+
+    def covers(self, request: Request, num_new_tokens: int) -> bool:
+        """A plain ``allocate_slots(request, num_new_tokens)`` is a proven no-op now.
+
+        Checks the table is the one the horizon was noted for, and (under a
+        watermark) that the request is not a WAITING/PREEMPTED admission.
+        """
+        horizon = self._horizons.get(request.request_id)
+        if horizon is None or not 0 < num_new_tokens <= self.max_tokens:
+            return False
+        computed = request.num_computed_tokens
+        if computed > self.max_model_len:
+            computed = self.max_model_len
+        return (
+            computed + num_new_tokens <= horizon.max_main_tokens
+            and computed - request.num_in_flight_tokens <= horizon.max_processed_tokens
+            and self._first_tables.get(request.request_id) is horizon.table
+            and not (self._watermark and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
+        )
+
+
+class QuietKVCacheManager(KVCacheManager):
+    """:class:`KVCacheManager` that skips ``allocate_slots`` calls inside a request's quiet horizon.
+
+    Every other call goes to the plain manager: the horizon is dropped before
+    anything that may change the request's tables and noted again after a
+    full allocation that cached its blocks.
+    """
+
+    @staticmethod
+    def supports(kv_cache_config: KVCacheConfig) -> bool:
+        """Whether every group has a quiet-horizon rule and all share one block size."""
+        groups = kv_cache_config.groups
+        return (
+            bool(groups)
+            and len({g.spec.block_size for g in groups}) == 1
+            and all(_has_quiet_horizon(manager_class_for(g.spec), g.spec) for g in groups)
+        )
+
+    def __init__(self, kv_cache_config: KVCacheConfig, **options: object) -> None:
+        if not self.supports(kv_cache_config):
+            raise ValueError("quiet horizons need full-attention / align-mode Mamba groups of one block size")
+        super().__init__(kv_cache_config, **options)  # type: ignore[arg-type]
+        managers = self.coordinator.single_type_managers
+        self.quiet = QuietHorizons(
+            managers,
+            max_model_len=self.max_model_len,
+            watermark_blocks=self.watermark_blocks,
+            # A chunk longer than the alignment may export a Mamba prefill checkpoint.
+            max_tokens=min(
+                (
+                    m.cache_hit_alignment_tokens
+                    for m in managers
+                    if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks
+                ),
+                default=self.max_model_len,
+            ),
+        )
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None:
+        quiet = self.quiet
+        if (
+            new_computed_blocks is None
+            and has_scheduled_reqs
+            and not (num_new_computed_tokens or num_external_computed_tokens or num_lookahead_tokens or reserved_blocks)
+            and not (delay_cache_blocks or full_sequence_must_fit)
+            and quiet.covers(request, num_new_tokens)
+        ):
+            return self.empty_kv_cache_blocks
+        rid = request.request_id
+        quiet.drop(rid)
+        blocks = super().allocate_slots(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            delay_cache_blocks,
+            full_sequence_must_fit,
+            reserved_blocks,
+            has_scheduled_reqs,
+        )
+        if blocks is not None and not delay_cache_blocks:
+            quiet.note(rid)
+        return blocks
+
+    def free(self, request: Request) -> None:
+        self.quiet.drop(request.request_id)
+        super().free(request)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        self.quiet.drop(request_id)
+        super().remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        self.quiet.drop(request.request_id)
+        super().cache_blocks(request, num_computed_tokens)
