@@ -28,7 +28,9 @@ def run(
         False, "--check-invariants", help="Verify cache invariants after every step."
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar and no summary table."),
-    plain: bool = typer.Option(False, "--plain", hidden=True, help="No simulator fast paths (same tables, slower)."),
+    plain: bool = typer.Option(
+        False, "--plain", hidden=True, help="The plain core, without the speed layer sim.accel (same tables, slower)."
+    ),
     force: bool = typer.Option(
         False,
         "--force",
