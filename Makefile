@@ -11,7 +11,7 @@ EXTRAS ?= test,dev
 # What `ruff format --check` enforces (the whole code base).
 FORMATTED ?= sim tests benchmarks
 
-.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden eviction-study clean
+.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden eviction-study checkpoint-study clean
 
 # pip installs without compiling (one core); COMPILE then byte-compiles the whole environment and the sources
 # on both cores (test folders left out: about 6 s of CPU, once). Bytecode is written whatever the environment says: where
@@ -101,6 +101,23 @@ eviction-study: venv
 	    --set workload.trace.path=$(abspath $(TRACES))/mooncake_synthetic_trace.jsonl
 	$(PY) -m sim.analysis.eviction_study results/sweep-eviction-conversation results/sweep-eviction-synthetic \
 	    results/sweep-eviction-conversation-wide results/sweep-eviction-synthetic-wide --figure docs/images/eviction-gap.png
+
+# The checkpoint-placement study (docs/checkpoints.md): trace sweeps (the trace path passed), then generator sweeps.
+CHECKPOINT_TRACE_SWEEPS ?= conversation conversation-eviction conversation-full-rate
+CHECKPOINT_GEN_SWEEPS ?= shared-system multi-turn rag
+checkpoint-study: venv
+	for s in $(CHECKPOINT_TRACE_SWEEPS); do \
+	    nice -n 10 $(VENV)/bin/hybridsim sweep scenarios/sweeps/checkpoints-$$s.yaml -j 1 -o results/sweep-checkpoints-$$s \
+	        --set workload.trace.path=$(abspath $(TRACES))/mooncake_conversation_trace.jsonl || exit 1; \
+	done
+	nice -n 10 $(VENV)/bin/hybridsim sweep scenarios/sweeps/checkpoints-synthetic.yaml -j 1 \
+	    -o results/sweep-checkpoints-synthetic --set workload.trace.path=$(abspath $(TRACES))/mooncake_synthetic_trace.jsonl
+	for s in $(CHECKPOINT_GEN_SWEEPS); do \
+	    nice -n 10 $(VENV)/bin/hybridsim sweep scenarios/sweeps/checkpoints-$$s.yaml -j 1 -o results/sweep-checkpoints-$$s \
+	        || exit 1; \
+	done
+	$(PY) -m sim.analysis.checkpoint_study $(addprefix results/sweep-checkpoints-,$(CHECKPOINT_TRACE_SWEEPS) synthetic \
+	    $(CHECKPOINT_GEN_SWEEPS)) --figure docs/images/checkpoint-frontier.png
 
 clean:
 	-$(VENV)/bin/hybridsim native clean
