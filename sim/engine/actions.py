@@ -16,7 +16,8 @@
   ``inject_fault`` (the ``faulty`` connector has one).
 
 The hashes of R's prompt are computed from its content, so an action may
-target a request that has not arrived yet or has finished.
+target a request that has not arrived yet, has finished, or was rejected as
+longer than ``max_model_len`` (its prompt still names cacheable content).
 """
 
 from __future__ import annotations
@@ -41,11 +42,16 @@ def _target_groups(group: int | str, group_kinds: list[str]) -> list[int]:
     return [i for i, kind in enumerate(group_kinds) if kind == group]
 
 
-def _evict_action(spec: Any, components: "Components", index: int) -> Action:
-    requests = {r.request_id: r for r in components.requests}
+def _evict_action(spec: Any, scenario: "Scenario", components: "Components", index: int) -> Action:
+    requests = {r.request_id: r for r in (*components.requests, *components.rejected)}
     request = requests.get(spec.prefix_of)
     if request is None:
-        raise ScenarioError(f"actions.{index}.evict.prefix_of: no request {spec.prefix_of!r} in the workload")
+        script = scenario.workload.requests
+        dropped = script is not None and any(r.id == spec.prefix_of for r in script)
+        raise ScenarioError(
+            f"actions.{index}.evict.prefix_of: no request {spec.prefix_of!r} in the workload"
+            + (" (the script's request was dropped by workload.time_window, sample or limit)" if dropped else "")
+        )
     groups = _target_groups(spec.group, components.group_kinds)
     if not groups or max(groups) >= len(components.group_kinds):
         raise ScenarioError(
@@ -106,7 +112,7 @@ def build_actions(scenario: "Scenario", components: "Components") -> list[Action
     actions: list[Action] = []
     for i, spec in enumerate(scenario.actions):
         if spec.evict is not None:
-            action = _evict_action(spec.evict, components, i)
+            action = _evict_action(spec.evict, scenario, components, i)
         elif spec.reset_prefix_cache:
             manager = components.kv_manager
             action = Action(None, None, manager.reset_prefix_cache, "reset_prefix_cache")

@@ -171,14 +171,20 @@ def _connector(components: Components) -> ConnectorScript | None:
 
 def _actions(scenario: Scenario, components: Components) -> list[ActionScript]:
     kinds = list(components.group_kinds)
+    rejected = {r.request_id for r in components.rejected}
     out: list[ActionScript] = []
-    for action in scenario.actions:
+    for i, action in enumerate(scenario.actions):
         at = int(action.at)
         if action.reset_prefix_cache:
             out.append({"at_step": at, "kind": "reset_prefix_cache"})
             continue
         ev = action.evict
         assert ev is not None
+        if ev.prefix_of in rejected:
+            raise NotVerifiable(
+                f"actions.{i}.evict.prefix_of: request {ev.prefix_of} is rejected as longer than max_model_len; "
+                "the lowered script holds only the requests vLLM's scheduler sees"
+            )
         groups = [ev.group] if isinstance(ev.group, int) else [i for i, k in enumerate(kinds) if k == ev.group]
         out.append(
             {

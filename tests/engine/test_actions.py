@@ -98,3 +98,54 @@ def test_connector_fault_action_needs_the_faulty_wrapper():
     )
     with pytest.raises(ScenarioError, match="connector 'scripted' takes no faults"):
         sim.run(scenario_from_text(text + "actions:\n  - {at: 5, connector_fault: {fail_loads: [r1]}}\n", "f.yaml"))
+
+
+# `big` is longer than max_model_len, so it is rejected; it shares `doc` with r0, and an action evicts the FA
+# entries of its prompt blocks 2 and 3 (r0's blocks 2 and 3).
+EVICT_A_REJECTED_REQUEST = """
+name: evict-rejected
+clock: steps
+cache: {block_size: 16, num_blocks: 40, groups: [full_attention, mamba]}
+scheduler: {max_model_len: 100}
+workload:
+  requests:
+    - {id: r0, at: 0, prompt: [{content: doc, tokens: 64}], max_tokens: 2}
+    - {id: big, at: 1, prompt: [{content: doc, tokens: 160}], max_tokens: 2}
+    - {id: r1, at: 4, prompt: [{content: doc, tokens: 64}], max_tokens: 2}
+actions:
+  - {at: 3, evict: {prefix_of: big, group: full_attention, blocks: [2, 3]}}
+"""
+
+
+def test_evict_names_a_request_rejected_as_too_long():
+    """The action's hashes come from the prompt: a rejected request's prompt names cacheable content too (it was
+    'no request big in the workload', though the workload holds it)."""
+    result = sim.run(scenario_from_text(EVICT_A_REJECTED_REQUEST, "evict-rejected.yaml"))
+    outcomes = dict(zip(result.requests["request_id"], result.requests["outcome"]))
+    assert outcomes == {"r0": "ok", "big": "rejected", "r1": "ok"}
+    ev = result.kv_events
+    stored = ev[(ev["kind"] == "stored") & (ev["group"] == 0) & (ev["request_id"] == "r0")]
+    removed = ev[ev["kind"] == "removed"]
+    assert list(removed["step"]) == [3, 3] and set(removed["request_id"]) == {"big"}
+    assert list(removed["block_hash"]) == list(stored["block_hash"].iloc[2:4])
+    admissions = result.admissions
+    assert admissions.loc[admissions["request_id"] == "r1", "hit_g0"].iloc[0] == 32  # blocks 0-1 still cached
+
+
+def test_evict_naming_a_script_request_dropped_by_sampling_says_so():
+    text = EVICT_A_REJECTED_REQUEST.replace("prefix_of: big", "prefix_of: r1").replace(
+        "workload:\n", "workload:\n  time_window: [0, 3]\n"
+    )
+    with pytest.raises(
+        ScenarioError,
+        match=r"actions.0.evict.prefix_of: no request 'r1' in the workload \(the "
+        r"script's request was dropped by workload.time_window, sample or limit\)",
+    ):
+        sim.run(scenario_from_text(text, "evict-dropped.yaml"))
+
+
+def test_verify_refuses_an_eviction_named_by_a_rejected_request():
+    from sim.verify.lower import NotVerifiable, lower
+
+    with pytest.raises(NotVerifiable, match="request big is rejected as longer than max_model_len"):
+        lower(scenario_from_text(EVICT_A_REJECTED_REQUEST, "evict-rejected.yaml"))
