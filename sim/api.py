@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 def _simulate(scenario: Scenario | str | Path, options: RunOptions) -> tuple[RunResult, bool]:
     """Build, execute and finalize; the run's state is dropped on return (before the collector resumes,
     which then has only the result left to look at)."""
+    if not isinstance(scenario, Scenario):
+        from sim.config import load_scenario
+
+        scenario = load_scenario(scenario)
+    if scenario.cluster is not None:
+        from sim.cluster.run import build_cluster_run
+        from sim.results.cluster import finalize_cluster
+
+        return finalize_cluster(build_cluster_run(scenario, options).execute()), scenario.outputs.plots
     run = build_run(scenario, options)
     return finalize(run.execute()), run.scenario.outputs.plots
 
@@ -108,4 +117,9 @@ def explain_bundle(bundle: str | Path, request_id: str, attempt: int | None = No
     scenario_file = directory / "scenario.resolved.yaml"
     if not scenario_file.is_file():
         raise ExplainError(f"{directory}: scenario.resolved.yaml is missing (needed for the request's blocks)")
+    from sim.results.cluster import instance_of, select_instance
+
+    instance = instance_of(result, request_id)
+    if instance is not None:  # a cluster bundle: the request's own engine's tables
+        result = select_instance(result, instance)
     return explain(result, explain_inputs(load_scenario(scenario_file), request_id), request_id, attempt)

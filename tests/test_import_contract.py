@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "sim.config": 3,
     "sim.connector": 4,
     "sim.engine": 5,
+    "sim.cluster": 5,
     "sim.results": 6,
     "sim.timing": 6,
     "sim.analysis": 7,

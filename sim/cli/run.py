@@ -107,6 +107,10 @@ def validate(
         scenario = load_scenario(path, list(set_))
         with naming_file(path):
             build_components(scenario, dry_run=True)
+            if scenario.cluster is not None:
+                from sim.cluster.run import check_cluster
+
+                check_cluster(scenario)
         typer.echo(f"{path}: ok ({scenario.name})")
 
 

@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from sim.config.cluster import ClusterSection
 from sim.config.presets import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
     HARDWARE_PRESETS,
@@ -500,6 +501,8 @@ class Scenario(_Strict):
     slo: SLOSection | None = None
     outputs: OutputsSection = Field(default_factory=OutputsSection)
     check_invariants: StrictBool = False
+    #: Several instances behind a router (:mod:`sim.config.cluster`); ``None``: one instance.
+    cluster: ClusterSection | None = None
 
     @field_validator("name")
     @classmethod
@@ -535,9 +538,19 @@ class Scenario(_Strict):
         if self.outputs.schedule_table is None:
             self.outputs.schedule_table = self.clock == "steps"
         self._check_kv_memory()
+        self._check_cluster()
         return self
 
     # -- checks, in the order they run
+
+    def _check_cluster(self) -> None:
+        if self.cluster is None:
+            return
+        if self.actions:
+            raise ValueError(
+                "@cluster: scripted actions act on one engine's cache; a cluster scenario takes none "
+                "(remove actions, or run the instance alone)"
+            )
 
     def _check_model_and_clock(self) -> None:
         if self.model is None and self.cache.groups is None:

@@ -395,6 +395,7 @@ def build_components(
     *,
     dry_run: bool = False,
     fast_paths: bool = True,
+    workload: tuple[list[Request], list[Request]] | None = None,
 ) -> Components | None:
     """Build (or, with ``dry_run``, only check) everything a run needs.
 
@@ -409,7 +410,8 @@ def build_components(
     config = _check_block_limit(build_kv_cache_config(scenario))
     rngs = run_rngs(scenario.seed)
     max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
-    requests, rejected = _build_workload(scenario, config, rngs.workload, max_model_len)
+    # ``workload``: requests already drawn for this layout (a cluster's instances share one workload).
+    requests, rejected = workload or _build_workload(scenario, config, rngs.workload, max_model_len)
     scheduler_config = _scheduler_config(scenario, max_model_len)
     _check_kv_cache_sizing(scenario, config, max_model_len, scheduler_config.max_in_flight_tokens)
     _warn_if_never_fits(config, requests, max_model_len)

@@ -42,6 +42,7 @@ import simpy
 
 from sim.connector.protocol import Connector
 from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.pool import KVEventLog
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import EngineCrash, Scheduler, SchedulerOutput
 from sim.engine.transfer import EngineTransferService
@@ -105,6 +106,12 @@ class EngineLoop:
     #: Called once per step with the requests that finished in it and the step's end time
     #: (closed-loop sessions, :mod:`sim.engine.sessions`); it may call :meth:`release`.
     on_finished: Callable[[list[Request], float], None] | None = None
+    #: While this returns True the loop never ends or stalls for want of work: more requests may still be
+    #: released to it (a cluster's router, :mod:`sim.cluster.run`); it sleeps until :meth:`wake`.
+    held_open: Callable[[], bool] | None = None
+    #: Called with each batch of KV events the loop records and the simulated time of its step (a
+    #: cluster's router view, :class:`sim.cluster.view.KVCacheView`).
+    kv_listener: Callable[[KVEventLog, float], None] | None = None
 
     times: dict[str, RequestTimes] = field(default_factory=dict)
     crash: CrashInfo | None = None
@@ -191,7 +198,7 @@ class EngineLoop:
         while True:
             if (self._idle or not self._has_work()) and not self._due_now() and not self._counting_loads():
                 nxt = self._next_wakeup()
-                if nxt is None and not self._transfers_pending():
+                if nxt is None and not self._transfers_pending() and not self._is_held_open():
                     if self._has_work():
                         self.stalled = True
                         raise StopRun("stalled: requests are waiting but none can be scheduled and nothing is pending")
@@ -208,6 +215,14 @@ class EngineLoop:
             if self.max_steps is not None and self.step >= self.max_steps:
                 raise StopRun(f"max_steps {self.max_steps} reached")
             yield from self._one_step()
+
+    def _is_held_open(self) -> bool:
+        return self.held_open is not None and self.held_open()
+
+    @property
+    def num_pending_arrivals(self) -> int:
+        """Requests given to the loop that it has not yet handed to the scheduler."""
+        return len(self.requests) - self._next_request
 
     def _due_now(self) -> bool:
         if self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= self.env.now:
@@ -312,6 +327,8 @@ class EngineLoop:
         log = self.kv_manager.take_event_log()
         if len(log):
             self.recorder.record_kv_event_log(log)
+            if self.kv_listener is not None:
+                self.kv_listener(log, float(self.env.now))
 
     def _note_recorded_crashes(self) -> None:
         """With ``on_crash: record`` the first recorded crash is the run's crash marker."""

@@ -1,0 +1,394 @@
+"""Stages 1 and 2 of a cluster run: :func:`build_cluster_run` wires the instances, :meth:`ClusterRun.execute`
+simulates them on one clock (docs/cluster.md).
+
+Each instance is wired exactly as a one-instance run (:func:`sim.engine.run.build_run`: components,
+connector binding, transfer service, engine loop), from its own scenario
+(:func:`sim.cluster.instances.instance_scenarios`), and all instances share the workload, drawn once with
+the scenario's seed. Instance 0's connector draws from the run's connector stream; instance ``i > 0`` from
+a child of it, so a one-instance cluster makes the same draws as the plain run.
+
+Routing (:class:`ArrivalFeed`): the feed is a SimPy process that, at each arrival time and before any
+engine step at that time (its events are scheduled URGENT), asks the router where the request goes and
+hands it to that instance's loop, which adds it just before its next ``schedule()``: the one arrival
+rule of a plain run. A closed-loop session's released turns go through the feed too. An instance's loop
+is held open while the feed may still route requests to it.
+
+Invariants: every request of the workload ends in exactly one ``requests`` row, on the instance it was
+routed to, or on none (``instance = -1``: rejected as too long, or not arrived when the run stopped). A
+crash on any instance stops the whole cluster (``on_crash: stop``), as a dead engine ends a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+import simpy
+from simpy.events import URGENT
+
+from sim.cluster.instances import instance_scenarios
+from sim.cluster.router import InstanceState, Router, create_router
+from sim.cluster.view import KVCacheView
+from sim.config.scenario import Scenario
+from sim.config.yamlio import ScenarioError
+from sim.core.kv.hashing import RequestBlockHasher
+from sim.core.kv.pool import KVEventLog
+from sim.core.request import Request
+from sim.engine.actions import build_actions
+from sim.engine.build import Components, build_components, run_rngs, scenario_workload
+from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
+from sim.engine.run import RunOptions, RunRecord, _record_requests, _step_duration_fn, _transfer_service
+from sim.engine.sessions import SessionDriver
+from sim.interrupts import pause_hook
+from sim.trace.recorder import Recorder
+
+
+@dataclass
+class Instance:
+    """One engine of the cluster, as the router sees it (:class:`~sim.cluster.router.InstanceState`)."""
+
+    index: int
+    components: Components
+    view: KVCacheView
+    loop: EngineLoop | None = None
+    #: The requests routed here, in routing order.
+    routed: list[Request] = field(default_factory=list)
+
+    def queued(self) -> int:
+        running, waiting = self.components.scheduler.get_request_counts()
+        assert self.loop is not None
+        return running + waiting + self.loop.num_pending_arrivals
+
+    def load(self) -> float:
+        return self.queued() / self.components.scheduler.config.max_num_seqs
+
+    def kv_usage(self) -> float:
+        return float(self.components.kv_manager.usage)
+
+
+class ArrivalFeed:
+    """Routes each request at its arrival time (see the module docstring).
+
+    Each submitted request gets one URGENT SimPy event at its arrival time whose callback routes it: URGENT
+    events at a time run before the engine steps at that time, and equal times route in submission order
+    (the workload's arrival order, then the order sessions release turns), as a plain run admits them.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instances: list[Instance],
+        router: Router,
+        hasher: RequestBlockHasher | None,
+    ) -> None:
+        self.env = env
+        self.instances = instances
+        self.router = router
+        self.hasher = hasher
+        self.sessions: SessionDriver | None = None
+        #: Submitted requests not routed yet, by id, in submission order.
+        self._pending: dict[str, Request] = {}
+
+    def submit(self, request: Request) -> None:
+        """Route ``request`` at its ``arrival_time`` (not in the past)."""
+        delay = float(request.arrival_time) - float(self.env.now)
+        assert delay >= 0, (request.request_id, request.arrival_time, self.env.now)
+        self._pending[request.request_id] = request
+        event = simpy.Event(self.env)
+        event._ok = True
+        event._value = None
+        event.callbacks.append(lambda _event: self._route(request))
+        self.env.schedule(event, URGENT, delay)
+
+    @property
+    def unrouted(self) -> list[Request]:
+        """Requests not routed yet (the run stopped before their arrival), in arrival order."""
+        return sorted(self._pending.values(), key=lambda r: r.arrival_time)
+
+    def may_route(self) -> bool:
+        """Whether a request may still be routed: one is pending, or a running one may release a turn."""
+        if self._pending:
+            return True
+        if self.sessions is None:
+            return False
+        return any(i.components.scheduler.has_unfinished_requests() or i.queued() for i in self.instances)
+
+    def wake_all(self) -> None:
+        """Wake every idle instance (to take a request, or to see that none will come and end)."""
+        for instance in self.instances:
+            assert instance.loop is not None
+            instance.loop.wake()
+
+    def _route(self, request: Request) -> None:
+        del self._pending[request.request_id]
+        if self.hasher is not None and request.hash_block_size == 0:
+            request.set_block_hasher(self.hasher)
+        now = float(self.env.now)
+        for instance in self.instances:
+            instance.view.advance(now)
+        states: list[InstanceState] = list(self.instances)
+        index = self.router.choose(request, states, self.instances[0].components.kv_cache_config)
+        if not 0 <= index < len(self.instances):
+            raise ValueError(f"cluster.router.policy: the router chose instance {index} of {len(self.instances)}")
+        instance = self.instances[index]
+        instance.routed.append(request)
+        assert instance.loop is not None
+        instance.loop.release(request)
+        instance.loop.wake()
+        if not self.may_route():
+            self.wake_all()
+
+
+@dataclass
+class ClusterRecord:
+    """What :meth:`ClusterRun.execute` leaves: one :class:`RunRecord` per instance, the requests routed
+    nowhere (rejected or never arrived, in a recorder of their own) and how the cluster ended."""
+
+    scenario: Scenario
+    instances: list[RunRecord]
+    unrouted: Recorder
+    routing: dict[str, int]
+    status: str
+    message: str
+    crash: dict[str, Any] | None
+    simulated_s: float
+
+
+class ClusterRun:
+    """A wired cluster run (what :func:`build_cluster_run` returns); :meth:`execute` it once."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        env: simpy.Environment,
+        instances: list[Instance],
+        feed: ArrivalFeed,
+        rejected: list[Request],
+    ) -> None:
+        self.scenario = scenario
+        self.env = env
+        self.instances = instances
+        self.feed = feed
+        self.rejected = rejected
+        self._executed = False
+
+    def execute(self) -> ClusterRecord:
+        """Simulate every instance to the end (or to whatever stops the cluster) and return the record."""
+        if self._executed:
+            raise RuntimeError("ClusterRun.execute() was already called; build a new run")
+        self._executed = True
+        loops = [i.loop for i in self.instances if i.loop is not None]
+        status, message = "complete", ""
+        try:
+            self.env.run(until=simpy.AllOf(self.env, [loop.process for loop in loops]))
+        except StopRun as stop:
+            message = str(stop)
+            crashed = any(loop.crash is not None for loop in loops)
+            status = "crashed" if crashed else ("stalled" if any(loop.stalled for loop in loops) else "stopped")
+        except InvariantViolation as exc:
+            status, message = "invariant_violation", str(exc)
+        except KeyboardInterrupt as exc:
+            status, message = "interrupted", str(exc) or "interrupted (Ctrl-C)"
+        except RuntimeError as exc:
+            if "No scheduled events left" not in str(exc):
+                raise
+            status, message = "stalled", "stalled: requests are waiting on an instance but none can be scheduled"
+        finally:
+            for loop in loops:
+                loop.close()
+        return self._record(status, message)
+
+    def _record(self, status: str, message: str) -> ClusterRecord:
+        stopped = status != "complete"
+        records: list[RunRecord] = []
+        crash: dict[str, Any] | None = None
+        routing: dict[str, int] = {}
+        for instance in self.instances:
+            loop = instance.loop
+            assert loop is not None
+            components = replace(instance.components, requests=instance.routed, rejected=[])
+            components.scheduler.settle()
+            if stopped:
+                loop.fail_in_flight()
+            _record_requests(components, loop, stopped)
+            for request in instance.routed:
+                routing[request.request_id] = instance.index
+            instance_crash = None
+            if loop.crash is not None:
+                c = loop.crash
+                instance_crash = {"step": c.step, "time_s": c.time_s, "request_id": c.request_id, "reason": c.reason}
+                if crash is None or (c.time_s, c.step) < (crash["time_s"], crash["step"]):
+                    crash = dict(instance_crash, instance=instance.index)
+            connector = components.connector
+            records.append(
+                RunRecord(
+                    scenario=components.scenario,
+                    recorder=components.recorder,
+                    kv_cache_config=components.kv_cache_config,
+                    group_kinds=list(components.group_kinds),
+                    status=status,
+                    message=message,
+                    crash=instance_crash,
+                    steps=loop.step,
+                    simulated_s=float(self.env.now),
+                    connector_metrics=connector.metrics() if connector is not None else None,
+                    requests=list(instance.routed),
+                    lookup_path=components.scheduler.prefix_policy.lookup_path(connector),
+                    think_used=dict(self.feed.sessions.think_used) if self.feed.sessions is not None else {},
+                )
+            )
+        unrouted = Recorder(len(self.instances[0].components.kv_cache_config.groups), record_schedule=False)
+        for request in self.rejected:
+            _record_unrouted(unrouted, request, "rejected")
+        for request in self.feed.unrouted:
+            _record_unrouted(unrouted, request, "not_arrived")
+        return ClusterRecord(
+            scenario=self.scenario,
+            instances=records,
+            unrouted=unrouted,
+            routing=routing,
+            status=status,
+            message=message,
+            crash=crash,
+            simulated_s=float(self.env.now),
+        )
+
+
+def _record_unrouted(recorder: Recorder, request: Request, outcome: str) -> None:
+    recorder.record_request(
+        request_id=request.request_id,
+        arrival_s=float(request.arrival_time),
+        first_scheduled_s=None,
+        first_token_s=None,
+        finished_s=None,
+        prompt_tokens=request.num_prompt_tokens,
+        output_tokens=0,
+        local_hit_tokens=0,
+        external_hit_tokens=0,
+        preemptions=0,
+        outcome=outcome,
+    )
+
+
+def check_cluster(scenario: Scenario) -> list[Scenario]:
+    """Refuse a cluster that cannot run (an instance override, the router), before anything runs; the
+    instances' scenarios."""
+    cluster = scenario.cluster
+    assert cluster is not None
+    scenarios = instance_scenarios(scenario)
+    layout = _layout(scenarios[0])
+    for i, s in enumerate(scenarios[1:], start=1):
+        if _layout(s) != layout:
+            raise ScenarioError(f"cluster.instances.{i}: changes the cache layout; every instance shares the model's")
+    _router(scenario)
+    for i, s in enumerate(scenarios):
+        try:
+            build_components(s, dry_run=True)
+        except ScenarioError as exc:
+            raise ScenarioError(f"cluster.instances.{i}: {exc}") from None
+    return scenarios
+
+
+def _layout(scenario: Scenario) -> tuple[Any, ...]:
+    from sim.engine.build import build_kv_cache_config
+
+    config = build_kv_cache_config(scenario)
+    return (config.hash_block_size, tuple((g.spec.kind, g.spec.block_size) for g in config.groups))
+
+
+def _router(scenario: Scenario) -> Router:
+    cluster = scenario.cluster
+    assert cluster is not None
+    r = cluster.router
+    try:
+        return create_router(r.policy, r.group_aware, r.load_weight, r.options)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
+def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> ClusterRun:
+    """Wire every instance of ``scenario`` (which has a ``cluster`` section) and the arrival feed."""
+    options = options or RunOptions()
+    cluster = scenario.cluster
+    assert cluster is not None
+    scenarios = check_cluster(scenario)
+    requests, rejected = scenario_workload(scenarios[0])
+    env = simpy.Environment()
+    connector_rngs = _connector_rngs(scenario.seed, len(scenarios))
+    instances: list[Instance] = []
+    for index, instance_scenario in enumerate(scenarios):
+        components = build_components(instance_scenario, fast_paths=options.use_fast_paths(), workload=(requests, []))
+        assert components is not None
+        view = KVCacheView(len(components.kv_cache_config.groups), cluster.router.view_delay)
+        instances.append(Instance(index, components, view))
+    config = instances[0].components.kv_cache_config
+    hasher = RequestBlockHasher(config.hash_block_size) if cluster.router.policy == "prefix_aware" else None
+    sessions = None
+    spec = scenario.workload.sessions
+    if spec is not None and spec.mode == "closed":
+        sessions = SessionDriver(requests, spec)
+    feed = ArrivalFeed(env, instances, _router(scenario), hasher)
+    feed.sessions = sessions
+    if sessions is not None:
+        sessions.release = feed.submit
+    for instance, rng in zip(instances, connector_rngs):
+        instance.loop = _instance_loop(env, instance, rng, options, feed)
+    for request in sorted(sessions.initial if sessions else requests, key=lambda r: r.arrival_time):
+        feed.submit(request)
+    return ClusterRun(scenario, env, instances, feed, rejected)
+
+
+def _connector_rngs(seed: int, count: int) -> list[np.random.Generator]:
+    first = run_rngs(seed).connector
+    return [first] + list(first.spawn(count - 1)) if count > 1 else [first]
+
+
+def _instance_loop(
+    env: simpy.Environment, instance: Instance, rng: np.random.Generator, options: RunOptions, feed: ArrivalFeed
+) -> EngineLoop:
+    components = instance.components
+    scenario = components.scenario
+    transfers = _transfer_service(env, scenario.clock)
+    connector = components.connector
+    if connector is not None:
+        from sim.connector.context import context_from_kv_cache_config
+
+        connector.bind(context_from_kv_cache_config(components.kv_cache_config, scenario.clock, rng, transfers))
+    check: Callable[[], None] | None = None
+    if options.check_invariants or scenario.check_invariants:
+        from functools import partial
+
+        from sim.core.kv.manager import check_invariants
+
+        check = partial(check_invariants, components.kv_manager)
+
+    def on_finished(finished: list[Request], now: float) -> None:
+        if feed.sessions is not None:
+            feed.sessions.on_finished(finished, now)
+        if not feed.may_route():
+            feed.wake_all()
+
+    def publish(log: KVEventLog, now: float) -> None:
+        instance.view.publish(log, now)
+
+    return EngineLoop(
+        env=env,
+        scheduler=components.scheduler,
+        requests=[],
+        clock=scenario.clock,
+        step_duration=_step_duration_fn(components),
+        recorder=components.recorder,
+        kv_manager=components.kv_manager,
+        connector=connector,
+        transfers=transfers,
+        actions=build_actions(scenario, components),
+        on_crash=scenario.on_crash,
+        check_invariants=check,
+        step_columns=connector.step_columns if connector is not None else None,
+        progress=pause_hook("run"),
+        max_steps=options.max_steps,
+        on_finished=on_finished,
+        held_open=feed.may_route,
+        kv_listener=publish,
+    )

@@ -1,0 +1,110 @@
+"""The ``cluster:`` section of a scenario: several serving instances behind a router (docs/cluster.md).
+
+A scenario without ``cluster`` is one instance, exactly as before. With it, every instance is a whole
+vLLM engine (scheduler, KV-cache manager, connector) built from the scenario, with the per-instance
+overrides given here; all instances share one simulated clock and one workload, and the router sends each
+arriving request to one instance.
+
+Invariants checked here: every instance has the same model and cache layout as the scenario (block size,
+groups, Mamba mode), so a request's block hashes mean the same on every instance; an override names only
+keys an instance may change (its cache size and eviction policy, its scheduler, its hardware).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_serializer, field_validator, model_validator
+
+#: Most instances a cluster may have (each is a whole engine in this process).
+MAX_INSTANCES = 64
+
+#: Keys an instance override may set, per section; the rest of the scenario is shared.
+INSTANCE_KEYS: dict[str, tuple[str, ...]] = {
+    "cache": ("num_blocks", "kv_memory_gb", "eviction_policy", "eviction_options"),
+    "scheduler": (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "long_prefill_token_threshold",
+        "policy",
+        "prefix_policy",
+        "watermark",
+    ),
+    "hardware": ("preset", "gpu_memory_utilization", "overrides", "overrides_path"),
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InstanceSpec(_Strict):
+    """One instance's overrides of the scenario (``cluster.instances: [{cache: {num_blocks: 800}}, ...]``)."""
+
+    cache: dict[str, Any] = Field(default_factory=dict)
+    scheduler: dict[str, Any] = Field(default_factory=dict)
+    hardware: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known_keys(self) -> "InstanceSpec":
+        for section, allowed in INSTANCE_KEYS.items():
+            for key in getattr(self, section):
+                if key not in allowed:
+                    raise ValueError(
+                        f"@{section}.{key}: an instance may override only {', '.join(allowed)} in {section} "
+                        "(the model and cache layout are the cluster's)"
+                    )
+        return self
+
+    def overrides(self) -> dict[str, dict[str, Any]]:
+        """The non-empty sections, as a partial scenario mapping."""
+        return {s: dict(getattr(self, s)) for s in INSTANCE_KEYS if getattr(self, s)}
+
+
+class RouterSection(_Strict):
+    """How arriving requests are sent to instances (``cluster.router``)."""
+
+    #: ``round_robin``, ``least_loaded``, ``session_affinity``, ``prefix_aware`` or an installed plug-in
+    #: (entry point group ``hybridsim.routers``).
+    policy: str = Field(default="round_robin", min_length=1)
+    #: ``prefix_aware``: count only the prefix a hybrid model can use (every group's blocks present,
+    #: a Mamba state at the boundary), not the full-attention prefix alone.
+    group_aware: StrictBool = False
+    #: ``prefix_aware``: weight of an instance's load against its cached fraction of the prompt
+    #: (score = cached fraction - load_weight * load, load = queued requests / max_num_seqs).
+    load_weight: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] = 1.0
+    #: How late the instances' KV events reach the router's view (seconds with ``clock: time``, steps
+    #: with ``clock: steps``); 0 is an exact view.
+    view_delay: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] = 0.0
+    #: A plug-in router's own options.
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClusterSection(_Strict):
+    """``cluster:``: how many instances (or each one's overrides) and the router."""
+
+    #: Given as a count or a list of overrides; held as the list (a count is that many empty overrides) and
+    #: written back as the count when no instance has an override.
+    instances: list[InstanceSpec] = Field(default_factory=lambda: [InstanceSpec(), InstanceSpec()])
+    router: RouterSection = Field(default_factory=RouterSection)
+
+    @field_validator("instances", mode="before")
+    @classmethod
+    def _instance_count(cls, value: Any) -> Any:
+        """A count in ``[1, MAX_INSTANCES]`` or a list of that many override mappings."""
+        if isinstance(value, bool) or not isinstance(value, (int, list)):
+            raise ValueError(f"expected a count or a list of instance overrides, got {type(value).__name__}")
+        n = value if isinstance(value, int) else len(value)
+        if not 1 <= n <= MAX_INSTANCES:
+            raise ValueError(f"a cluster has 1 to {MAX_INSTANCES} instances (got {n})")
+        return [{} for _ in range(n)] if isinstance(value, int) else value
+
+    @field_serializer("instances")
+    def _as_count_when_plain(self, instances: list[InstanceSpec]) -> int | list[dict[str, Any]]:
+        if not any(spec.overrides() for spec in instances):
+            return len(instances)
+        return [spec.model_dump() for spec in instances]
+
+    def instance_specs(self) -> list[InstanceSpec]:
+        """One spec per instance."""
+        return list(self.instances)

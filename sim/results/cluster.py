@@ -1,0 +1,130 @@
+"""Stage 3 of a cluster run: :func:`finalize_cluster` turns a :class:`~sim.cluster.run.ClusterRecord` into one
+:class:`~sim.results.finalize.RunResult` (docs/cluster.md).
+
+Every table is the instances' tables stacked, with an ``instance`` column last (the instance's index;
+``-1`` in ``requests`` for a request routed nowhere: rejected as too long, or not arrived when the run
+stopped). Rows come in instance order (-1 first), each instance's rows in its own table order; ``seq`` of
+``kv_events`` and ``step`` count per instance. ``summary.json`` holds the cluster's totals under the usual
+keys (computed from the stacked tables with the one-instance definitions), a ``cluster`` section (instance
+count, router, requests routed per instance) and ``instances``: each instance's own summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+
+from sim.cluster.run import ClusterRecord
+from sim.results.finalize import RunResult, finalize
+from sim.results.metrics import run_summary
+from sim.trace.bundle import LoadedResult
+from sim.trace.tables import TABLE_NAMES, tables_from_recorder
+
+#: Summary keys copied from an instance's summary into ``instances[i]`` (its scalars and per-group lists).
+_INSTANCE_FACTS = ("num_blocks", "steps", "status", "policy", "lookup_path")
+
+
+def _stack(frames: list[tuple[int, pd.DataFrame]]) -> pd.DataFrame:
+    parts = []
+    for index, frame in frames:
+        part = frame.copy()
+        part["instance"] = pd.array([index] * len(part), dtype="int64")
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def finalize_cluster(record: ClusterRecord) -> RunResult:
+    """One result for the whole cluster; see the module docstring. Writes nothing."""
+    scenario = record.scenario
+    cluster = scenario.cluster
+    assert cluster is not None
+    results = [finalize(instance) for instance in record.instances]
+    unrouted = tables_from_recorder(record.unrouted)
+    tables: dict[str, pd.DataFrame] = {}
+    for name in TABLE_NAMES:
+        frames = [(-1, unrouted[name])] if name == "requests" and len(unrouted[name]) else []
+        frames += [(i, r.tables[name]) for i, r in enumerate(results)]
+        tables[name] = _stack(frames)
+    first = record.instances[0]
+    summary = run_summary(
+        tables,
+        group_kinds=first.group_kinds,
+        slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
+        slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,
+        crash=record.crash,
+    )
+    routed = [0] * len(results)
+    for index in record.routing.values():
+        routed[index] += 1
+    summary.update(
+        {
+            "name": scenario.name,
+            "seed": scenario.seed,
+            "clock": scenario.clock,
+            "policy": scenario.scheduler.prefix_policy,
+            "lookup_path": first.lookup_path,
+            "connector": scenario.connector.type,
+            "num_blocks": sum(r.kv_cache_config.num_blocks for r in record.instances),
+            "block_sizes": [g.spec.block_size for g in first.kv_cache_config.groups],
+            "steps": max(r.steps for r in record.instances),
+            "simulated_s": record.simulated_s,
+            "status": record.status,
+            "message": record.message,
+            "cluster": {
+                "instances": len(results),
+                "router": cluster.router.policy,
+                "group_aware": cluster.router.group_aware,
+                "view_delay": cluster.router.view_delay,
+                "routed": routed,
+            },
+            "instances": [_instance_summary(i, r.summary) for i, r in enumerate(results)],
+        }
+    )
+    crash_detail: dict[str, Any] | None = None
+    if record.crash is not None:
+        crashed = results[record.crash["instance"]]
+        crash_detail = dict(crashed.crash_detail or {}, instance=record.crash["instance"])
+    return RunResult(
+        summary=summary,
+        tables=tables,
+        path=None,
+        group_kinds=list(first.group_kinds),
+        status=record.status,
+        scenario=scenario,
+        crash_detail=crash_detail,
+        session_tables={},
+    )
+
+
+def _instance_summary(index: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """An instance's own summary (latency, hits, outcomes, ...) without the run-wide facts it repeats."""
+    drop = {"name", "seed", "clock", "connector", "simulated_s", "message", "block_sizes"}
+    out = {k: v for k, v in summary.items() if k not in drop}
+    out["instance"] = index
+    return out
+
+
+def instance_of(result: LoadedResult, request_id: str) -> int | None:
+    """The instance ``request_id`` ran on in a cluster bundle; ``None`` for a one-instance bundle (no
+    ``instance`` column) or a request routed nowhere."""
+    requests = result.tables["requests"]
+    if "instance" not in requests.columns:
+        return None
+    rows = requests.loc[requests["request_id"] == request_id, "instance"]
+    if rows.empty or int(rows.iloc[0]) < 0:
+        return None
+    return int(rows.iloc[0])
+
+
+def select_instance(result: LoadedResult, index: int) -> LoadedResult:
+    """The bundle as instance ``index`` alone saw it: every table's rows of that instance, without the
+    ``instance`` column (what ``explain`` reads: one engine's events and admissions)."""
+    tables = {
+        name: table.loc[table["instance"] == index].drop(columns="instance").reset_index(drop=True)
+        if "instance" in table.columns
+        else table
+        for name, table in result.tables.items()
+    }
+    return replace(result, tables=tables)

@@ -1,0 +1,168 @@
+"""Cluster runs end to end: one instance is the plain run, requests are conserved, reruns are identical,
+closed-loop sessions route their turns, and bad cluster sections are refused with the key named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import sim
+from sim.config import ScenarioError, scenario_from_text
+from sim.results.finalize import RunResult
+
+SMALL = """
+name: cluster-small
+seed: 5
+clock: steps
+cache: {block_size: 16, num_blocks: 120, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 256, max_model_len: 4096, prefix_policy: pr48425}
+outputs: {plots: false}
+workload:
+  generator:
+    arrivals: {process: poisson, rate: 0.6}
+    count: 60
+    structure:
+      kind: shared_system
+      system: {num_prompts: 4, length: {dist: uniform, low: 60, high: 200}, zipf: 1.0}
+      user_len: {dist: lognormal, mean: 40, sigma: 0.5}
+    output: {dist: uniform, low: 2, high: 12}
+"""
+
+
+def _run(text: str, tmp_path: Path | None = None) -> RunResult:
+    scenario = scenario_from_text(text)
+    return sim.run_scenario(scenario, tmp_path)
+
+
+def _cluster(extra: str) -> str:
+    return SMALL + "cluster:\n" + "".join(f"  {line}\n" for line in extra.strip().splitlines())
+
+
+def test_one_instance_cluster_is_the_plain_run() -> None:
+    plain = _run(SMALL)
+    one = _run(_cluster("instances: 1"))
+    for name, table in plain.tables.items():
+        stacked = one.tables[name]
+        assert list(stacked.columns) == list(table.columns) + ["instance"]
+        assert (stacked["instance"] == 0).all()
+        pd.testing.assert_frame_equal(stacked.drop(columns="instance"), table)
+    assert one.summary["cache"] == plain.summary["cache"]
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_loaded", "session_affinity", "prefix_aware"])
+def test_every_request_ends_once_and_reruns_are_identical(policy: str) -> None:
+    text = _cluster(f"instances: 3\nrouter: {{policy: {policy}}}")
+    first, second = _run(text), _run(text)
+    requests = first.tables["requests"]
+    assert sorted(requests["request_id"]) == sorted(_run(SMALL).tables["requests"]["request_id"])
+    assert requests["request_id"].is_unique
+    routed = first.summary["cluster"]["routed"]
+    assert sum(routed) == len(requests[requests["instance"] >= 0])
+    assert [s["instance"] for s in first.summary["instances"]] == [0, 1, 2]
+    for name, table in first.tables.items():
+        pd.testing.assert_frame_equal(table, second.tables[name])
+        # Each instance's rows are its own: a request's admissions are on the instance it was routed to.
+    home = dict(zip(requests["request_id"], requests["instance"]))
+    admissions = first.tables["admissions"]
+    assert all(home[r] == i for r, i in zip(admissions["request_id"], admissions["instance"]))
+
+
+def test_round_robin_spreads_requests_evenly() -> None:
+    result = _run(_cluster("instances: 3\nrouter: {policy: round_robin}"))
+    assert result.summary["cluster"]["routed"] == [20, 20, 20]
+
+
+def test_prefix_aware_keeps_shared_prompts_together() -> None:
+    """Four system prompts over four instances: routing on the cached prefix hits more than round robin."""
+    rr = _run(_cluster("instances: 4\nrouter: {policy: round_robin}"))
+    pa = _run(_cluster("instances: 4\nrouter: {policy: prefix_aware, load_weight: 0.05}"))
+    assert pa.summary["cache"]["local_rate"] > rr.summary["cache"]["local_rate"]
+
+
+def test_instance_overrides_apply_to_that_instance_only(tmp_path: Path) -> None:
+    text = _cluster("instances:\n  - {}\n  - {cache: {num_blocks: 300}, scheduler: {max_num_seqs: 2}}")
+    result = _run(text, tmp_path / "b")
+    assert [s["num_blocks"] for s in result.summary["instances"]] == [120, 300]
+    assert result.summary["num_blocks"] == 420
+    assert (tmp_path / "b" / "summary.json").is_file()
+    loaded = sim.load_result(tmp_path / "b")
+    assert "instance" in loaded.tables["requests"].columns
+
+
+def test_closed_sessions_route_released_turns() -> None:
+    text = """
+name: sessions
+clock: steps
+cache: {block_size: 16, num_blocks: 64, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 256, prefix_policy: pr48425}
+outputs: {plots: false}
+workload:
+  sessions: {mode: closed}
+  requests:
+    - {id: t1, at: 0, prompt: [{content: chat, tokens: 40}], max_tokens: 3}
+    - {id: t2, at: 0, after: t1, think: 2, max_tokens: 2,
+       prompt: [{content: chat, tokens: 40}, {output_of: t1, tokens: 3}, {content: u2, tokens: 10}]}
+    - {id: o1, at: 0, prompt: [{content: other, tokens: 40}], max_tokens: 3}
+cluster: {instances: 2, router: {policy: session_affinity}}
+"""
+    result = _run(text)
+    requests = result.tables["requests"].set_index("request_id")
+    assert set(requests["outcome"]) == {"ok"}
+    assert requests.loc["t1", "instance"] == requests.loc["t2", "instance"]
+    assert requests.loc["t2", "arrival_s"] == requests.loc["t1", "finished_s"] + 2
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("instances: 0", "cluster.instances"),
+        ("instances: [{cache: {block_size: 32}}]", "cluster.instances.0.cache.block_size: an instance may override"),
+        ("instances: [{scheduler: {max_num_seqs: 0}}]", "cluster.instances.0: scheduler.max_num_seqs"),
+        ("router: {policy: round_robbin}", "did you mean 'round_robin'"),
+        ("router: {policy: least_loaded, group_aware: true}", "cluster.router.group_aware"),
+        ("router: {view_delay: .inf}", "cluster.router.view_delay"),
+    ],
+)
+def test_bad_cluster_sections_name_the_key(extra: str, message: str) -> None:
+    with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        _run(_cluster(extra))
+
+
+def test_actions_are_refused_on_a_cluster() -> None:
+    text = _cluster("instances: 2") + "actions:\n  - {at: 3, reset_prefix_cache: true}\n"
+    with pytest.raises(ScenarioError, match="cluster: scripted actions"):
+        scenario_from_text(text)
+
+
+def test_commands_read_a_cluster_bundle(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    scenario = tmp_path / "c.yaml"
+    scenario.write_text(
+        _cluster("instances: 2\nrouter: {policy: prefix_aware, group_aware: true}").replace(
+            "outputs: {plots: false}", "outputs: {plots: true}"
+        ),
+        encoding="utf-8",
+    )
+    runner = CliRunner()
+    bundle, plain = tmp_path / "cluster", tmp_path / "plain"
+    assert runner.invoke(app, ["run", str(scenario), "-o", str(bundle), "-q"]).exit_code == 0
+    plain_file = tmp_path / "p.yaml"
+    plain_file.write_text(SMALL, encoding="utf-8")
+    assert runner.invoke(app, ["run", str(plain_file), "-o", str(plain), "-q"]).exit_code == 0
+    assert (bundle / "plots" / "index.md").is_file()
+    for args in (
+        ["show", str(bundle)],
+        ["compare", str(bundle), str(plain)],
+        ["trace", "diff", str(bundle), str(bundle)],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+    requests = sim.load_result(bundle).tables["requests"]
+    rid = str(requests.loc[requests["instance"] == 1, "request_id"].iloc[0])
+    result = runner.invoke(app, ["explain", str(bundle), rid])
+    assert result.exit_code == 0 and f"admission            {rid}" in result.output
