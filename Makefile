@@ -79,7 +79,9 @@ lint: venv-extras
 	$(PY) -m mypy
 	$(if $(FORMATTED),$(PY) -m ruff format --check $(FORMATTED))
 
-bench: native
+# `make bench` (docs/speed.md): the whole commands on this install first (subprocess, CPU and wall, best of 3,
+# next to vLLM's loop when it is installed: `make vllm-env`), then the in-process figures.
+bench: venv
 	$(PY) benchmarks/bench.py
 
 golden: venv

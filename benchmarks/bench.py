@@ -1,6 +1,14 @@
 """Simulator speed benchmark (``make bench``).
 
-Prints, in one run:
+First, the whole commands as a user meets them (:func:`whole_commands`): ``hybridsim`` as a subprocess of
+the install that runs this script (``make bench`` uses the default ``make venv`` install), with
+``PYTHONDONTWRITEBYTECODE=1`` and no ``PYTHONPATH``, CPU seconds (user + system of the process, from
+``wait4``) and wall seconds, best of ``--repeat``, peak RSS: ``--help``, ``validate``, ``run`` of the two
+1000-request step workloads (next to vLLM 0.33's bare scheduler loop on the same workloads, measured in
+this same run), and ``run`` of the Mooncake conversation trace, full and at half rate (its first 1,200 s,
+arrivals stretched 2x), in x real time. Every figure is checked against its target (docs/speed.md).
+
+Then, labelled as such, the in-process figures:
 
 * the two 1000-request step-clock workloads of ``benchmarks/scenarios/``
   (full attention only; full attention + Mamba + scripted connector): hybridsim
@@ -20,7 +28,7 @@ of the process (``time.process_time``: on a shared machine wall time mostly
 measures the neighbours), the best of ``--repeat`` runs; the wall time of that
 run is printed too. Without vLLM the vLLM columns say so and only the
 hybridsim figures are printed. The first line says which core hybridsim runs:
-the compiled one (``make native``, docs/native.md; ``make bench`` builds it) or
+the compiled one (``make native``, docs/native.md; not part of the default install) or
 the interpreted one. ``--interpreted`` times the interpreted core even when a
 compiled build exists, and ``--plain`` times hybridsim without its speed layer (sim.accel)
 (``RunOptions(fast_paths=False)``), for comparison.
@@ -34,6 +42,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +52,22 @@ STEP_WORKLOADS = ("step-fa-1000", "step-hybrid-connector-1000")
 DEMO = ROOT / "scenarios" / "demo-pressure.yaml"
 MOONCAKE = ROOT / "scenarios" / "mooncake-conversation-nemotron.yaml"
 TRACE_FILE = "mooncake_conversation_trace.jsonl"
+
+
+#: The Mooncake half-rate window: the trace's first 1,200 s, arrivals stretched 2x (2,400 simulated s).
+HALF_RATE = ["workload.time_window=[0,1200]", "workload.time_scale=2"]
+
+#: Whole-command targets (docs/speed.md, issue 35): CPU seconds, or x real time for the replays.
+TARGETS = {
+    "--help": ("cpu", 0.3),
+    "validate": ("cpu", 0.3),
+    "step-fa-1000": ("cpu", 0.5),
+    "step-hybrid-connector-1000": ("cpu", 0.6),
+    "mooncake full": ("x", 1500.0),
+    "mooncake half rate": ("x", 1000.0),
+}
+#: Peak RSS target of the full Mooncake replay, MiB.
+MOONCAKE_RSS_MB = 400.0
 
 
 def _trace_dir() -> Path | None:
@@ -124,17 +149,126 @@ def work_vllm(path: str, repeat: int, check: bool) -> dict:
 # --------------------------------------------------------------------------- driver
 
 
+#: The interpreter of the vLLM loop's workers (``--vllm-python``: vLLM may live in another environment).
+VLLM_PYTHON = [sys.executable]
+
+
 def _spawn(args: list[str], interpreted: bool = False) -> dict:
     """Run one worker in a fresh interpreter; its last stdout line is the JSON result."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
     if interpreted:
         env["HYBRIDSIM_NATIVE"] = "0"
-    proc = subprocess.run([sys.executable, __file__, "--worker", *args], capture_output=True, text=True, env=env)
+    python = VLLM_PYTHON[0] if args[0] == "vllm" else sys.executable
+    proc = subprocess.run([python, __file__, "--worker", *args], capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"worker failed (exit {proc.returncode}): {tail}"}
     return json.loads(lines[-1])
+
+
+def _timed(argv: list[str]) -> dict:
+    """One subprocess: CPU (user + system) and wall seconds, peak RSS in MiB, exit code, stderr's last line."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+    proc.stderr.close()
+    return {
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "wall_s": wall,
+        "peak_rss_mb": usage.ru_maxrss / 1024.0,
+        "exit": os.waitstatus_to_exitcode(status),
+        "error": err[-1] if err else "",
+    }
+
+
+def _best(argv: list[str], repeat: int) -> dict:
+    """The best CPU and the best wall of ``repeat`` runs (the highest peak RSS), or the first failure."""
+    runs = [_timed(argv) for _ in range(repeat)]
+    failed = [r for r in runs if r["exit"] != 0]
+    if failed:
+        return {"error": f"exit {failed[0]['exit']}: {failed[0]['error']}"}
+    return {
+        "cpu_s": min(r["cpu_s"] for r in runs),
+        "wall_s": min(r["wall_s"] for r in runs),
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+    }
+
+
+def _verdict(name: str, value: float) -> str:
+    kind, target = TARGETS[name]
+    if kind == "cpu":
+        return f"{'met' if value <= target else 'MISSED'} (<= {target:g} s)"
+    return f"{'met' if value >= target else 'MISSED'} (>= {target:,.0f}x)"
+
+
+def whole_commands(repeat: int, with_vllm: bool, limit: int | None) -> None:
+    """The whole-command table (module docstring)."""
+    exe = Path(sys.executable).parent / "hybridsim"
+    if not exe.is_file():
+        print(f"whole commands: skipped ({exe} is missing: install hybridsim into this environment, `make venv`)")
+        return
+    print(
+        f"Whole commands (`hybridsim` as a subprocess of {exe.parent.parent}, PYTHONDONTWRITEBYTECODE=1, "
+        f"best of {repeat}; CPU = user + system s, wall s in parentheses)"
+    )
+    print(
+        f"{'command':<30} {'CPU (wall)':>18} {'peak MiB':>9}  {'vLLM 0.33 loop CPU (wall)':>25} {'ratio':>7}  "
+        f"{'x real time':>11}  target"
+    )
+    out = Path(tempfile.mkdtemp(prefix="hybridsim-bench-"))
+    fa = str(SCENARIOS / "step-fa-1000.yaml")
+    rows: list[tuple[str, list[str], str | None]] = [
+        ("--help", [str(exe), "--help"], None),
+        ("validate", [str(exe), "validate", fa], None),
+    ]
+    for name in STEP_WORKLOADS:
+        path = str(SCENARIOS / f"{name}.yaml")
+        rows.append((name, [str(exe), "run", path, "-o", str(out / name), "-q", "--force"], path))
+    traces = _trace_dir()
+    if traces is not None:
+        base = [str(exe), "run", str(MOONCAKE), "-q", "--force", "--set", f"workload.trace.path={traces / TRACE_FILE}"]
+        if limit is not None:
+            base += ["--set", f"workload.limit={limit}"]
+        rows.append(("mooncake full", [*base, "-o", str(out / "mc-full")], None))
+        half = [arg for item in HALF_RATE for arg in ("--set", item)]
+        rows.append(("mooncake half rate", [*base, *half, "-o", str(out / "mc-half")], None))
+    for name, argv, vllm_path in rows:
+        ours = _best(argv, repeat)
+        if "error" in ours:
+            print(f"{name:<30} failed: {ours['error']}", flush=True)
+            continue
+        theirs_text, ratio_text, x_text = f"{'':>25}", f"{'':>7}", f"{'-':>11}"
+        verdict = _verdict(name, ours["cpu_s"])
+        if vllm_path is not None and with_vllm:
+            theirs = _spawn(["vllm", vllm_path, str(repeat), "no-check"])
+            if "cpu_s" in theirs:
+                theirs_text = f"{_fmt_s(theirs):>25}"
+                ratio_text = f"{theirs['cpu_s'] / ours['cpu_s']:>6.1f}x"
+            else:
+                theirs_text = f"{(theirs.get('missing') or theirs.get('error') or '')[:25]:>25}"
+        if name.startswith("mooncake"):
+            bundle = out / ("mc-full" if name == "mooncake full" else "mc-half")
+            simulated = float(json.loads((bundle / "summary.json").read_text())["simulated_s"])
+            x_real = simulated / ours["cpu_s"]
+            x_text = f"{x_real:>10,.0f}x"
+            verdict = _verdict(name, x_real)
+            if name == "mooncake full":
+                rss_ok = "met" if ours["peak_rss_mb"] <= MOONCAKE_RSS_MB else "MISSED"
+                verdict += f"; peak RSS {rss_ok} (<= {MOONCAKE_RSS_MB:.0f} MiB)"
+        label = f"{name} (limit {limit})" if limit is not None and name.startswith("mooncake") else name
+        print(
+            f"{label:<30} {_fmt_s(ours):>18} {ours['peak_rss_mb']:>9.0f}  {theirs_text} {ratio_text}  {x_text}  {verdict}",
+            flush=True,
+        )
+    if traces is None:
+        print(f"mooncake: skipped (no {TRACE_FILE} in shared/traces; set HYBRIDSIM_TRACES)")
+    print()
 
 
 def _fmt_s(r: dict) -> str:
@@ -152,6 +286,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain", action="store_true", help="Time hybridsim without its speed layer (sim.accel).")
     parser.add_argument(
         "--interpreted", action="store_true", help="Time hybridsim's interpreted core even if a compiled one is built."
+    )
+    parser.add_argument(
+        "--no-whole", action="store_true", help="Skip the whole-command figures (only the in-process ones)."
+    )
+    parser.add_argument("--whole-only", action="store_true", help="Print only the whole-command figures.")
+    parser.add_argument(
+        "--vllm-python", default=None, help="The Python whose environment has vLLM 0.33 (default: this one)."
     )
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -172,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     plain = "plain" if args.plain else "fast"
     label = "hybridsim" + (" (plain)" if args.plain else "")
     cores: set[str] = set()
+    if args.vllm_python:
+        VLLM_PYTHON[0] = args.vllm_python
+    if not args.no_whole:
+        whole_commands(args.repeat, not args.no_vllm, args.limit)
+        if args.whole_only:
+            return 0
+    print("In-process figures (one process per workload; imports, loading the scenario file's libraries and")
+    print("writing the bundle not counted):")
 
     if args.only in (None, "step"):
         print(
