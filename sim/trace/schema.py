@@ -351,7 +351,7 @@ def _arrow_column(values: Sequence[object] | np.ndarray, dtype: str) -> pa.Array
 
 def arrow_table(table: str, columns: Mapping[str, Sequence[object] | np.ndarray]) -> pa.Table:
     """Recorded columns (lists, or 1-D NumPy arrays) as ``table``'s Arrow table: the declared schema,
-    the contract column order then the extensions, the :data:`SORT_KEYS` row order."""
+    the contract column order then the extensions, the :data:`SORT_KEYS` row order (:func:`sort_order`)."""
     check_table(table)
     names = list(columns)
     order = contract_columns(table, infer_num_groups(names))
@@ -360,42 +360,48 @@ def arrow_table(table: str, columns: Mapping[str, Sequence[object] | np.ndarray]
         raise ValueError(f"table {table!r} is missing columns {missing}; expected {order}")
     order += [c for c in names if c not in order]
     dtypes = {name: column_dtype(table, name) or _extension_type(columns[name]) for name in order}
+    try:
+        perm = sort_order([(columns[key], dtypes[key]) for key in SORT_KEYS[table]])
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{table}: a sort key holds a value of the wrong type ({exc})") from None
+    if perm is not None:
+        columns = {name: _reordered(columns[name], perm) for name in order}
     arrays = []
     for name, dtype in dtypes.items():
         try:
             arrays.append(_arrow_column(columns[name], dtype))
         except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
             raise ValueError(f"{table}.{name}: {exc}") from None
-    result = pa.Table.from_arrays(arrays, schema=arrow_schema(table, dtypes))
-    return sort_table(table, result)
+    return pa.Table.from_arrays(arrays, schema=arrow_schema(table, dtypes))
 
 
-def sort_table(table: str, data: pa.Table) -> pa.Table:
-    """``data`` in ``table``'s row order: a stable sort by :data:`SORT_KEYS` (NaN and nulls last, ties in
-    recording order), skipped when a single key is already non-decreasing."""
-    keys = SORT_KEYS[table]
-    if data.num_rows < 2:
-        return data
-    ranks = []
-    for key in reversed(keys):
-        column = data.column(key)
-        if pa.types.is_string(column.type):
-            values = column.to_pylist()
-            order = sorted(set(values))
-            rank = {v: i for i, v in enumerate(order)}
-            ranks.append(np.fromiter((rank[v] for v in values), dtype=np.int64, count=len(values)))
+def sort_order(keys: Sequence[tuple[Sequence[object] | np.ndarray, str]]) -> np.ndarray | None:
+    """The row order of a stable sort by ``keys`` (``(values, schema dtype)``, most significant first), as
+    ``DataFrame.sort_values(kind="mergesort", na_position="last")`` has it: NaN last, -0.0 equal to 0.0,
+    strings by code point, ties in recording order. ``None`` when the rows are in that order already."""
+    ranks: list[np.ndarray] = []
+    for values, dtype in reversed(keys):
+        if dtype in (_STR, HASH_DTYPE):
+            text = list(values)
+            rank = {v: i for i, v in enumerate(sorted(set(text)))}
+            ranks.append(np.fromiter((rank[v] for v in text), dtype=np.int64, count=len(text)))
+        elif dtype == _FLOAT:
+            numbers = np.asarray(values, dtype=np.float64)  # None gives NaN
+            ranks.append(np.where(np.isnan(numbers), np.inf, numbers))
+            ranks.append(np.isnan(numbers))  # more significant than the value: NaN last
         else:
-            numbers = numpy_of(column)
-            if numbers.dtype.kind == "f":
-                # NaN last, -0.0 equal to 0.0, as a stable sort in pandas has them.
-                ranks.append(np.where(np.isnan(numbers), np.inf, numbers))
-                ranks.append(np.isnan(numbers))
-            else:
-                ranks.append(numbers)
+            ranks.append(np.asarray(values, dtype=np.int64))
+    if not ranks or len(ranks[0]) < 2:
+        return None
     if len(ranks) == 1 and bool((ranks[0][1:] >= ranks[0][:-1]).all()):
-        return data
-    perm = np.lexsort(ranks)
-    return data.take(from_numpy(perm.astype(np.int64), pa.int64()))
+        return None
+    return np.lexsort(ranks)
+
+
+def _reordered(values: Sequence[object] | np.ndarray, perm: np.ndarray) -> Sequence[object] | np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values[perm]
+    return list(map(values.__getitem__, perm.tolist()))
 
 
 def _kv_event_columns(events: KVEventTable) -> dict[str, Sequence[object] | np.ndarray]:
