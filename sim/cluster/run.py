@@ -208,7 +208,6 @@ class ClusterRun:
             loop = instance.loop
             assert loop is not None
             components = replace(instance.components, requests=instance.routed, rejected=[])
-            components.scheduler.settle()
             if stopped:
                 loop.fail_in_flight()
             _record_requests(components, loop, stopped)
