@@ -19,7 +19,9 @@ Then, labelled as such, the in-process figures:
   decisions (``sim.verify`` decision traces, first difference);
 * ``demo-pressure`` (synthetic chat on Nemotron-H 8B under block pressure);
 * the Mooncake conversation replay (12,031 requests on Nemotron-H 8B / H100,
-  time clock) in simulated seconds per wall second ("x real time");
+  time clock) in simulated seconds per wall second ("x real time"), and its
+  first 1,500 requests prefilled remotely (the ``remote`` connector,
+  P/D disaggregation: docs/connectors.md, "Connector calls per step");
 * peak resident memory of each workload.
 
 Each measurement runs in its own subprocess, so peak RSS is per workload and
@@ -51,6 +53,7 @@ SCENARIOS = ROOT / "benchmarks" / "scenarios"
 STEP_WORKLOADS = ("step-fa-1000", "step-hybrid-connector-1000")
 DEMO = ROOT / "scenarios" / "demo-pressure.yaml"
 MOONCAKE = ROOT / "scenarios" / "mooncake-conversation-nemotron.yaml"
+MOONCAKE_REMOTE = ROOT / "scenarios" / "mooncake-conversation-nemotron-remote.yaml"
 TRACE_FILE = "mooncake_conversation_trace.jsonl"
 
 
@@ -380,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                     overrides,
                 )
             )
+            runs.append(("mooncake-...-remote (1,500 requests)", MOONCAKE_REMOTE, overrides[:1]))
     for name, path, overrides in runs:
         r = _spawn(["hybridsim", str(path), str(args.repeat), plain, *overrides], args.interpreted)
         if "error" in r:

@@ -31,7 +31,7 @@ engine calls it once per step before ``schedule()`` and hands the result to
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from sim.connector.context import ConnectorContext
 from sim.core.kv.manager import KVCacheBlocks
@@ -77,6 +77,13 @@ class KVConnector:
     def bind(self, ctx: ConnectorContext) -> None:
         """Receive the run's :class:`~sim.connector.context.ConnectorContext` (once, before step 0)."""
         self._ctx = ctx
+
+    def route_arrival(self, request: Request, hand_over: Callable[[Request], None]) -> bool:
+        """Simulation side (the proxy in front of the engine): ``request`` has arrived, and the scheduler has not
+        seen it yet. Return True to keep it away from the scheduler until this connector calls
+        ``hand_over(request)`` (a P/D proxy hands a request to the decode instance once its remote prefill is
+        done, so vLLM's scheduler never sees it before); the default False hands it over at once."""
+        return False
 
     def on_new_request(self, request: Request) -> None:
         """A request entered the scheduler."""

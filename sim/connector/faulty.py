@@ -196,6 +196,8 @@ class FaultyConnector(KVConnector):
         self.pulls_unhashed_blocks = self.inner.pulls_unhashed_blocks
         self._factor = 1.0
         self._slow_factor: dict[str, float] = {}
+        #: Requests whose slow factor is decided (at arrival: :meth:`route_arrival`, or :meth:`on_new_request`).
+        self._arrived: set[str] = set()
         self._last_local: dict[str, int] = {}
         self._planned: dict[str, _PlannedFault] = {}
         self._errors: set[int] = set()
@@ -254,15 +256,27 @@ class FaultyConnector(KVConnector):
         finally:
             self._factor = 1.0
 
-    def on_new_request(self, request: Request) -> None:
+    def _decide_slowdown(self, request: Request) -> None:
+        """Fix the request's slow factor once, when it arrives (one draw per request, in arrival order)."""
         rid = request.request_id
+        if rid in self._arrived:
+            return
+        self._arrived.add(rid)
         if rid in self.slow:
             self._slow_factor[rid] = float(self.slow[rid])
         elif self.slow_prob and self.ctx.rng.random() < self.slow_prob:
             self._slow_factor[rid] = self.slowdown
         if rid in self._slow_factor:
             self.counters["slow_requests"] += 1
-        self._call(rid, self.inner.on_new_request, request)
+
+    def route_arrival(self, request: Request, hand_over: Callable[[Request], None]) -> bool:
+        self._decide_slowdown(request)
+        routed: bool = self._call(request.request_id, self.inner.route_arrival, request, hand_over)
+        return routed
+
+    def on_new_request(self, request: Request) -> None:
+        self._decide_slowdown(request)
+        self._call(request.request_id, self.inner.on_new_request, request)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._last_local[request.request_id] = num_computed_tokens

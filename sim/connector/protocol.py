@@ -1,5 +1,5 @@
 """A connector as the engine sees it: the scheduler's :class:`~sim.core.interfaces.SchedulerConnector` plus the
-engine-side hooks (binding, finished transfers, load errors, metrics, step columns).
+engine-side hooks (binding, routing arrivals, finished transfers, load errors, metrics, step columns).
 
 :class:`sim.connector.base.KVConnector` implements every member with its
 default; a plug-in connector that does not subclass it must still have them all.
@@ -7,10 +7,11 @@ default; a plug-in connector that does not subclass it must still have them all.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from sim.connector.context import ConnectorContext
 from sim.core.interfaces import SchedulerConnector
+from sim.core.request import Request
 
 
 class Connector(SchedulerConnector, Protocol):
@@ -18,6 +19,10 @@ class Connector(SchedulerConnector, Protocol):
 
     def bind(self, ctx: ConnectorContext) -> None:
         """Receive the run's context once, before step 0."""
+        ...
+
+    def route_arrival(self, request: Request, hand_over: Callable[[Request], None]) -> bool:
+        """An arrived request: True keeps it from the scheduler until the connector calls ``hand_over(request)``."""
         ...
 
     def get_finished(self) -> tuple[set[str], set[str]]:

@@ -15,11 +15,18 @@ cache and batching would double the cost of a run and need a workload of its
 own without changing those decisions. A full second instance can be composed
 from two runs instead.
 
+Arrival (the P/D proxy): a remote-prefilled request goes to the prefill instance
+first and reaches the decode instance's scheduler only when its prefill is done
+(:meth:`RemoteConnector.route_arrival` holds it and hands it over then), as
+vLLM's proxy submits it to the decode engine with ``do_remote_prefill`` only
+after the prefill instance answered. So the scheduler never asks about a
+request whose prefill is still running, and FCFS order at the decode instance
+is the order in which prefills finish. The request keeps its client arrival
+time: TTFT includes the remote prefill.
+
 Scheduler-side semantics follow ``NixlPullConnectorScheduler`` (vLLM 0.33):
 
-* until the prefill finished, ``get_num_new_matched_tokens`` answers ``None``
-  (in vLLM the decode instance does not even see the request before that);
-* then it answers ``count = R - local`` with ``R`` the prefill's token count:
+* ``get_num_new_matched_tokens`` answers ``count = R - local`` with ``R`` the prefill's token count:
   the prompt minus the backoff the decoder recomputes
   (``_prefill_backoff``: 1 token when the model has Mamba layers, so the
   decoder derives h(N) from the shipped h(N-1)), asynchronously, when
@@ -63,7 +70,7 @@ see docs/connectors.md, "#46453 with the remote connector".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
@@ -119,7 +126,6 @@ class RemoteConnector(KVConnector):
         self._recving: set[str] = set()
         self.counters: dict[str, int] = {
             "queries": 0,
-            "not_ready": 0,
             "hit_tokens": 0,
             "loads": 0,
             "bytes_loaded": 0,
@@ -148,26 +154,33 @@ class RemoteConnector(KVConnector):
         p = request.num_prompt_tokens
         return p - self.backoff if self.backoff and p > self.backoff else p
 
-    def on_new_request(self, request: Request) -> None:
+    def route_arrival(self, request: Request, hand_over: Callable[[Request], None]) -> bool:
+        """The proxy: a remote-prefilled request is prefilled first and handed to the scheduler when done."""
         if not self.is_remote(request) or request.request_id in self._remote:
-            return
+            return False
         remote = _Remote(remote_tokens=self.remote_token_count(request))
         self._remote[request.request_id] = remote
         self.counters["prefills"] += 1
 
         def done() -> None:
             remote.prefill_done = True
+            hand_over(request)
 
         self.prefill.submit(remote.remote_tokens, done)
+        return True
+
+    def _answer(self, request: Request) -> _Remote | None:
+        """The remote prefill still to pull for ``request`` (``None``: a local request, or pulled already)."""
+        remote = self._remote.get(request.request_id)
+        if remote is None or remote.consumed or not remote.prefill_done:
+            return None
+        return remote
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self.counters["queries"] += 1
-        remote = self._remote.get(request.request_id)
-        if remote is None or remote.consumed:
+        remote = self._answer(request)
+        if remote is None:
             return 0, False
-        if not remote.prefill_done:
-            self.counters["not_ready"] += 1
-            return None, False
         count = remote.remote_tokens - num_computed_tokens
         if count > 0:
             self.counters["hit_tokens"] += count
@@ -176,12 +189,8 @@ class RemoteConnector(KVConnector):
 
     def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
         """NIXL's answer without counting a query."""
-        remote = self._remote.get(request.request_id)
-        if remote is None or remote.consumed:
-            return 0
-        if not remote.prefill_done:
-            return None
-        return max(0, remote.remote_tokens - num_computed_tokens)
+        remote = self._answer(request)
+        return 0 if remote is None else max(0, remote.remote_tokens - num_computed_tokens)
 
     def _clip(self, ids: list[list[int]]) -> list[list[int]]:
         """NIXL ``get_exchange_clipped_blocks``: window tails, the state-bearing Mamba slot."""
@@ -225,12 +234,8 @@ class RemoteConnector(KVConnector):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         rid = request.request_id
-        remote = self._remote.get(rid)
-        if remote is None or remote.consumed:
-            return
-        if not remote.prefill_done:
-            if not num_external_tokens == 0:
-                raise AssertionError("num_external_tokens == 0")
+        remote = self._answer(request)
+        if remote is None:  # a local request, or its one transfer is done (NIXL: do_remote_prefill is False)
             return
         remote.consumed = True  # NIXL: params["do_remote_prefill"] = False, one transfer per request
         if num_external_tokens <= 0:

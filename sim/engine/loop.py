@@ -14,7 +14,11 @@ Ordering inside a step (docs/design.md §5): at the start of step ``k`` (time
    step ``k``),
 2. adds the requests that have arrived (``arrival <= t``; with
    ``clock: steps`` a request with ``at: k`` arrives just before step ``k``),
-3. hands the connector's finished transfers to the scheduler,
+   unless the connector routes one elsewhere first (``route_arrival``: a P/D
+   proxy sends it to the prefill instance),
+3. advances the transfers due, adds the requests the connector handed over
+   since the last step (in hand-over order) and hands the connector's finished
+   transfers to the scheduler,
 4. calls ``schedule()``, waits the step's duration, then calls
    ``update_from_output()`` (tokens sampled in a step exist at its end).
 
@@ -114,6 +118,8 @@ class EngineLoop:
     kv_listener: Callable[[KVEventLog, float], None] | None = None
 
     times: dict[str, RequestTimes] = field(default_factory=dict)
+    #: Arrived requests the connector routed and has handed over since the last step (``route_arrival``).
+    handed_over: list[Request] = field(default_factory=list)
     crash: CrashInfo | None = None
     step: int = 0
     #: Requests finished so far (for the progress display).
@@ -178,10 +184,19 @@ class EngineLoop:
     # ---------------------------------------------------------------- loop
     def _admit_arrivals(self) -> None:
         now = self.env.now
+        connector = self.connector
         while self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= now:
             request = self.requests[self._next_request]
             self._next_request += 1
             self.times[request.request_id] = RequestTimes(arrival_step=self.step)
+            if connector is None or not connector.route_arrival(request, self.handed_over.append):
+                self.scheduler.add_request(request)
+
+    def _add_handed_over(self) -> None:
+        """The routed requests the connector handed over since the last step join the scheduler."""
+        handed = list(self.handed_over)
+        self.handed_over.clear()  # in place: the connector holds ``self.handed_over.append``
+        for request in handed:
             self.scheduler.add_request(request)
 
     def _apply_actions(self) -> None:
@@ -225,6 +240,8 @@ class EngineLoop:
         return len(self.requests) - self._next_request
 
     def _due_now(self) -> bool:
+        if self.handed_over:
+            return True
         if self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= self.env.now:
             return True
         if self.step in self._actions_by_step:
@@ -253,6 +270,8 @@ class EngineLoop:
         self._record_kv_events()  # the actions' events belong to this step
         if self.transfers is not None:
             self.transfers.advance(self.step)
+        if self.handed_over:
+            self._add_handed_over()
         if self.connector is not None:
             recving, sending = self.connector.get_finished()
             if recving or sending:

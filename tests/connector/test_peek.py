@@ -43,14 +43,15 @@ def test_offload_peek_counts_no_query():
     assert conn.metrics()["queries"] == queries + 3  # only the three real calls counted
 
 
-def test_remote_peek_not_ready_then_ready():
+def test_remote_peek_after_the_prefill_handed_the_request_over():
     ctx, svc = step_ctx(FA, MAMBA)
     conn = RemoteConnector(prefill_steps=2)
     conn.bind(ctx)
     r = request("r", ("doc", 100))
-    conn.on_new_request(r)
-    assert conn.peek_num_new_matched_tokens(r, 0) is None
+    handed: list = []
+    assert conn.route_arrival(r, handed.append)
     svc.advance(2)
+    assert handed == [r]
     assert _same_answers_no_side_effect(conn, r, (0, 48)) == [99, 51]
 
 

@@ -15,13 +15,23 @@ def test_defaults_and_nixl_flags():
     assert conn.supports_hma and conn.supports_divergent_local_hybrid_hits
 
 
-def test_not_ready_until_prefill_then_prompt_minus_mamba_backoff():
+def arrive(conn, r):
+    """The request arrives at the proxy: the connector routes it to the prefill instance; returns the list
+    its hand-over to the scheduler will append to."""
+    handed: list = []
+    assert conn.route_arrival(r, handed.append)
+    return handed
+
+
+def test_handed_over_when_the_prefill_is_done_then_prompt_minus_mamba_backoff():
     ctx, svc = step_ctx(FA, MAMBA)
     conn = remote(ctx, prefill_steps=2)
     r = request("r", ("doc", 100))
-    conn.on_new_request(r)
-    assert conn.get_num_new_matched_tokens(r, 0) == (None, False)
+    handed = arrive(conn, r)
+    svc.advance(1)
+    assert handed == [] and conn.step_columns()["conn_prefills_in_flight"] == 1
     svc.advance(2)
+    assert handed == [r] and conn.step_columns()["conn_prefills_in_flight"] == 0
     # Mamba model: the prefill computes 99 tokens, the decoder recomputes the last one
     assert conn.get_num_new_matched_tokens(r, 0) == (99, True)
     assert conn.get_num_new_matched_tokens(r, 48) == (51, True)  # no block alignment, as NIXL
@@ -39,7 +49,7 @@ def test_fa_only_model_pulls_the_whole_prompt():
     ctx, svc = step_ctx(FA)
     conn = remote(ctx)
     r = request("r", ("doc", 64))
-    conn.on_new_request(r)
+    arrive(conn, r)
     svc.advance(1)
     assert conn.get_num_new_matched_tokens(r, 0) == (64, True)
     assert conn.get_num_new_matched_tokens(r, 64) == (0, False)
@@ -49,7 +59,7 @@ def test_unlisted_requests_are_local():
     ctx, svc = step_ctx(FA)
     conn = remote(ctx, requests=["a"])
     b = request("b", ("doc", 64))
-    conn.on_new_request(b)
+    assert not conn.route_arrival(b, lambda request: None)  # straight to the scheduler, computed locally
     assert conn.get_num_new_matched_tokens(b, 0) == (0, False)
 
 
@@ -57,9 +67,9 @@ def test_prefill_and_pull_times_on_the_time_clock():
     ctx, env = time_ctx(FA, MAMBA)
     conn = remote(ctx)  # defaults: 20k tok/s + 5 ms prefill, 25 GB/s + 20 us network
     r = request("r", ("doc", 100))
-    conn.on_new_request(r)
+    handed = arrive(conn, r)
     env.run()
-    assert env.now == pytest.approx(5e-3 + 99 / 20_000)
+    assert env.now == pytest.approx(5e-3 + 99 / 20_000) and handed == [r]
     assert conn.get_num_new_matched_tokens(r, 0) == (99, True)
     t0 = env.now
     conn.update_state_after_alloc(r, table(list(range(1, 8)), [0] * 6 + [9]), 99)
@@ -68,20 +78,11 @@ def test_prefill_and_pull_times_on_the_time_clock():
     assert conn.get_finished() == ({"r"}, set())
 
 
-def test_assert_external_tokens_without_remote_blocks():
-    ctx, svc = step_ctx(FA, MAMBA)
-    conn = remote(ctx, prefill_steps=5)
-    r = request("r", ("doc", 100))
-    conn.on_new_request(r)
-    with pytest.raises(AssertionError, match=r"num_external_tokens == 0"):
-        conn.update_state_after_alloc(r, table([1], [2]), 16)
-
-
 def test_assert_fa_pairing_when_decode_claims_more_blocks_than_prefill_sent():
     ctx, svc = step_ctx(FA, MAMBA)
     conn = remote(ctx)
     r = request("r", ("doc", 40))  # prefill sends cdiv(39, 16) = 3 FA blocks
-    conn.on_new_request(r)
+    arrive(conn, r)
     svc.advance(1)
     with pytest.raises(AssertionError, match=r"Group 0: \|6 - 3\| > 2"):
         conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5, 6], [0, 0, 7]), 39)
@@ -91,7 +92,7 @@ def test_assert_group_count_mismatch():
     ctx, svc = step_ctx(FA, MAMBA)
     conn = remote(ctx)
     r = request("r", ("doc", 40))
-    conn.on_new_request(r)
+    arrive(conn, r)
     svc.advance(1)
     with pytest.raises(AssertionError, match="Number of KV cache groups must match"):
         conn.update_state_after_alloc(r, table([1, 2, 3]), 39)
@@ -104,7 +105,7 @@ def test_pull_refills_fa_positions_an_over_claimed_local_hit_left_to_fresh_block
     ctx, svc = step_ctx(FA, MAMBA)
     conn = remote(ctx)
     r = request("r", ("doc", 96))
-    conn.on_new_request(r)
+    arrive(conn, r)
     svc.advance(1)
     assert conn.get_num_new_matched_tokens(r, 64) == (31, True)
     conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5, 6], [0, 0, 0, 7, 8, 9], hashed=2), 31)
@@ -119,7 +120,7 @@ def test_pull_refills_nothing_when_local_is_the_resident_fa_prefix():
     ctx, svc = step_ctx(FA, MAMBA)
     conn = remote(ctx)
     r = request("r", ("doc", 96))
-    conn.on_new_request(r)
+    arrive(conn, r)
     svc.advance(1)
     assert conn.get_num_new_matched_tokens(r, 16) == (79, True)
     conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0, 9], hashed=1), 79)
@@ -133,7 +134,7 @@ def test_over_claimed_hit_reaching_the_remote_count_pulls_nothing():
     ctx, svc = step_ctx(FA, MAMBA)
     conn = remote(ctx)
     r = request("r", ("doc", 65))
-    conn.on_new_request(r)
+    arrive(conn, r)
     svc.advance(1)
     assert conn.get_num_new_matched_tokens(r, 64) == (0, False)
     conn.update_state_after_alloc(r, table([1, 2, 3, 4, 5], [0, 0, 0, 7, 8], hashed=2), 0)
