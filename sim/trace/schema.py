@@ -26,7 +26,11 @@ and CSV alike and greppable in a CSV diff. :func:`hash_to_hex` /
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 import re
+from array import array as c_array
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -296,8 +300,12 @@ def _hex_column(values: Sequence[int | None]) -> pa.Array:
     """64-bit hashes (ints, None for none) as 16-digit hex strings (``""`` for none), in one vectorized
     pass: the big-endian bytes through a byte -> two-digit table. A value outside ``[0, 2**64)`` raises."""
     n = len(values)
-    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
-    words = np.fromiter((v for v in values if v is not None), dtype=np.uint64, count=int(valid.sum()))
+    try:  # array.array packs ints in C, refusing None, floats, strs, negatives and ints of 2**64 or more
+        words = np.frombuffer(c_array("Q", values), dtype=np.uint64)  # type: ignore[type-var]
+        valid = np.ones(n, dtype=bool)
+    except TypeError:  # events without a hash (None) among them
+        valid = np.fromiter(map(operator.is_not, values, itertools.repeat(None)), dtype=bool, count=n)
+        words = np.frombuffer(c_array("Q", filter(functools.partial(operator.is_not, None), values)), np.uint64)  # type: ignore[type-var]
     text = _HEX_PAIRS[words.astype(">u8").view(np.uint8)]
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.where(valid, 16, 0), out=offsets[1:])
@@ -311,18 +319,20 @@ def _numbers(values: Sequence[object] | np.ndarray, dtype: str) -> tuple[np.ndar
     elif dtype == _FLOAT:
         array = np.array(values, dtype=np.float64)  # None gives NaN
     elif dtype == _BOOL:
-        if not all(type(v) is bool or isinstance(v, np.bool_) for v in values):
-            raise ValueError(
-                f"expected booleans, got {next(v for v in values if not isinstance(v, (bool, np.bool_)))!r}"
-            )
+        kinds = set(map(type, values))
+        if not kinds <= {bool, np.bool_}:
+            raise ValueError(f"expected booleans, got a {sorted(k.__name__ for k in kinds - {bool, np.bool_})[0]}")
         array = np.array(values, dtype=bool)
-    elif dtype == _NINT and any(v is None for v in values):
-        valid = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+    elif dtype == _NINT and None in values:
+        valid = np.fromiter(map(operator.is_not, values, itertools.repeat(None)), dtype=bool, count=len(values))
         return np.array([0 if v is None else v for v in values], dtype=np.int64), valid
     else:
-        if any(isinstance(v, float) or v is None for v in values):
-            raise ValueError("missing value in a column that is always set")
-        array = np.array(values, dtype=np.int64) if len(values) else np.zeros(0, np.int64)
+        # array.array packs ints (and bools, numpy ints) in C and refuses None, floats and strs (TypeError)
+        # and ints outside int64 (OverflowError).
+        try:
+            array = np.frombuffer(c_array("q", values), dtype=np.int64)  # type: ignore[type-var]
+        except TypeError:
+            raise ValueError("missing value or a non-integer in a column of integers") from None
     if dtype == _FLOAT:
         nan = np.isnan(array)
         return array, (~nan if nan.any() else None)
@@ -342,9 +352,10 @@ def _arrow_column(values: Sequence[object] | np.ndarray, dtype: str) -> pa.Array
     if dtype == HASH_DTYPE:
         return _hex_column(values)  # type: ignore[arg-type]
     if dtype == _STR:
-        if not all(isinstance(v, str) for v in values):
-            values = ["" if _is_missing(v) else str(v) for v in values]
-        return string_array(values)  # type: ignore[arg-type]
+        try:
+            return string_array(values)  # type: ignore[arg-type]
+        except TypeError:  # a value that is not a str (str.join refuses it): its text, "" for a missing one
+            return string_array(["" if _is_missing(v) else str(v) for v in values])
     array, valid = _numbers(values, dtype)
     return from_numpy(array, ARROW_TYPES[dtype], valid)
 
