@@ -93,6 +93,10 @@ def verify_scenario(scenario: Scenario, quiet: bool = False) -> Verdict:
     Build-time warnings (e.g. a pool that cannot hold a request alone) are
     shown once, from the first of the two builds; ``quiet`` hides them.
     """
+    if scenario.cluster is not None:
+        from sim.verify.cluster import verify_cluster
+
+        return verify_cluster(scenario)
     reason = not_verifiable_reason(scenario)
     if reason is not None:
         return Verdict(scenario.name, VerifyStatus.NOT_VERIFIABLE, reason)
