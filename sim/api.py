@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sim.config.scenario import Scenario
 from sim.engine.collector import collector_paused
 from sim.engine.run import RunOptions, build_run
+from sim.interrupts import deferred, interruptible
 
 __all__ = ["RunOptions", "RunResult", "explain_bundle", "explain_inputs", "run", "run_scenario"]
 from sim.results import RunResult, finalize, write_bundle
@@ -23,28 +24,48 @@ from sim.results import RunResult, finalize, write_bundle
 if TYPE_CHECKING:
     from sim.analysis.explain import ExplainInputs, Explanation
 
+#: What a SIGINT/SIGTERM prints when it arrives after the run finished, while its bundle is written.
+WRITING_NOTICE = (
+    "the run has finished; writing its bundle first, then stopping (send the signal again to stop at once "
+    "and keep the previous bundle)"
+)
+
 
 def _simulate(scenario: Scenario | str | Path, options: RunOptions) -> tuple[RunResult, bool]:
     """Build, execute and finalize; the run's state is dropped on return (before the collector resumes,
-    which then has only the result left to look at)."""
+    which then has only the result left to look at). A signal stops the build or the simulation at once
+    (:func:`~sim.interrupts.interruptible`; the run then ends interrupted, partial)."""
     if not isinstance(scenario, Scenario):
         from sim.config import load_scenario
 
-        scenario = load_scenario(scenario)
+        with interruptible():
+            scenario = load_scenario(scenario)
     if scenario.cluster is not None:
         from sim.cluster.run import build_cluster_run
         from sim.results.cluster import finalize_cluster
 
-        return finalize_cluster(build_cluster_run(scenario, options).execute()), scenario.outputs.plots
-    run = build_run(scenario, options)
+        with interruptible():
+            cluster = build_cluster_run(scenario, options)
+        return finalize_cluster(cluster.execute()), scenario.outputs.plots
+    with interruptible():
+        run = build_run(scenario, options)
     return finalize(run.execute()), run.scenario.outputs.plots
 
 
 def run_scenario(
     scenario: Scenario | str | Path, out_dir: str | Path | None = None, *, options: RunOptions | None = None
 ) -> RunResult:
-    """Run ``scenario`` (a Scenario or a YAML path); write the bundle (and plots) to ``out_dir`` if given."""
+    """Run ``scenario`` (a Scenario or a YAML path); write the bundle (and plots) to ``out_dir`` if given.
+
+    From the end of the simulation until the bundle is swapped in, a first SIGINT/SIGTERM is held
+    (:func:`sim.interrupts.deferred`): the finished run's bundle is written whole, then the signal is
+    delivered (the CLI exits 130). A second signal stops at once and the previous bundle stays."""
     options = options or RunOptions()
+    with deferred(WRITING_NOTICE):
+        return _run_and_write(scenario, out_dir, options)
+
+
+def _run_and_write(scenario: Scenario | str | Path, out_dir: str | Path | None, options: RunOptions) -> RunResult:
     with collector_paused():
         result, plots_wanted = _simulate(scenario, options)
     if out_dir is not None:

@@ -3,11 +3,16 @@
 * :func:`interrupts_raise` (a context manager for the CLI and ``sim.run``): while active, SIGTERM, like
   SIGINT, raises :class:`Interrupted` (a ``KeyboardInterrupt``) in the main thread, with the signal's name
   in its message. The run loop stops, records what was computed, and writes a bundle marked partial.
-* :func:`deferred`: while a bundle is being finished (manifest, fsync, rename), a first SIGINT/SIGTERM is
-  held and delivered when the section ends (so the bundle lands whole, then the process stops); a second
-  one aborts the section at once (the writer then removes its stage and the old bundle stays).
+* :func:`deferred`: a section that finishes before a signal lands. A first SIGINT/SIGTERM is held (and
+  ``notice`` printed) and delivered when the outermost deferred section ends; a second one raises
+  :class:`Interrupted` at once. ``sim.run_scenario`` holds signals from the end of the simulation until the
+  bundle is swapped in (so a signal while a finished run writes its tables still leaves the whole bundle,
+  then the process stops); the bundle writer holds them while it finishes a stage (manifest, fsync, swap).
+* :func:`interruptible`: inside a deferred section, a part that a signal may stop at once (building and
+  simulating the run).
 
-Outside the main thread both are no-ops (Python only delivers signals there).
+Sections nest: one handler serves them all, so there is no moment without a handler between them. Outside
+the main thread all of this is a no-op (Python only delivers signals there).
 
 `pause_point` is a hook for the kill-window tests: when the environment variable
 ``HYBRIDSIM_TEST_PAUSE`` is ``<point>:<seconds>``, the process prints ``paused at <point>`` to stderr and
@@ -42,8 +47,35 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _raise(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted(signum)
+#: How many deferred sections are open (0: signals raise at once), the held signal, the notice to print.
+_state: dict[str, Any] = {"depth": 0, "pending": [], "notice": None}
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    if _state["depth"] == 0:
+        raise Interrupted(signum)
+    pending: list[int] = _state["pending"]
+    if pending:
+        raise Interrupted(signum)  # a second signal: stop now
+    pending.append(signum)
+    notice = _state["notice"]
+    if notice:
+        os.write(2, f"{signal.Signals(signum).name}: {notice}\n".encode("utf-8", "replace"))
+
+
+@contextmanager
+def _handler_installed() -> Iterator[None]:
+    """:func:`_handle` for SIGINT and SIGTERM inside the block (nested use keeps it installed)."""
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    for s in _SIGNALS:
+        if previous[s] is not _handle:
+            signal.signal(s, _handle)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            if handler is not _handle:
+                signal.signal(s, handler)
 
 
 @contextmanager
@@ -52,35 +84,51 @@ def interrupts_raise() -> Iterator[None]:
     if not _main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _raise) for s in _SIGNALS}
-    try:
+    with _handler_installed():
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 @contextmanager
-def deferred() -> Iterator[None]:
-    """Hold a first SIGINT/SIGTERM until the block ends; a second one raises :class:`Interrupted` at once."""
+def deferred(notice: str | None = None) -> Iterator[None]:
+    """Hold a first SIGINT/SIGTERM until the outermost deferred block ends (printing ``notice`` when one
+    arrives); a second one raises :class:`Interrupted` at once. The held signal is then re-raised, to
+    whatever handler was there before (:func:`interrupts_raise`: :class:`Interrupted`)."""
     if not _main_thread():
         yield
         return
-    pending: list[int] = []
+    outer_notice = _state["notice"]
+    if notice is not None:
+        _state["notice"] = notice
+    held: list[int] = []
+    with _handler_installed():
+        _state["depth"] += 1
+        try:
+            yield
+        finally:
+            _state["depth"] -= 1
+            _state["notice"] = outer_notice
+            if _state["depth"] == 0:
+                held, _state["pending"] = _state["pending"], []
+    if held:
+        if signal.getsignal(held[0]) is _handle:
+            raise Interrupted(held[0])  # an enclosing interrupts_raise
+        signal.raise_signal(held[0])  # delivered to the restored handler
 
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if pending:
-            raise Interrupted(signum)
-        pending.append(signum)
 
-    previous: dict[int, Any] = {s: signal.signal(s, hold) for s in _SIGNALS}
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """Inside :func:`deferred`, let a signal raise :class:`Interrupted` at once (a held one is raised on entry)."""
+    if not _main_thread() or _state["depth"] == 0:
+        yield
+        return
+    depth, held = _state["depth"], _state["pending"]
+    _state["depth"], _state["pending"] = 0, []
     try:
+        if held:
+            raise Interrupted(held[0])
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if pending:
-        signal.raise_signal(pending[0])  # delivered to the restored handler
+        _state["depth"] = depth
 
 
 def pause_point(point: str) -> None:

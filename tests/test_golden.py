@@ -101,8 +101,11 @@ def test_check_reports_a_tampered_trace_and_regenerate_restores_it(tmp_path: Pat
     assert "request_id" in out.getvalue()
 
     out = io.StringIO()
-    assert golden.regenerate([name], golden_root=tmp_path, out=out, **ROOTS) == 0
+    notes = golden.regenerate([name], golden_root=tmp_path, out=out, **ROOTS)
     assert f"== {name}: CHANGED" in out.getvalue()
+    # The hand-edited CSV no longer has the hash the manifest recorded: kept aside, never deleted.
+    assert len(notes) == 1 and "admissions.csv" in notes[0]
+    assert (tmp_path / f"{name}.old" / "admissions.csv").read_text().endswith(",".join(last))
     assert golden.check([name], golden_root=tmp_path, out=io.StringIO(), **ROOTS) == 0
     assert (tmp_path / name / "admissions.csv").read_bytes() == (GOLDEN_ROOT / name / "admissions.csv").read_bytes()
 

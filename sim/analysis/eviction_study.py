@@ -111,7 +111,7 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def gap_figure(df: pd.DataFrame, path: Path) -> None:
+def gap_figure(df: pd.DataFrame, path: Path, *, force: bool = False, notes: list[str] | None = None) -> None:
     """Per (trace, pool) panel: the ideal as a line, FA-only and usable hit rate as bars per policy."""
     from matplotlib.figure import Figure
 
@@ -136,13 +136,16 @@ def gap_figure(df: pd.DataFrame, path: Path) -> None:
                 ax.set_ylabel("prompt tokens hit (%)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle("Hybrid prefix-cache gap per eviction policy: ideal vs FA-only vs usable", fontsize=10)
-    save_figure(fig, path, dpi=110)
+    save_figure(fig, path, dpi=110, force=force, notes=notes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.analysis.eviction_study", description=__doc__.split("\n")[0])
     parser.add_argument("sweeps", nargs="+", type=Path, help="sweep output folders (hybridsim sweep -o)")
     parser.add_argument("--figure", type=Path, default=None, help="write the gap figure here (PNG)")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a --figure file hybridsim did not write (kept aside as .old)"
+    )
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.sweeps if not (d / "sweep.parquet").is_file()]
     if missing:
@@ -152,7 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     df = with_lru_ratios(df.sort_values(["trace", "pool"], kind="stable", ignore_index=True))
     print(markdown_table(df))
     if args.figure is not None:
-        gap_figure(df, args.figure)
+        from sim.trace.output import OutputPathError, OutputWriteError
+
+        notes: list[str] = []
+        try:
+            gap_figure(df, args.figure, force=args.force, notes=notes)
+        except (OutputPathError, OutputWriteError) as exc:
+            print(f"error: --figure {exc.strerror if isinstance(exc, OSError) else exc}", file=sys.stderr)
+            return 2
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
     return 0
 
 

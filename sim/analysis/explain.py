@@ -524,8 +524,9 @@ _COLOURS = {
 }
 
 
-def render_block_map(e: Explanation, path: str | Path) -> Path:
-    """Draw :func:`block_map` (one row per merged group, the resume boundary as a line) to ``path``.
+def render_block_map(e: Explanation, path: str | Path, *, force: bool = False, notes: list[str] | None = None) -> Path:
+    """Draw :func:`block_map` (one row per merged group, the resume boundary as a line) to ``path``
+    (``force``, ``notes``: see :func:`sim.analysis.figures.save_figure`).
 
     The x axis counts blocks of the smallest group block size, with integer ticks only."""
     from matplotlib.figure import Figure
@@ -560,4 +561,4 @@ def render_block_map(e: Explanation, path: str | Path) -> Path:
         fontsize=8,
         frameon=False,
     )
-    return save_figure(fig, path, tight=True)
+    return save_figure(fig, path, tight=True, force=force, notes=notes)

@@ -35,6 +35,7 @@ from matplotlib.ticker import MaxNLocator
 from sim.analysis.figures import PLOT_FORMATS, save_figure
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
+from sim.trace.output import write_file
 from sim.trace.tables import infer_num_groups
 
 #: Fixed colours for the outcomes docs/design.md §3/§6 name; others cycle through tab10.
@@ -545,8 +546,10 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
 # ---------------------------------------------------------------- several runs
 
 
-def compare_latency_cdfs(results: Mapping[str, Any], path: str | Path) -> Path:
-    """TTFT / TPOT / E2E CDFs, one line per run label."""
+def compare_latency_cdfs(
+    results: Mapping[str, Any], path: str | Path, *, force: bool = False, notes: list[str] | None = None
+) -> Path:
+    """TTFT / TPOT / E2E CDFs, one line per run label (``force``, ``notes``: see :func:`save_figure`)."""
     fig, axes = _figure(1, 3, width=12.0, height=4.0)
     fig.suptitle("Latency CDFs by run")
     done = {}
@@ -564,11 +567,13 @@ def compare_latency_cdfs(results: Mapping[str, Any], path: str | Path) -> Path:
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    return save_figure(fig, path)
+    return save_figure(fig, path, force=force, notes=notes)
 
 
-def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
-    """Admission outcome counts, one bar cluster per run label."""
+def compare_outcomes(
+    results: Mapping[str, Any], path: str | Path, *, force: bool = False, notes: list[str] | None = None
+) -> Path:
+    """Admission outcome counts, one bar cluster per run label (``force``, ``notes``: see :func:`save_figure`)."""
     frames = []
     for label, result in results.items():
         adm = tables_of(result)["admissions"]
@@ -578,10 +583,10 @@ def compare_outcomes(results: Mapping[str, Any], path: str | Path) -> Path:
     fig.suptitle("Admission outcomes by run")
     if adm.empty:
         _empty(axes[0, 0], "no admissions")
-        return save_figure(fig, path)
+        return save_figure(fig, path, force=force, notes=notes)
     table = _outcome_table(adm, "run").reindex([str(k) for k in results], fill_value=0)
     _bars(axes[0, 0], table, "admission attempts", "run")
-    return save_figure(fig, path)
+    return save_figure(fig, path, force=force, notes=notes)
 
 
 def plot_hit_rate_by_turn(
@@ -662,12 +667,11 @@ def plot_all(
         "outcomes": lambda p: plot_outcomes(result, p),
         "connector": lambda p: plot_connector(result, p),
     }
-    out.mkdir(parents=True, exist_ok=True)
     paths = [draw[name](out / f"{name}.{fmt}") for name in FIGURES if name not in left_out]
     lines = ["# Plots", ""]
     lines += [f"- `{p.name}`: {FIGURES[p.stem]}" for p in paths]
     if left_out:
         lines += ["", "Left out:", ""] + [f"- `{name}`: {why}" for name, why in left_out.items()]
     index = out / "index.md"
-    index.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_file(index, "\n".join(lines) + "\n")
     return paths + [index]

@@ -11,7 +11,7 @@ import typer
 from sim.cli.app import app, golden_app
 from sim.cli.errors import handles_errors
 from sim.cli.exit_codes import ExitCode
-from sim.cli.output import show_progress
+from sim.cli.output import force_option, show_progress, warn
 
 
 # -------------------------------------------------------------------- sweep
@@ -26,12 +26,14 @@ def sweep(
     jobs: Optional[int] = typer.Option(None, "-j", "--jobs", help="Parallel runs (local executor)."),
     out: Path = typer.Option(..., "-o", "--out", help="Sweep output directory."),
     set_: List[str] = typer.Option([], "--set", help="Override a key in every run."),
+    force: bool = force_option("sweep.json, sweep.parquet or plot"),
 ) -> None:
     """Run a parameter grid (one bundle per point and seed) and write sweep.parquet + plots."""
     from sim.sweep import build_sweep, run_sweep
 
     spec = build_sweep(scenario, grids=list(grid), grid_file=grid_file, seeds=seeds, overrides=list(set_))
-    result = run_sweep(spec, out, executor=executor, jobs=jobs, progress=show_progress())
+    result = run_sweep(spec, out, executor=executor, jobs=jobs, progress=show_progress(), force=force)
+    warn(result.notes)
     typer.echo(result.describe())
     if result.failed:
         raise typer.Exit(ExitCode.SWEEP_FAILURES)
@@ -69,11 +71,15 @@ def golden_regenerate(
     golden_dir: Path = _GOLDEN_DIR,
     executor: str = _BATCH_EXECUTOR,
     jobs: Optional[int] = _BATCH_JOBS,
+    force: bool = force_option("golden folder's contents"),
 ) -> None:
-    """Re-run the golden scenarios, print what changed, and overwrite the stored traces."""
+    """Re-run the golden scenarios, print what changed, and replace the stored traces (each folder whole)."""
     from sim.sweep import golden
 
-    golden.regenerate(scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs)
+    notes = golden.regenerate(
+        scenario, scenario_root=scenarios_dir, golden_root=golden_dir, executor=executor, jobs=jobs, force=force
+    )
+    warn(notes)
 
 
 @app.command("divergence-table")
@@ -83,13 +89,19 @@ def divergence_table(
     repro_dir: Path = typer.Option(Path("scenarios/repro"), "--repro-dir", help="Directory of divergence-*.yaml."),
     executor: str = _BATCH_EXECUTOR,
     jobs: Optional[int] = _BATCH_JOBS,
+    force: bool = force_option(),
 ) -> None:
     """Run every (direction, policy, connector) cell and render docs/divergence.md."""
     from sim.analysis.divergence_table import render
     from sim.sweep.divergence import divergence_matrix
+    from sim.trace.output import check_output_file, write_file
 
+    if write is not None:
+        check_output_file(write, force=force, option="--write")
     text = render(divergence_matrix(repro_dir, executor=executor, jobs=jobs))
     if write is None:
         sys.stdout.write(text)
     else:
-        write.write_text(text, encoding="utf-8")
+        notes: list[str] = []
+        write_file(write, text, force=force, notes=notes, option="--write")
+        warn(notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Mapping, Optional
@@ -11,7 +12,7 @@ import typer
 from sim.cli.app import app, trace_app
 from sim.cli.errors import fail, handles_errors
 from sim.cli.exit_codes import ExitCode
-from sim.cli.output import console, print_summary
+from sim.cli.output import console, force_option, print_summary, warn
 
 #: ``trace diff``'s default tables: :data:`sim.trace.diff.DEFAULT_TABLES`, spelled out here so that
 #: ``hybridsim --help`` does not import pandas (a test holds the two equal).
@@ -45,15 +46,21 @@ def explain(
     request: str = typer.Argument(..., help="A request id."),
     attempt: Optional[int] = typer.Option(None, "--attempt", help="Admission attempt (1-based; default the last)."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Also draw the block map to this PNG/SVG."),
+    force: bool = force_option(),
 ) -> None:
     """The story of one admission: hits, cached blocks, policy, connector, fallback, outcome and why."""
     from sim.analysis.explain import render_block_map
     from sim.api import explain_bundle
+    from sim.trace.output import check_output_file
 
+    if plot_path is not None:
+        check_output_file(plot_path, force=force, option="--plot")
     story = explain_bundle(bundle, request, attempt)
     typer.echo(story.text(), nl=False)
     if plot_path is not None:
-        typer.echo(str(render_block_map(story, plot_path)))
+        notes: list[str] = []
+        typer.echo(str(render_block_map(story, plot_path, force=force, notes=notes)))
+        warn(notes)
 
 
 # --------------------------------------------------------------------- plot
@@ -101,6 +108,7 @@ def compare(
     tolerance: float = typer.Option(
         0.02, "--tolerance", help="Relative difference from the first run under which a metric counts as equal."
     ),
+    force: bool = force_option("plot"),
 ) -> None:
     """Metrics as rows, runs as columns; Δ marks what differs from the first run (with the ratio to it)."""
     from sim.analysis.compare import FORMATS, table_rows, to_csv, to_json, to_markdown
@@ -113,6 +121,14 @@ def compare(
     if fmt not in FORMATS:
         fail(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     from sim.trace.bundle import LoadedResult, load_result
+    from sim.trace.output import check_output_file, open_output_dir
+
+    if out is not None:  # refuse a link or a user's figure before any work
+        if os.path.lexists(out) and (out.is_symlink() or not out.is_dir()):
+            with open_output_dir(out):
+                pass  # raises the one-line error
+        for name in _COMPARE_FIGURES:
+            check_output_file(out / name, force=force, option="-o/--out")
 
     results: dict[str, LoadedResult] = {}
     for i, directory in enumerate(result_dirs):
@@ -140,12 +156,17 @@ def compare(
     if out is not None:
         from sim.analysis.plots import compare_latency_cdfs, compare_outcomes
 
-        out.mkdir(parents=True, exist_ok=True)
-        for name in ("latency_cdfs.png", "outcomes.png"):
-            if out.is_symlink() or (out / name).is_symlink():
-                fail(f"-o/--out {out}: {name} or the folder is a symbolic link; links are never followed")
-        typer.echo(str(compare_latency_cdfs(results, out / "latency_cdfs.png")), err=fmt != "table")
-        typer.echo(str(compare_outcomes(results, out / "outcomes.png")), err=fmt != "table")
+        notes: list[str] = []
+        with open_output_dir(out):  # a real folder, never a link; made if missing
+            pass
+        cdfs, outcomes = (out / name for name in _COMPARE_FIGURES)
+        typer.echo(str(compare_latency_cdfs(results, cdfs, force=force, notes=notes)), err=fmt != "table")
+        typer.echo(str(compare_outcomes(results, outcomes, force=force, notes=notes)), err=fmt != "table")
+        warn(notes)
+
+
+#: The files ``compare -o DIR`` writes into DIR.
+_COMPARE_FIGURES = ("latency_cdfs.png", "outcomes.png")
 
 
 def _unique_label(label: str, taken: Mapping[str, object]) -> str:

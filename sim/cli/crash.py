@@ -11,7 +11,7 @@ import typer
 from sim.cli.app import app, export_app
 from sim.cli.errors import fail, handles_errors
 from sim.cli.exit_codes import ExitCode
-from sim.cli.output import prepare_out_dir, show_progress
+from sim.cli.output import force_option, prepare_out_dir, show_progress, warn
 
 
 # ------------------------------------------------------------------- replay
@@ -23,10 +23,12 @@ def replay(
     shrink: bool = typer.Option(
         False, "--shrink", help="Then shrink it (keeping the crash) into <bundle>/shrunk.yaml."
     ),
+    force: bool = force_option("folder or file"),
 ) -> None:
     """Re-run a crash replay bundle and check that the same crash happens (exit 1 when it does not)."""
     from sim.api import RunOptions, run_scenario
     from sim.config import load_scenario
+    from sim.trace.output import check_output_file
 
     scenario_file = bundle / "replay.yaml" if bundle.is_dir() else bundle
     if not scenario_file.is_file():
@@ -36,8 +38,11 @@ def replay(
     _check_enclosing_bundle(scenario_file.parent)
     scenario = load_scenario(scenario_file)
     target = out or scenario_file.parent / "replayed"
-    prepare_out_dir(target)
-    result = run_scenario(scenario, target, options=RunOptions(progress=False))
+    prepare_out_dir(target, force)
+    if shrink:
+        check_output_file(scenario_file.parent / "shrunk.yaml", force=force, option="--shrink")
+    result = run_scenario(scenario, target, options=RunOptions(progress=False, force=force))
+    warn(result.notes)
     crash = result.crash
     typer.echo(f"crash: {json.dumps(crash, sort_keys=True)}")
     same = crash is not None and all(crash.get(k) == expected.get(k) for k in ("step", "request_id", "reason"))
@@ -52,6 +57,7 @@ def replay(
             contrast="pr48425",
             set_=[],
             quiet=False,
+            force=force,
         )
 
 
@@ -101,11 +107,16 @@ def shrink_cmd(
     ),
     set_: List[str] = typer.Option([], "--set", help="Override a key of the input first: key.path=value."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bar."),
+    force: bool = force_option(),
 ) -> None:
     """Delta-debug a scenario down to a small one that keeps its crash or outcome and its cause (docs/shrink.md)."""
     from sim.shrink.command import run_shrink
 
-    result = run_shrink(source, out, keep, set_, progress=show_progress() and not quiet, contrast=contrast)
+    notes: list[str] = []
+    result = run_shrink(
+        source, out, keep, set_, progress=show_progress() and not quiet, contrast=contrast, force=force, notes=notes
+    )
+    warn(notes)
     typer.echo(f"{out}: {result.property.describe()}")
     typer.echo(f"  {result.before.line(result.after)}; {result.candidates} candidate runs, {result.wall_s:.1f}s")
     if result.interrupted:
@@ -118,10 +129,15 @@ def shrink_cmd(
 def export_vllm_test_cmd(
     scenario: Path = typer.Argument(..., help="A step-clock scenario YAML (e.g. the output of hybridsim shrink)."),
     out: Path = typer.Option(..., "-o", "--out", help="The pytest module to write (test_*.py)."),
+    force: bool = force_option(),
 ) -> None:
     """Write a self-contained pytest that replays SCENARIO in vLLM 0.33 and asserts what hybridsim observed."""
     from sim.config import load_scenario
     from sim.export.vllm_test import export_vllm_test, write_module
+    from sim.trace.output import check_output_file
 
-    write_module(out, export_vllm_test(load_scenario(scenario), str(scenario)))
+    check_output_file(out, force=force, option="-o/--out")
+    notes: list[str] = []
+    write_module(out, export_vllm_test(load_scenario(scenario), str(scenario)), force=force, notes=notes)
+    warn(notes)
     typer.echo(f"{out}: run it with: VLLM_TARGET_DEVICE=cpu python -m pytest {out}")

@@ -68,10 +68,10 @@ def _traceback_if_debug() -> None:
 
 
 def handles_errors(fn: F) -> F:
-    """Turn known bad-input errors into one line + exit 2 (``--debug``: traceback); a bundle that cannot be
-    written (disk full) into one line + exit 1; SIGINT/SIGTERM into one line + exit 130."""
+    """Turn known bad-input errors into one line + exit 2 (``--debug``: traceback); a bundle or file that
+    cannot be written (disk full, read-only file system) into one line + exit 1; SIGINT/SIGTERM into one line + exit 130."""
     from sim.interrupts import interrupts_raise
-    from sim.trace.atomic import BundleWriteError
+    from sim.trace.output import OutputWriteError
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -82,7 +82,7 @@ def handles_errors(fn: F) -> F:
             raise
         except KeyboardInterrupt as exc:
             fail(f"{exc or 'interrupted'}; output folders hold whole bundles only (old or new)", ExitCode.INTERRUPTED)
-        except BundleWriteError as exc:
+        except OutputWriteError as exc:
             _traceback_if_debug()
             fail(exc.strerror or str(exc), ExitCode.WRITE_FAILED)
         except RecursionError:

@@ -37,6 +37,25 @@ def print_summary(summary: dict, title: str = "") -> None:
     console().print(table)
 
 
+def force_option(what: str = "file") -> Any:
+    """The ``--force`` option of a command that writes a ``what`` (file or folder contents)."""
+    import typer
+
+    return typer.Option(
+        False,
+        "--force",
+        help=f"Replace a {what} hybridsim did not write (or one edited since); the old one is kept as <name>.old.",
+    )
+
+
+def warn(notes: List[str]) -> None:
+    """The writer's notes (what was kept aside) as ``warning:`` lines on stderr."""
+    import typer
+
+    for note in notes:
+        typer.echo(f"warning: {note}", err=True)
+
+
 def prepare_out_dir(target: Path, force: bool = False) -> None:
     """Check ``-o`` before running, so an unusable output folder fails in a second, not after the run:
     not a link or a file, holding nothing hybridsim did not write (unless ``force``), parent writable."""
@@ -47,9 +66,13 @@ def prepare_out_dir(target: Path, force: bool = False) -> None:
         check_output_folder(Path(os.path.abspath(target)), force=force)
     except OutputFolderError as exc:
         raise ScenarioError(f"-o/--out {exc}") from None
+    from sim.trace.output import OutputPathError, ensure_folder
+
     parent = Path(os.path.abspath(target)).parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        ensure_folder(parent)  # made without following links
+    except OutputPathError as exc:
+        raise ScenarioError(f"-o/--out {exc}") from None
     except OSError as exc:
         raise ScenarioError(
             f"-o/--out {target}: cannot create the output directory ({exc.strerror}); give a writable directory path"

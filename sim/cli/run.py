@@ -10,7 +10,7 @@ import typer
 from sim.cli.app import app
 from sim.cli.errors import fail, handles_errors, naming_file
 from sim.cli.exit_codes import RUN_STATUS_EXIT
-from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_progress
+from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_progress, warn
 
 
 # --------------------------------------------------------------------- run
@@ -70,8 +70,7 @@ def run(
         )
         with naming_file(path):
             result = run_scenario(scenario, target, options=options)
-        for note in result.notes:
-            typer.echo(f"note: {note}", err=True)
+        warn(result.notes)  # what the writer kept aside instead of deleting
         if not quiet:
             print_summary(result.summary, title=f"{scenario.name}  →  {target}")
         worst = max(worst, RUN_STATUS_EXIT[result.status])

@@ -14,6 +14,8 @@ import typer
 
 from sim.cli.app import timing_app
 from sim.cli.errors import fail
+from sim.cli.exit_codes import ExitCode
+from sim.cli.output import force_option, warn
 
 _HARDWARE = typer.Option(..., "--hardware", help="Hardware preset the profile was taken on (a100-80g, h100-80g, ...).")
 _LAYERS = typer.Option(32, "--layers", min=1, help="Decoder layers of the profiled model (Vidur's CSVs do not say).")
@@ -79,6 +81,7 @@ def fit(
     hardware: str = _HARDWARE,
     layers: int = _LAYERS,
     prefill_kv_save: bool = _KV_SAVE,
+    force: bool = force_option(),
 ) -> None:
     """Fit the efficiencies and floors to the profile; write a file for ``hardware.overrides_path``."""
     import yaml
@@ -86,27 +89,34 @@ def fit(
     from sim.engine.timing import CALIBRATED, StepTimeModel, TimingParams
     from sim.timing.check import compare, format_table, summarize
     from sim.timing.fit import fit_profile, override_document
+    from sim.trace.output import OutputPathError, OutputWriteError, check_output_file, write_file
 
     try:
         import scipy.optimize  # noqa: F401  (the fit's least-squares polish)
     except ImportError:
         fail("timing fit needs SciPy, an optional dependency: pip install 'hybridsim[fit]' (or pip install scipy)")
+    try:
+        check_output_file(output, force=force, option="-o/--output")
+    except OutputPathError as exc:
+        fail(str(exc))
+    except OutputWriteError as exc:
+        fail(exc.strerror or str(exc), ExitCode.WRITE_FAILED)
     hw, profile, model, steps = _setup(profile_dir, hardware, layers, prefill_kv_save)
     start = CALIBRATED.get(hw.name, TimingParams())
     result = fit_profile(profile, model, hw, steps, start=start)
     doc = override_document(result, hw, str(profile_dir))
+    notes: list[str] = []
+    from sim.shrink.output import comment_text
+
+    use = f"hardware: {{preset: {hw.name}, overrides_path: {output.name}}}"
+    text = f"# hybridsim timing fit: use as `{comment_text(use)}`\n"
     try:
-        output.write_text(
-            "# hybridsim timing fit: use as `hardware: {preset: "
-            + hw.name
-            + ", overrides_path: "
-            + output.name
-            + "}`\n"
-            + yaml.safe_dump(doc, sort_keys=False),
-            encoding="utf-8",
-        )
-    except OSError as exc:
-        fail(f"-o/--output {output}: cannot write ({exc.strerror or exc})")
+        write_file(output, text + yaml.safe_dump(doc, sort_keys=False), force=force, notes=notes, option="-o/--output")
+    except OutputPathError as exc:
+        fail(str(exc))
+    except OutputWriteError as exc:
+        fail(exc.strerror or str(exc), ExitCode.WRITE_FAILED)
+    warn(notes)
     for g in result.groups:
         typer.echo(f"fitted {g.name}: {g.observations} rows, rms log error {g.rms_log_error:.3f}")
     fitted = replace(start, **doc["overrides"])

@@ -10,6 +10,7 @@ import typer
 from sim.cli.app import app
 from sim.cli.errors import handles_errors
 from sim.cli.exit_codes import ExitCode
+from sim.cli.output import force_option
 
 if TYPE_CHECKING:
     from sim.verify.run import VerifyStatus
@@ -34,6 +35,7 @@ def verify(
     scenarios: List[Path] = typer.Argument(..., help="Step-clock scenario YAML files."),
     table: Optional[Path] = typer.Option(None, "--table", help="Side-by-side CSV (a directory for several scenarios)."),
     set_: List[str] = typer.Option([], "--set", help="Override a key of every scenario: key.path=value."),
+    force: bool = force_option(),
 ) -> None:
     """Run each scenario through hybridsim and the installed vLLM (0.33 or 0.34, the scenario's vllm_version) and
     compare decisions (docs/verify.md).
@@ -42,7 +44,7 @@ def verify(
     7 not verifiable."""
     from sim.verify.run import verify_paths
 
-    raise typer.Exit(_verify_exit(verify_paths(list(scenarios), table, typer.echo, list(set_))))
+    raise typer.Exit(_verify_exit(verify_paths(list(scenarios), table, typer.echo, list(set_), force=force)))
 
 
 @app.command()
@@ -62,6 +64,7 @@ def fuzz(
         "--out",
         help="Where to write scenarios (with --vllm: the differing ones); default results/fuzz-<seed>.",
     ),
+    force: bool = force_option(),
 ) -> None:
     """Seeded random step-clock scenarios; with --vllm verify each (exit 1 if any differ)."""
     from sim.config.vllm_versions import SUPPORTED
@@ -72,4 +75,4 @@ def fuzz(
             f"error: --vllm-version: {vllm_version!r} is not a release hybridsim mirrors (valid: {', '.join(SUPPORTED)})"
         )
         raise typer.Exit(ExitCode.BAD_INPUT)
-    raise typer.Exit(_verify_exit(fuzz_command(seed, count, use_vllm, out, typer.echo, vllm_version)))
+    raise typer.Exit(_verify_exit(fuzz_command(seed, count, use_vllm, out, typer.echo, vllm_version, force=force)))

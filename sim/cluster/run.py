@@ -40,7 +40,7 @@ from sim.engine.build import Components, build_components, run_rngs, scenario_wo
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.engine.run import RunOptions, RunRecord, _record_requests, _step_duration_fn, _transfer_service
 from sim.engine.sessions import SessionDriver
-from sim.interrupts import pause_hook
+from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
 
 
@@ -181,7 +181,8 @@ class ClusterRun:
         loops = [i.loop for i in self.instances if i.loop is not None]
         status, message = "complete", ""
         try:
-            self.env.run(until=simpy.AllOf(self.env, [loop.process for loop in loops]))
+            with interruptible():  # inside sim.run_scenario's deferred section: a signal stops the loop
+                self.env.run(until=simpy.AllOf(self.env, [loop.process for loop in loops]))
         except StopRun as stop:
             message = str(stop)
             crashed = any(loop.crash is not None for loop in loops)

@@ -35,7 +35,7 @@ from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.engine.sessions import SessionDriver
-from sim.interrupts import pause_hook
+from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
 
 #: ``(output, scheduler) -> seconds`` of one engine step.
@@ -212,9 +212,10 @@ class Run:
         loop, progress = self.loop, self.progress
         status, message = "complete", ""
         try:
-            if progress:
-                progress.start()
-            self.env.run(until=loop.process)
+            with interruptible():  # inside sim.run_scenario's deferred section: a signal stops the loop
+                if progress:
+                    progress.start()
+                self.env.run(until=loop.process)
         except StopRun as stop:
             message = str(stop)
             if loop.crash is not None:

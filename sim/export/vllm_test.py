@@ -311,7 +311,10 @@ def export_vllm_test(scenario: Scenario, source: str) -> str:
     return module_text(case(scenario, source))
 
 
-def write_module(out: Path, text: str) -> None:
-    """Write the exported module to ``out`` (the one place ``export vllm-test`` writes a file)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+def write_module(out: Path, text: str, *, force: bool = False, notes: list[str] | None = None) -> None:
+    """Write the exported module to ``out`` (the one place ``export vllm-test`` writes a file), through
+    :func:`sim.trace.output.write_file`: a link at ``out`` is refused, a file hybridsim did not write is kept
+    unless ``force`` (then it is kept aside, a line in ``notes``)."""
+    from sim.trace.output import write_file
+
+    write_file(out, text, force=force, notes=notes, option="-o/--out")

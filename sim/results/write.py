@@ -22,6 +22,7 @@ from sim.config.scenario import Scenario
 from sim.results.finalize import RunResult
 from sim.results.replay_cut import replay_scenario
 from sim.trace.bundle import write_result, write_session_tables
+from sim.trace.output import write_file
 
 
 def _arrived(result: RunResult, crash_step: int) -> set[str]:
@@ -58,13 +59,11 @@ def _write_crash(out: Path, result: RunResult, scenario: Scenario, crash: dict[s
     if note is not None:
         detail["replay_note"] = note
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"
-    (out / "crash.json").write_text(text, encoding="utf-8")
+    write_file(out / "crash.json", text, stamped=False)
     if replay_text is None:
         return
-    replay = out / "replay"
-    replay.mkdir(exist_ok=True)
-    (replay / "crash.json").write_text(text, encoding="utf-8")
-    (replay / "replay.yaml").write_text(replay_text, encoding="utf-8")
+    write_file(out / "replay" / "crash.json", text, stamped=False)
+    write_file(out / "replay" / "replay.yaml", replay_text, stamped=False)
 
 
 def write_bundle(

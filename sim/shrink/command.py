@@ -59,19 +59,33 @@ class _Bar:
 
 
 def run_shrink(
-    source: Path, out: Path, keep: str, overrides: Sequence[str], progress: bool, contrast: str = DEFAULT_CONTRAST
+    source: Path,
+    out: Path,
+    keep: str,
+    overrides: Sequence[str],
+    progress: bool,
+    contrast: str = DEFAULT_CONTRAST,
+    *,
+    force: bool = False,
+    notes: list[str] | None = None,
 ) -> ShrinkResult:
-    """Shrink ``source`` into ``out``; returns the result (``interrupted`` after Ctrl-C, best so far written)."""
+    """Shrink ``source`` into ``out``; returns the result (``interrupted`` after Ctrl-C, best so far written).
+
+    ``out`` is checked before the shrink starts (:func:`sim.trace.output.check_output_file`): a link, a folder
+    or a file hybridsim did not write (without ``force``) is refused at once."""
+    from sim.trace.output import check_output_file
+
     path = scenario_file(source)
     scenario: Scenario = load_scenario(path, list(overrides))
-    if out.exists() and out.is_dir():
+    if out.exists() and out.is_dir() and not out.is_symlink():
         raise ScenarioError(f"-o/--out {out}: is a directory; give the path of the YAML file to write")
+    check_output_file(out, force=force, option="-o/--out")
     started = time.perf_counter()
     if progress:
         with _Bar(scenario.name) as bar:
             result = shrink(scenario, keep, progress=bar.update, contrast=contrast)
     else:
         result = shrink(scenario, keep, contrast=contrast)
-    write_shrunk(result, str(source), out)
+    write_shrunk(result, str(source), out, force=force, notes=notes)
     result.wall_s = time.perf_counter() - started
     return result

@@ -111,9 +111,14 @@ def header(result: ShrinkResult, source: str) -> str:
     return "".join(f"# {comment_text(line)}\n" for line in lines)
 
 
-def write_shrunk(result: ShrinkResult, source: str, out: Path) -> None:
-    """Write header + YAML to ``out`` (through a temporary sibling, renamed into place)."""
-    text = header(result, source) + scenario_yaml(result.scenario)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+def write_shrunk(
+    result: ShrinkResult, source: str, out: Path, *, force: bool = False, notes: list[str] | None = None
+) -> None:
+    """Write header + YAML to ``out`` through :func:`sim.trace.output.write_file` (a fresh temporary file,
+    renamed into place; a link at ``out`` is refused; a file hybridsim did not write is kept unless
+    ``force``, then kept aside with a line in ``notes``)."""
+    from sim.trace.output import write_file
+
+    write_file(
+        out, header(result, source) + scenario_yaml(result.scenario), force=force, notes=notes, option="-o/--out"
+    )

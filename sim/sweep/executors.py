@@ -106,16 +106,17 @@ def execute_run(task: RunTask) -> RunOutcome:
     """
     out = Path(task.out_dir)
     try:
-        out.mkdir(parents=True, exist_ok=True)
         scenario = (task.load_fn or default_load)(task.scenario, list(task.overrides))
         (task.run_fn or default_run)(scenario, out)
         summary = complete_summary(out)
         if summary is None:
             raise RuntimeError(f"the run returned without writing a complete {SUMMARY_FILE}")
     except Exception as exc:
+        from sim.trace.output import OutputPathError, write_file
+
         try:
-            (out / ERROR_FILE).write_text(traceback.format_exc())
-        except OSError:
+            write_file(out / ERROR_FILE, traceback.format_exc())
+        except (OSError, OutputPathError):
             pass
         return RunOutcome(task.run_id, "failed", describe_error(exc), None)
     return RunOutcome(task.run_id, "ok", None, summary)

@@ -4,12 +4,15 @@
 trace with the stored one, printing the ``trace diff`` report of each that
 differs; it returns 0 when all are identical, 1 when some differ, 2 when a
 stored trace is missing. ``regenerate`` prints the same comparison and then
-overwrites the stored traces. Paths come from the arguments (defaults:
+replaces each stored trace folder whole (:func:`sim.trace.atomic.staged_bundle`: a ``manifest.json`` of
+kind ``golden`` lists each CSV with its hash; a link, a user's file or an edited CSV there is refused
+before anything runs unless ``force``, then kept aside in ``<folder>.old``). Paths come from the arguments (defaults:
 ``scenarios/`` and ``results/golden/`` under the current directory).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +24,7 @@ from sim.trace.bundle import load_result
 from sim.trace.golden import (
     DEFAULT_GOLDEN_ROOT,
     DEFAULT_SCENARIO_ROOT,
+    GOLDEN_KIND,
     GoldenScenario,
     compare,
     golden_scenarios,
@@ -80,10 +84,21 @@ def regenerate(
     executor: str | Executor = "serial",
     jobs: int | None = None,
     out: TextIO | None = None,
-) -> int:
-    """Rewrite the golden traces, printing each scenario's diff against the old one. Returns 0."""
+    force: bool = False,
+) -> list[str]:
+    """Rewrite the golden traces, printing each scenario's diff against the old one. Returns the writer's
+    notes (what was kept aside)."""
+    from sim.trace.atomic import OutputFolderError, check_output_folder, staged_bundle
+    from sim.trace.output import write_file
+
     out = out or sys.stdout
     scenarios = golden_scenarios(only, scenario_root=scenario_root, golden_root=golden_root)
+    for g in scenarios:  # before anything runs
+        try:
+            check_output_folder(Path(os.path.abspath(g.golden_dir)), force=force)
+        except OutputFolderError as exc:
+            raise OutputFolderError(f"--golden-dir: {exc}") from None
+    notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="golden-regenerate-") as tmp:
         fresh = fresh_traces(scenarios, Path(tmp), executor=executor, jobs=jobs)
         for g in scenarios:
@@ -94,7 +109,10 @@ def regenerate(
                     out.write(report.format())
             else:
                 out.write(f"== {g.name}: new\n")
-            g.golden_dir.mkdir(parents=True, exist_ok=True)
-            for table in fresh[g.name].iterdir():
-                (g.golden_dir / table.name).write_bytes(table.read_bytes())
-    return 0
+            with staged_bundle(g.golden_dir, force=force) as stage:
+                stage.kind = GOLDEN_KIND
+                for table in sorted(fresh[g.name].iterdir()):
+                    write_file(stage.path / table.name, table.read_bytes(), stamped=False)
+                stage.finish()
+            notes.extend(stage.notes)
+    return notes

@@ -154,6 +154,7 @@ def plot_sweep(
     title: str | None = None,
     logx: bool = False,
     missing: float | None = None,
+    force: bool = False,
 ) -> Figure:
     """One panel per metric against ``x``; per ``hue`` value the mean over seeds with its min-max.
 
@@ -252,5 +253,5 @@ def plot_sweep(
     if out is not None:
         from sim.analysis.figures import save_figure
 
-        save_figure(fig, out, dpi=120)
+        save_figure(fig, out, dpi=120, force=force)
     return fig

@@ -9,6 +9,12 @@ Layout of ``DIR``::
     DIR/sweep.parquet        one row per run (see :mod:`sim.sweep.table`)
     DIR/plots/<name>.png     the sweep's ``plots:`` figures
 
+Every file is written by :func:`sim.trace.output.write_file` inside ``DIR``: ``DIR`` itself must be a real
+folder (``-o LINK`` is refused at once), no folder below it is followed if it is a link, and ``sweep.json``
+(stamped) and ``sweep.parquet`` (its hash recorded in ``sweep.json``) are replaced only when this tool
+provably wrote them; a user's ``sweep.json`` there is refused before anything runs unless ``force`` (then it
+is kept aside as ``sweep.json.old``).
+
 Resume rule: a run whose bundle is whole and complete (it matches its manifest, see
 :func:`~sim.sweep.executors.complete_summary`) and whose ``sweep-run.json`` matches
 is reused, not rerun; every other run is run again (so a failed run is retried) and
@@ -72,6 +78,8 @@ class SweepResult:
     reused: list[str]
     plots: list[Path] = field(default_factory=list)
     plot_errors: list[str] = field(default_factory=list)
+    #: Files that were not hybridsim's and were kept aside (``force``).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[RunRecord]:
@@ -117,11 +125,33 @@ def _identity(scenario_sha: str, run: RunSpec) -> dict[str, Any]:
 
 
 def _read_identity(run_dir: Path) -> dict[str, Any] | None:
+    """The run's identity (``sweep-run.json`` without its ownership stamp), or None."""
+    from sim.trace.output import STAMP_KEY
+
     try:
         data = json.loads((run_dir / IDENTITY_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    data.pop(STAMP_KEY, None)
+    return data
+
+
+def _recorded_table_sha(out_dir: Path) -> str | None:
+    """The ``sweep.parquet`` hash that this tool's own ``sweep.json`` (stamped, unedited) recorded."""
+    from sim.trace.output import unstamped
+
+    path = out_dir / MANIFEST_FILE
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 64 << 20:
+            return None
+        body = unstamped(".json", path.read_bytes())
+        data = json.loads(body) if body is not None else None
+    except (OSError, ValueError):
+        return None
+    sha = data.get("table_sha256") if isinstance(data, dict) else None
+    return sha if isinstance(sha, str) else None
 
 
 def _check_ours(run_dir: Path) -> None:
@@ -136,11 +166,11 @@ def _check_ours(run_dir: Path) -> None:
 
 def _clear_for_rerun(run_dir: Path) -> None:
     """Make ``run_dir`` ready for a rerun without deleting anything foreign: drop a failed run's
-    ``error.txt``; the old bundle (if any) is replaced whole when the new one is written."""
+    ``error.txt`` (ours: :func:`_check_ours` proved it); the old bundle (if any) is replaced whole when the new
+    one is written."""
     from sim.sweep.executors import ERROR_FILE
 
     _check_ours(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / ERROR_FILE).unlink(missing_ok=True)
 
 
@@ -221,7 +251,7 @@ def _manifest(spec: SweepSpec, scenario_sha: str, seeds: Sequence[int], records:
     }
 
 
-def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
+def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult, force: bool = False) -> None:
     from sim.sweep.plots import plot_sweep
 
     frame = result.table()
@@ -243,6 +273,7 @@ def _draw_plots(spec: SweepSpec, out_dir: Path, result: SweepResult) -> None:
                 out=out,
                 missing=plot.missing,
                 title=plot.title,
+                force=force,
             )
         except ValueError as exc:
             result.plot_errors.append(f"plot {plot.name!r}: {exc}")
@@ -263,6 +294,7 @@ def run_sweep(
     progress: bool | None = None,
     load_fn: LoadFn | None = None,
     run_fn: RunFn | None = None,
+    force: bool = False,
 ) -> SweepResult:
     """Run every planned run not already complete in ``out_dir``; write ``sweep.json``, ``sweep.parquet`` and plots.
 
@@ -275,7 +307,12 @@ def run_sweep(
     ``CI`` environment variable is unset). ``load_fn`` / ``run_fn`` replace :func:`sim.config.load_scenario` /
     :func:`sim.api.run_scenario`; they must be module-level (picklable) functions.
     Failed runs are recorded, never raised; bad input raises :class:`~sim.sweep.grid.SweepError`.
+    ``out_dir`` as a link, or holding a ``sweep.json`` / ``sweep.parquet`` this tool did not write, is refused
+    before anything runs (:class:`~sim.trace.output.OutputPathError`) unless ``force``; an unwritable
+    ``out_dir`` (read-only file system) raises :class:`~sim.trace.output.OutputWriteError`.
     """
+    from sim.trace.output import check_output_file, open_output_dir, write_file
+
     if isinstance(spec, SweepSpec):
         if grid or grid_file is not None or seeds is not None or overrides:
             raise SweepError("grid, grid_file, seeds and overrides go with a scenario path, not with a SweepSpec")
@@ -287,7 +324,12 @@ def run_sweep(
     runs = plan_runs(spec, base_seed)
     scenario_sha = _sha256(spec.scenario)
     scenario_path = str(spec.scenario.resolve())
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(os.path.abspath(out_dir))
+    with open_output_dir(out_dir):
+        pass  # a real folder (never a link), created if missing, writable
+    table_sha = _recorded_table_sha(out_dir)
+    check_output_file(out_dir / MANIFEST_FILE, force=force, option="-o/--out")
+    check_output_file(out_dir / TABLE_FILE, force=force, known_sha256=table_sha, option="-o/--out")
 
     reused: dict[str, dict[str, Any]] = {}
     for run in runs:
@@ -313,7 +355,7 @@ def run_sweep(
             continue
         run_dir = out_dir / run.run_id
         _clear_for_rerun(run_dir)
-        (run_dir / IDENTITY_FILE).write_text(json.dumps(_identity(scenario_sha, run), indent=2) + "\n")
+        write_file(run_dir / IDENTITY_FILE, json.dumps(_identity(scenario_sha, run), indent=2) + "\n", within=out_dir)
         tasks.append(RunTask(run.run_id, scenario_path, run.overrides, str(run_dir), load_fn, run_fn))
 
     outcomes: dict[str, RunOutcome] = {}
@@ -340,19 +382,21 @@ def run_sweep(
         }
         for r in records
     ]
-    write_table(build_table(spec.keys, rows), out_dir / TABLE_FILE)
+    notes: list[str] = []
     manifest = _manifest(spec, scenario_sha, spec.seeds.resolve(base_seed), records)
-    tmp = out_dir / f".{MANIFEST_FILE}.tmp"
-    tmp.unlink(missing_ok=True)  # a planted link is removed, never written through
-    tmp.write_text(json.dumps(manifest, indent=2, default=yaml_text) + "\n")
-    os.replace(tmp, out_dir / MANIFEST_FILE)  # never half a sweep.json
+    manifest["table_sha256"] = write_table(
+        build_table(spec.keys, rows), out_dir / TABLE_FILE, known_sha256=table_sha, force=force, within=out_dir
+    )
+    text = json.dumps(manifest, indent=2, default=yaml_text) + "\n"
+    write_file(out_dir / MANIFEST_FILE, text, force=force, notes=notes, within=out_dir, option="-o/--out")
 
     result = SweepResult(
         out_dir=out_dir,
         runs=records,
         executed=[t.run_id for t in tasks],
         reused=[r.run_id for r in runs if r.run_id in reused],
+        notes=notes,
     )
     if spec.plots:
-        _draw_plots(spec, out_dir, result)
+        _draw_plots(spec, out_dir, result, force)
     return result

@@ -19,7 +19,6 @@ text of each value, so a column never fails to convert.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -82,9 +81,21 @@ def build_table(grid_keys: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> 
     return pa.table(columns)
 
 
-def write_table(table: pa.Table, path: Path) -> None:
-    """Write Parquet atomically (temp file + rename); same table, same bytes."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)  # a planted link is removed, never written through
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+def write_table(
+    table: pa.Table, path: Path, *, known_sha256: str | None = None, force: bool = False, within: Path | None = None
+) -> str:
+    """Write Parquet through :func:`sim.trace.output.write_file` (a fresh temporary file renamed into place;
+    no link followed; an existing file replaced only when its hash is ``known_sha256``, the one the sweep's
+    ``sweep.json`` recorded, or with ``force``); same table, same bytes. Returns the file's SHA-256."""
+    from sim.trace.atomic import sha256_file
+    from sim.trace.output import write_file
+
+    written = write_file(
+        path,
+        lambda fh: pq.write_table(table, fh, compression="zstd"),
+        known_sha256=known_sha256,
+        force=force,
+        within=within,
+        option="-o/--out",
+    )
+    return sha256_file(written)

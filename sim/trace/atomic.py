@@ -2,20 +2,30 @@
 
 :func:`staged_bundle` is the only way a bundle reaches its final path:
 
-1. **Ownership check first.** The target must not be a symbolic link. If it exists, every entry in it must be
-   ours: a file listed by its ``manifest.json``, a sidecar (:data:`SIDECARS`), or a folder that is itself a
-   bundle with a manifest (e.g. ``replay/replayed/``). Anything else is a *foreign* entry and the write is
-   refused with :class:`OutputFolderError` naming it, unless ``force=True``; then the old folder is not
-   deleted but moved aside to ``<target>.old`` (``.old-1``, ... if taken) and a note says so.
+1. **Ownership check first.** The target must not be a symbolic link. If it exists, every entry in it
+   must be a bundle's: a file its ``manifest.json`` lists, a sidecar (:data:`SIDECARS`), or a folder that
+   is itself a whole bundle (e.g. ``replay/replayed/``). Anything else (a user's file, a link, a plain
+   folder) is *foreign* and the write is refused with :class:`OutputFolderError` naming it, unless
+   ``force=True``. (What is listed but was edited since, and nested bundles, are kept: see 4.)
 2. **Stage.** The caller writes every file into a fresh folder ``.<name>.tmp-<pid>-<random>`` next to the
-   target (same file system, so the final rename is atomic). The folder is new and empty, so no link
-   planted in an old bundle (``plots/``, ``replay/``, ``crash.json``) can be written through.
-3. **Manifest last.** :meth:`Stage.finish` hashes every staged file, writes ``manifest.json`` (tables with
-   file, row count and SHA-256; every file's SHA-256; ``partial`` and its ``reason``), fsyncs files and
-   folders, and only then swaps the stage in: ``renameat2(RENAME_EXCHANGE)`` where the kernel has it
-   (one atomic step), else rename-old-aside / rename-new-in. The old folder is removed only when it was
-   ours (empty, or a bundle with a manifest and nothing foreign).
-4. **Failure** (an exception, ``OSError`` such as ENOSPC, a second interrupt): the stage is removed and
+   target (same file system, so the final rename is atomic). Its first file is the stage marker
+   (:data:`STAGE_MARKER`, naming the writer's process): only a folder holding it is ever treated as a
+   stage. The folder is new and empty, so no link planted in an old bundle (``plots/``, ``replay/``,
+   ``crash.json``) can be written through.
+3. **Manifest last, then swap.** :meth:`Stage.finish` hashes every staged file, writes ``manifest.json``
+   (tables with file, row count and SHA-256; every file's SHA-256; ``partial`` and its ``reason``), fsyncs
+   files and folders, removes the marker and swaps the stage in at once, with no re-check in between:
+   ``renameat2(RENAME_EXCHANGE)`` where the kernel has it (one atomic step), else rename-old-aside /
+   rename-new-in.
+4. **Then sort the old folder** (now at a marked stage name, so nobody adds to it): each file listed in its
+   manifest with a matching hash is removed; everything else (a file added in the meantime, an edited one,
+   a link, a nested bundle the user copied in) is moved aside to ``<target>.old`` (``.old-1``, ... if
+   taken) and named in a note. Nothing that hybridsim cannot prove it wrote is ever deleted.
+5. **Dead stages.** A stage (or an old folder being sorted) left by a process that no longer exists (SIGKILL,
+   out-of-memory kill) is cleaned at the next bundle write into the same parent folder, for any target:
+   only folders named like a stage *and* holding our marker whose process is gone. A user's folder named
+   like a stage (``.target.tmp-999999-mydata``) has no marker and is never touched.
+6. **Failure** (an exception, ``OSError`` such as ENOSPC, a second interrupt): the stage is removed and
    the previous bundle is untouched; an ``OSError`` becomes :class:`BundleWriteError`.
 
 Signals are deferred while the stage is finished (:func:`sim.interrupts.deferred`): a first SIGINT/SIGTERM
@@ -32,6 +42,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -41,6 +52,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from sim.interrupts import deferred, pause_point
+from sim.trace.output import OutputWriteError, unstamped
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "hybridsim-bundle"
@@ -49,13 +61,16 @@ MANIFEST_VERSION = 1
 #: a rewrite) and a failed sweep run's traceback (dropped by a rewrite).
 SIDECARS = ("sweep-run.json", "error.txt")
 KEPT_SIDECARS = ("sweep-run.json",)
+#: The first file of every stage folder: proof that hybridsim made the folder, and which process owns it.
+STAGE_MARKER = ".hybridsim-stage"
+_STAGE_NAME = re.compile(r"\A\..+\.tmp-(\d+)-[0-9a-f]{8}\Z")
 
 
 class OutputFolderError(ValueError):
     """The output folder cannot be used as it is (a link, a file, or it holds files we did not write)."""
 
 
-class BundleWriteError(OSError):
+class BundleWriteError(OutputWriteError):
     """Writing the bundle failed at the OS level (disk full, I/O error); the previous bundle is untouched."""
 
 
@@ -88,14 +103,48 @@ def read_manifest(directory: Path) -> dict | None:
     return data
 
 
-def foreign_entries(directory: Path) -> list[str]:
-    """Entries of ``directory`` (relative paths, sorted) that the bundle writer did not put there.
+def _stamped_file(path: Path) -> bool:
+    """Whether ``path`` (a regular file) carries a matching ownership stamp (:mod:`sim.trace.output`)."""
+    try:
+        if path.stat().st_size > 1 << 20:
+            return False
+        return unstamped(path.suffix, path.read_bytes()) is not None
+    except OSError:
+        return False
 
-    Ours: ``manifest.json``, the files it lists, :data:`SIDECARS`, and folders that are bundles themselves.
-    A folder without a manifest holds only foreign entries (except sidecars). Links are never ours.
+
+def _ours(directory: Path, rel: str, listed: dict, top: bool, strict: bool = True) -> bool:
+    """Whether the regular file ``directory/rel`` is ours: listed in the manifest (``strict``: with the hash we
+    wrote), a sidecar (``strict``: carrying its stamp), or the manifest itself."""
+    path = directory / rel
+    digest = listed.get(rel)
+    if isinstance(digest, str):
+        if not strict:
+            return True
+        try:
+            return sha256_file(path) == digest
+        except OSError:
+            return False
+    if top and rel in SIDECARS:
+        return not strict or _stamped_file(path)
+    return False
+
+
+def _whole_bundle(folder: Path) -> bool:
+    return read_manifest(folder) is not None and not foreign_entries(folder, strict=True)
+
+
+def foreign_entries(directory: Path, *, strict: bool = False) -> list[str]:
+    """Entries of ``directory`` (relative paths, sorted) that are not hybridsim's bundle files.
+
+    Not foreign: ``manifest.json``, each file it lists, :data:`SIDECARS`, folders that are whole bundles
+    themselves. Links and anything else are foreign (a write is refused without ``force``).
+    ``strict`` (*what a rewrite keeps aside*): also a listed file whose content no longer has the listed
+    hash (an edited file), a sidecar without its ownership stamp, and a nested bundle (a folder the manifest
+    does not list): only what hybridsim can prove it wrote there is ever deleted.
     """
     manifest = read_manifest(directory)
-    listed = set(manifest["files"]) if manifest is not None else set()
+    listed = dict(manifest["files"]) if manifest is not None else {}
     foreign: list[str] = []
 
     def walk(folder: Path, prefix: str) -> None:
@@ -104,17 +153,15 @@ def foreign_entries(directory: Path) -> list[str]:
             if entry.is_symlink():
                 foreign.append(rel)
             elif entry.is_dir(follow_symlinks=False):
-                if read_manifest(Path(entry.path)) is not None and not foreign_entries(Path(entry.path)):
-                    continue
                 if any(name.startswith(rel + "/") for name in listed):
                     walk(Path(entry.path), rel + "/")
-                else:
+                elif strict or not _whole_bundle(Path(entry.path)):
                     foreign.append(rel + "/")
-            elif rel in listed or (
-                not prefix and (entry.name in SIDECARS or (entry.name == MANIFEST_FILE and manifest is not None))
-            ):
+            elif not entry.is_file(follow_symlinks=False):
+                foreign.append(rel)
+            elif not prefix and entry.name == MANIFEST_FILE and manifest is not None:
                 continue
-            else:
+            elif not _ours(directory, rel, listed, top=not prefix, strict=strict):
                 foreign.append(rel)
 
     walk(directory, "")
@@ -193,6 +240,72 @@ def _free_aside(target: Path) -> Path:
     return candidate
 
 
+def _write_marker(folder: Path, kind: str) -> None:
+    """The stage marker, created with O_EXCL | O_NOFOLLOW in a folder we just made."""
+    text = json.dumps({"format": "hybridsim-stage", "kind": kind, "pid": os.getpid()}) + "\n"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(folder / STAGE_MARKER, flags, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def _read_marker(folder: Path) -> dict | None:
+    path = folder / STAGE_MARKER
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode) or path.lstat().st_size > 4096:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != "hybridsim-stage" or not isinstance(data.get("pid"), int):
+        return None
+    return data
+
+
+def _stage_name(target: Path) -> Path:
+    return target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def sort_old(old: Path, target: Path) -> list[str]:
+    """Empty the replaced folder ``old`` of what is provably ours (files listed in its manifest with the
+    hash we wrote, stamped sidecars, its manifest, our marker) and move what remains to ``<target>.old``
+    (``.old-N``); returns the notes naming what was kept. ``old`` may be anything the swap found at the
+    target (a link or a file is moved aside whole)."""
+    try:
+        mode = old.lstat().st_mode
+    except FileNotFoundError:
+        return []
+    if stat.S_ISDIR(mode):
+        manifest = read_manifest(old)
+        listed = dict(manifest["files"]) if manifest is not None else {}
+        for root, dirs, names in os.walk(old, topdown=False):
+            folder = Path(root)
+            for name in names:
+                rel = (folder / name).relative_to(old).as_posix()
+                path = folder / name
+                if path.is_symlink() or not path.is_file():
+                    continue
+                if rel == STAGE_MARKER or _ours(old, rel, listed, top="/" not in rel):
+                    path.unlink()
+            for name in dirs:
+                try:
+                    (folder / name).rmdir()  # only when emptied; a link to a folder is not removed by rmdir
+                except OSError:
+                    pass
+        if (old / MANIFEST_FILE).is_file() and not (old / MANIFEST_FILE).is_symlink() and len(os.listdir(old)) == 1:
+            (old / MANIFEST_FILE).unlink()
+        if not os.listdir(old):
+            old.rmdir()
+            return []
+        kept = foreign_entries(old, strict=True) if manifest is not None else sorted(os.listdir(old))
+    else:
+        kept = [old.name]
+    aside = _free_aside(target)
+    os.rename(old, aside)
+    more = f" (and {len(kept) - 3} more)" if len(kept) > 3 else ""
+    return [f"kept in {aside} what hybridsim did not write in {target}: {', '.join(kept[:3])}{more}"]
+
+
 @dataclass
 class Stage:
     """A bundle being written: write files under ``path``; record tables; :meth:`finish` swaps it in."""
@@ -205,6 +318,8 @@ class Stage:
     tables: dict[str, dict] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     finished: bool = False
+    #: A folder that is not a run bundle says what it is (``golden``: tables only, no ``summary.json``).
+    kind: str | None = None
 
     def record_table(self, name: str, file: Path, rows: int) -> None:
         self.tables[name] = {"file": file.relative_to(self.path).as_posix(), "rows": int(rows)}
@@ -216,13 +331,13 @@ class Stage:
             for name in sorted(names):
                 full = Path(root) / name
                 rel = full.relative_to(self.path).as_posix()
-                if rel == MANIFEST_FILE:
+                if rel in (MANIFEST_FILE, STAGE_MARKER):
                     continue
                 _fsync_path(full)
                 files[rel] = sha256_file(full)
             _fsync_path(Path(root), directory=True)
         tables = {n: {**t, "sha256": files[t["file"]]} for n, t in sorted(self.tables.items())}
-        return {
+        manifest = {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
             "partial": self.partial,
@@ -230,9 +345,13 @@ class Stage:
             "tables": tables,
             "files": files,
         }
+        if self.kind is not None:
+            manifest["kind"] = self.kind
+        return manifest
 
     def finish(self) -> None:
-        """Write the manifest, fsync, swap the stage into place, remove the old folder if it was ours."""
+        """Write the manifest, fsync, swap the stage into place at once, then sort the old folder (what is
+        provably ours is removed, the rest kept aside and named in :attr:`notes`)."""
         with deferred():
             text = json.dumps(self._manifest(), indent=2, sort_keys=True) + "\n"
             pause_point("manifest")
@@ -241,45 +360,72 @@ class Stage:
                 fh.flush()
                 os.fsync(fh.fileno())
             _fsync_path(self.path, directory=True)
-            # Re-check: the folder may have changed while the run was going.
-            state = check_output_folder(self.target, force=self.state == "foreign")
             pause_point("swap")
-            if state == "new":
-                os.rename(self.path, self.target)
-                old = None
-            elif _exchange(self.path, self.target):
-                old = self.path
-            else:
-                old = self.target.with_name(self.path.name + ".prev")
-                os.rename(self.target, old)
-                os.rename(self.path, self.target)
+            (self.path / STAGE_MARKER).unlink()  # the stage becomes the bundle: no marker inside it
+            old = self._swap()
             _fsync_path(self.target.parent, directory=True)
-            if old is not None:
-                if state == "foreign":
-                    aside = _free_aside(self.target)
-                    os.rename(old, aside)
-                    self.notes.append(f"the previous contents of {self.target} are kept in {aside}")
-                else:
-                    shutil.rmtree(old)
             self.finished = True
+            if old is not None:
+                if stat.S_ISDIR(old.lstat().st_mode):
+                    _write_marker(old, "old")
+                pause_point("sort")
+                self.notes.extend(sort_old(old, self.target))
+
+    def _swap(self) -> Path | None:
+        """Put the stage at the target in one step; the replaced folder's path (at a fresh stage name), if any."""
+        if not os.path.lexists(self.target):
+            try:
+                os.rename(self.path, self.target)
+                return None
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise
+        if _exchange(self.path, self.target):
+            return self.path
+        old = _stage_name(self.target)
+        os.rename(self.target, old)
+        os.rename(self.path, self.target)
+        return old
 
 
-def _remove_dead_stages(target: Path) -> None:
-    """Remove stage folders ``.<name>.tmp-<pid>-...`` next to ``target`` left by a process that no longer
-    exists (a SIGKILL or an out-of-memory kill mid-write); a live writer's stage is left alone."""
-    prefix = f".{target.name}.tmp-"
-    for entry in os.scandir(target.parent):
-        if not entry.name.startswith(prefix) or entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
+def _process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, owned by someone else
+    return False
+
+
+def remove_dead_stages(parent: Path) -> list[str]:
+    """Clean the debris of bundle writers that died in ``parent`` (SIGKILL, out-of-memory kill): folders named
+    like a stage *and* holding our marker whose process no longer exists. A stage being written is removed;
+    an old folder being sorted is sorted again (what we cannot prove ours is kept aside, never deleted).
+    Anything without our marker (a user's folder named like a stage) is left alone. Returns notes."""
+    notes: list[str] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return notes
+    for entry in entries:
+        match = _STAGE_NAME.match(entry.name)
+        if match is None or entry.is_symlink() or not entry.is_dir(follow_symlinks=False):
             continue
-        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+        pid = int(match.group(1))
+        folder = Path(entry.path)
+        marker = _read_marker(folder)
+        if marker is None or marker["pid"] != pid or pid == os.getpid() or not _process_gone(pid):
             continue
+        target = parent / entry.name[1 : entry.name.rindex(".tmp-")]
         try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry.path, ignore_errors=True)
-        except PermissionError:
-            pass  # alive, owned by someone else
+            if marker.get("kind") == "old":
+                notes.extend(sort_old(folder, target))
+            else:
+                shutil.rmtree(folder)
+        except OSError:
+            pass  # best effort: a concurrent cleaner, a permission problem
+    return notes
 
 
 @contextmanager
@@ -289,19 +435,28 @@ def staged_bundle(target: str | os.PathLike[str], *, force: bool = False) -> Ite
     A stage left unfinished is discarded. On any exception the stage is removed and ``target`` is as it was; an ``OSError`` is re-raised as
     :class:`BundleWriteError` with one readable line.
     """
+    from sim.trace.output import OutputPathError, ensure_folder
+
     target = Path(os.path.abspath(target))
     state = check_output_folder(target, force=force)
+    path: Path | None = None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_stages(target)
-        path = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        ensure_folder(target.parent)
+        notes = remove_dead_stages(target.parent)
+        path = _stage_name(target)
         path.mkdir()
+        _write_marker(path, "stage")
+    except OutputPathError as exc:
+        raise OutputFolderError(str(exc)) from None
     except OSError as exc:
-        raise BundleWriteError(exc.errno, f"cannot create a folder next to {target}: {exc.strerror}") from None
-    stage = Stage(path=path, target=target, state=state)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+        what = exc.strerror or str(exc)
+        raise BundleWriteError(exc.errno, f"cannot create a folder next to {target}: {what}") from None
+    stage = Stage(path=path, target=target, state=state, notes=notes)
     if state == "ours":
         for name in KEPT_SIDECARS:
-            if (target / name).is_file() and not (target / name).is_symlink():
+            if (target / name).is_file() and not (target / name).is_symlink() and _stamped_file(target / name):
                 shutil.copyfile(target / name, path / name)
     try:
         yield stage
@@ -436,7 +591,7 @@ def check_bundle(directory: str | os.PathLike[str]) -> BundleCheck:
             problems.append("summary.json is not a non-empty JSON object")
         elif summary.get("partial", False) is not partial:
             problems.append(f"summary.json says partial={summary.get('partial')!r}, {MANIFEST_FILE} {partial!r}")
-    elif "summary.json" not in manifest["files"]:
+    elif "summary.json" not in manifest["files"] and manifest.get("kind") != "golden":
         problems.append(f"summary.json is not listed in {MANIFEST_FILE}")
     reason = manifest.get("reason")
     return BundleCheck(d, problems, partial=partial, reason=reason if isinstance(reason, str) else None)

@@ -32,7 +32,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Literal, Mapping, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -108,26 +108,33 @@ def _arrow_table(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def write_table(table: pa.Table | pd.DataFrame, path: Path, fmt: TablesFormat) -> None:
-    """Write one normalized table (an Arrow table of ``sim.trace.schema``, or a DataFrame); same table,
-    same bytes. Parquet is written by pyarrow as it is; CSV through pandas (the one CSV writer)."""
-    if fmt == "parquet":
+def write_table(table: pa.Table | pd.DataFrame, path: Path, fmt: TablesFormat, *, force: bool = False) -> None:
+    """Write one normalized table (an Arrow table of ``sim.trace.schema``, or a DataFrame) through
+    :func:`sim.trace.output.write_file` (a fresh temporary file renamed into place; a link at ``path``
+    refused); same table, same bytes. Parquet is written by pyarrow as it is; CSV through pandas (the one
+    CSV writer)."""
+    from sim.trace.output import write_file
+
+    def parquet(fh: BinaryIO) -> None:
         pq.write_table(
             table if isinstance(table, pa.Table) else _arrow_table(table),
-            path,
+            fh,
             compression="zstd",
             version="2.6",
             use_dictionary=True,
             write_statistics=True,
             store_schema=False,
         )
-    elif fmt == "csv":
+
+    def csv(fh: BinaryIO) -> None:
         from sim.trace.tables import frame_from_arrow
 
         frame = frame_from_arrow(table) if isinstance(table, pa.Table) else table
-        frame.to_csv(path, index=False, lineterminator="\n", na_rep="")
-    else:
+        frame.to_csv(fh, index=False, lineterminator="\n", na_rep="", encoding="utf-8")
+
+    if fmt not in TABLE_FORMATS:
         raise ValueError(f"tables_format {fmt!r} is not one of {TABLE_FORMATS}")
+    write_file(path, parquet if fmt == "parquet" else csv, force=force)
 
 
 def read_table(name: str, path: Path) -> pd.DataFrame:
@@ -161,13 +168,11 @@ def find_table_file(directory: Path, name: str) -> Path | None:
 
 
 def _inside(directory: Path, name: str) -> Path:
-    """``directory / name``, refusing any name that would land outside ``directory``."""
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
+    """``directory / name``, refusing any name that is not a plain file name (so it cannot leave
+    ``directory``); the path is not resolved, so a bundle under a linked parent folder keeps one spelling."""
+    if not name or "/" in name or "\\" in name or name in (".", "..") or "\x00" in name:
         raise ValueError(f"refusing to write {name!r}: bundle files are plain names inside the bundle directory")
-    target = (directory / name).resolve()
-    if target.parent != directory.resolve():
-        raise ValueError(f"refusing to write {target}: it is outside the bundle directory {directory}")
-    return target
+    return directory / name
 
 
 def write_result(
@@ -198,6 +203,7 @@ def write_result(
     """
     from sim.interrupts import pause_point
     from sim.trace.atomic import staged_bundle
+    from sim.trace.output import write_file
 
     if tables_format not in TABLE_FORMATS:
         raise ValueError(f"tables_format {tables_format!r} is not one of {TABLE_FORMATS}")
@@ -210,9 +216,9 @@ def write_result(
     with staged_bundle(out_dir, force=force) as stage:
         stage.partial, stage.reason = partial, reason if partial else None
         directory = stage.path
-        _inside(directory, SCENARIO_FILE).write_text(scenario_yaml, encoding="utf-8")
+        write_file(_inside(directory, SCENARIO_FILE), scenario_yaml, stamped=False)
         pause_point("write")
-        _inside(directory, SUMMARY_FILE).write_text(summary_text, encoding="utf-8")
+        write_file(_inside(directory, SUMMARY_FILE), summary_text, stamped=False)
         for name in TABLE_NAMES:
             if name not in tables:
                 continue
@@ -358,7 +364,6 @@ def write_session_tables(tables: Mapping[str, pd.DataFrame], stage: Path, fmt: T
     if unknown:
         raise ValueError(f"unknown session tables {unknown}; valid: {', '.join(SESSION_TABLE_NAMES)}")
     folder = stage / SESSIONS_DIR
-    folder.mkdir(exist_ok=True)
     for name in SESSION_TABLE_NAMES:
         if name in tables:
             write_table(tables[name].reset_index(drop=True), folder / f"{name}.{fmt}", fmt)

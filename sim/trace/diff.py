@@ -15,7 +15,8 @@ is checked against its manifest first (:func:`sim.trace.atomic.check_bundle`):
 an inconsistent bundle (missing table, row count or hash that differs) is an
 error; a partial bundle, or one without a manifest, is an error unless
 ``allow_partial`` (then the report says so above the verdict). A golden
-directory (tables only) is compared as it is.
+directory (tables only, with or without its ``kind: golden`` manifest) is
+compared as it is.
 
 Exit codes of :func:`main`: 0 same, 1 differ, 2 error (missing directory or
 table, unreadable file, inconsistent or partial bundle).
@@ -196,10 +197,13 @@ def _load_side(directory: Path, table: str) -> pd.DataFrame:
 
 def _check_side(directory: Path, allow_partial: bool) -> str | None:
     """Refuse an inconsistent bundle (and a partial or unverified one unless allowed); the warning to show."""
-    from sim.trace.atomic import MANIFEST_FILE, check_bundle
+    from sim.trace.atomic import MANIFEST_FILE, check_bundle, read_manifest
 
     if not ((directory / MANIFEST_FILE).exists() or (directory / "summary.json").exists()):
         return None  # a golden directory: tables only
+    manifest = read_manifest(directory)
+    if manifest is not None and manifest.get("kind") == "golden":
+        return None  # a golden directory written by `golden regenerate`: its tables are compared as they are
     check = check_bundle(directory)
     hint = "; compare it anyway with --allow-partial"
     if not check.has_manifest:

@@ -27,6 +27,9 @@ from sim.trace.tables import normalize_table
 DEFAULT_SCENARIO_ROOT = Path("scenarios")
 DEFAULT_GOLDEN_ROOT = Path("results") / "golden"
 
+#: The ``kind`` of a golden folder's ``manifest.json`` (tables only: no summary).
+GOLDEN_KIND = "golden"
+
 #: The tables a golden trace stores (the run's decisions, not its timings' derived metrics).
 GOLDEN_TABLES: tuple[str, ...] = ("kv_events", "admissions")
 
@@ -76,9 +79,9 @@ def golden_scenarios(
 
 
 def write_golden_tables(tables: Mapping[str, pd.DataFrame], out_dir: Path) -> Path:
-    """Write the golden tables of a run's ``tables`` as normalized CSV into ``out_dir``."""
+    """Write the golden tables of a run's ``tables`` as normalized CSV into ``out_dir`` (a new folder, or a
+    stage of :func:`sim.trace.atomic.staged_bundle`)."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     for table in GOLDEN_TABLES:
         write_table(normalize_table(table, tables[table]), out_dir / f"{table}.csv", "csv")
     return out_dir

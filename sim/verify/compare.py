@@ -12,6 +12,7 @@ the crash is named as the difference.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,12 +155,20 @@ def table_rows(ours: DecisionTrace, theirs: DecisionTrace) -> Iterator[dict[str,
         yield {"step": "", "item": item, "index": 0, "hybridsim": _fmt(xv), "vllm": _fmt(yv), "same": xv == yv}
 
 
-def write_table(path: str | Path, ours: DecisionTrace, theirs: DecisionTrace) -> Path:
-    """Write the side-by-side table as CSV; returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["step", "item", "index", "hybridsim", "vllm", "same"])
-        writer.writeheader()
-        writer.writerows(table_rows(ours, theirs))
-    return out
+def write_table(
+    path: str | Path,
+    ours: DecisionTrace,
+    theirs: DecisionTrace,
+    *,
+    force: bool = False,
+    notes: list[str] | None = None,
+) -> Path:
+    """Write the side-by-side table as CSV through :func:`sim.trace.output.write_file`; returns the path."""
+    from sim.trace.output import write_file
+
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=["step", "item", "index", "hybridsim", "vllm", "same"])
+    writer.writeheader()
+    writer.writerows(table_rows(ours, theirs))
+    write_file(path, text.getvalue(), force=force, notes=notes, option="--table")
+    return Path(path)

@@ -126,12 +126,18 @@ def overall_status(statuses: list[VerifyStatus]) -> VerifyStatus:
 
 
 def verify_paths(
-    paths: list[Path], table: Path | None, echo: Callable[[str], None], overrides: list[str] | None = None
+    paths: list[Path],
+    table: Path | None,
+    echo: Callable[[str], None],
+    overrides: list[str] | None = None,
+    *,
+    force: bool = False,
 ) -> VerifyStatus:
     """``hybridsim verify``: verify each scenario file, print verdicts and first differences; the overall verdict.
 
     ``table``: one scenario -> the CSV file; several -> a directory of ``<name>.csv``; ``overrides``
-    (``key.path=value``) apply to every scenario.
+    (``key.path=value``) apply to every scenario. Tables are written by :func:`sim.trace.output.write_file` (a CSV cannot
+    carry an ownership stamp, so an existing file there is replaced only with ``force``, kept aside).
     Bad input (a scenario that does not load or build, vLLM missing) is
     reported per scenario and gives exit 2.
     """
@@ -162,7 +168,11 @@ def verify_paths(
             echo(verdict.difference.describe())
         if table is not None and verdict.ours is not None and verdict.theirs is not None:
             target = table if len(paths) == 1 else table / f"{verdict.name}.csv"
-            echo(f"  table: {write_table(target, verdict.ours, verdict.theirs)}")
+            notes: list[str] = []
+            written = write_table(target, verdict.ours, verdict.theirs, force=force, notes=notes)
+            echo(f"  table: {written}")
+            for note in notes:
+                echo(f"warning: {note}")
     return overall_status(statuses)
 
 
@@ -187,6 +197,8 @@ def fuzz_command(
     out_dir: Path | None,
     echo: Callable[[str], None],
     vllm_version: str | None = None,
+    *,
+    force: bool = False,
 ) -> VerifyStatus:
     """``hybridsim fuzz``: generate ``count`` scenarios of ``seed``; with ``use_vllm`` verify each.
 
@@ -196,13 +208,24 @@ def fuzz_command(
     Without ``use_vllm`` every scenario is written to ``out_dir``; with it, each
     differing scenario, with its first difference (``<name>.diff.txt``). ``out_dir``
     defaults to ``results/fuzz-<seed>``.
+    Files go through :func:`sim.trace.output.write_file` inside ``out_dir`` (a real folder, never a link;
+    a file there that hybridsim did not write is refused unless ``force``, then kept aside).
     ``DIFFER`` if any differ, ``BAD_INPUT`` if vLLM is missing or is not ``vllm_version``, else ``IDENTICAL``.
     """
     from sim.config import ScenarioError
     from sim.config.load import scenario_from_text
     from sim.config.vllm_versions import NEWEST
+    from sim.trace.output import open_output_dir, write_file
     from sim.verify.fuzz import generate, scenario_yaml
     from sim.workload.errors import WorkloadError
+
+    notes: list[str] = []
+
+    def save(name: str, text: str) -> None:
+        assert out_dir is not None
+        write_file(out_dir / name, text, force=force, notes=notes, within=out_dir, option="-o/--out")
+        while notes:
+            echo(f"warning: {notes.pop(0)}")
 
     if use_vllm:
         try:
@@ -220,14 +243,15 @@ def fuzz_command(
         vllm_version = installed
     out_dir = out_dir or Path("results") / f"fuzz-{seed}"
     version = vllm_version or NEWEST
+    with open_output_dir(out_dir):
+        pass  # refused at once when it is a link or a file
     counts = FuzzCounts()
     for index in range(count):
         data = generate(seed, index, version)
         text = scenario_yaml(data)
         name = str(data["name"])
         if not use_vllm:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
+            save(f"{name}.yaml", text)
             continue
         try:
             verdict = verify_scenario(scenario_from_text(text, f"{name}.yaml"), quiet=True)
@@ -243,9 +267,8 @@ def fuzz_command(
         else:
             counts.differing += 1
             assert verdict.difference is not None
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / f"{name}.yaml").write_text(text, encoding="utf-8")
-            (out_dir / f"{name}.diff.txt").write_text(verdict.difference.describe() + "\n", encoding="utf-8")
+            save(f"{name}.yaml", text)
+            save(f"{name}.diff.txt", verdict.difference.describe() + "\n")
             echo(
                 f"{name}: differ at step {verdict.difference.step}: {verdict.difference.what} "
                 f"(written to {out_dir / (name + '.yaml')})"

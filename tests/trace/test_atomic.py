@@ -90,13 +90,23 @@ def test_signal_mid_run_writes_a_whole_bundle_marked_partial(old_bundle, sig) ->
     assert shown.exit_code == 0 and "PARTIAL" in shown.stdout + shown.stderr
 
 
-def test_signal_between_table_writes_leaves_the_old_bundle(old_bundle) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("point", ["write", "manifest", "swap", "sort"])
+def test_a_signal_while_a_finished_run_writes_its_bundle_lands_it_whole(old_bundle, sig, point) -> None:
+    """The run has finished: a first signal while its tables, manifest or swap are written is held until the
+    new bundle is in place (not partial: the run was complete); the process then exits 130 saying so."""
     out, before = old_bundle
-    proc = start(out, "write:30")
-    proc.send_signal(signal.SIGTERM)
+    proc = start(out, f"{point}:2")
+    proc.send_signal(sig)
     code, err = finish(proc)
-    assert code == 130 and "interrupted (SIGTERM)" in err and len(err.splitlines()) == 1
-    assert snapshot(out) == before and no_stage_left(out)
+    assert code == 130, err
+    lines = err.splitlines()
+    assert lines[0].startswith(f"{sig.name}: the run has finished; writing its bundle first"), err
+    assert lines[-1].startswith(f"error: interrupted ({sig.name})") and len(lines) == 2, err
+    check = check_bundle(out)
+    assert check.ok and not check.partial, check.problems
+    assert json.loads((out / "summary.json").read_text())["name"] == "newer"
+    assert no_stage_left(out) and not list(out.parent.glob("out.old*"))
 
 
 def test_one_signal_while_the_manifest_is_written_lands_the_new_bundle_whole(old_bundle) -> None:
