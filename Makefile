@@ -11,7 +11,7 @@ EXTRAS ?= test,dev
 # What `ruff format --check` enforces (the whole code base).
 FORMATTED ?= sim tests benchmarks
 
-.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden eviction-study checkpoint-study clean
+.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden docs-figures eviction-study checkpoint-study clean
 
 # pip installs without compiling (one core); COMPILE then byte-compiles the whole environment and the sources
 # on both cores (test folders left out: about 6 s of CPU, once). Bytecode is written whatever the environment says: where
@@ -86,6 +86,13 @@ bench: venv
 
 golden: venv
 	$(VENV)/bin/hybridsim golden regenerate
+
+# Every figure the docs quote, from runs (sim/docs_figures.py): rewrites the <!-- figures:NAME --> regions and
+# their images. DOCS_FIGURES=--check only compares; the Mooncake figures need --large (minutes, the traces in
+# ../shared/traces or $HYBRIDSIM_TRACES): make docs-figures DOCS_FIGURES=--large
+DOCS_FIGURES ?=
+docs-figures: venv
+	$(PY) -m sim.docs_figures $(DOCS_FIGURES)
 
 # The eviction study (docs/eviction.md): the Mooncake eviction sweeps (and their slow full-window marconi
 # variants), then the table and the gap figure.

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "benchmarks" / "scenarios"
 STEP_WORKLOADS = ("step-fa-1000", "step-hybrid-connector-1000")
 DEMO = ROOT / "scenarios" / "demo-pressure.yaml"
-MOONCAKE = ROOT / "scenarios" / "mooncake-conversation-nemotron.yaml"
+MOONCAKE = ROOT / "scenarios" / "mooncake-conversation-nemotron-overload.yaml"  # recorded rate: bench's history
 MOONCAKE_REMOTE = ROOT / "scenarios" / "mooncake-conversation-nemotron-remote.yaml"
 TRACE_FILE = "mooncake_conversation_trace.jsonl"
 

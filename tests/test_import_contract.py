@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "sim.verify": 9,
     "sim.shrink": 9,
     "sim.export": 9,
+    "sim.docs_figures": 9,
     "sim.cli": 10,
     "sim.__main__": 10,
     "sim": 10,
