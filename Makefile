@@ -11,7 +11,7 @@ EXTRAS ?= test,dev
 # What `ruff format --check` enforces (the whole code base).
 FORMATTED ?= sim tests benchmarks
 
-.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden docs-figures eviction-study checkpoint-study clean
+.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden docs-figures eviction-study checkpoint-study fuzz-e2e clean
 
 # pip installs without compiling (one core); COMPILE then byte-compiles the whole environment and the sources
 # on both cores (test folders left out: about 6 s of CPU, once). Bytecode is written whatever the environment says: where
@@ -83,6 +83,14 @@ lint: venv-extras
 # next to vLLM's loop when it is installed: `make vllm-env`), then the in-process figures.
 bench: venv
 	$(PY) benchmarks/bench.py
+
+# The end-to-end fuzz (docs/fuzz.md): COUNT random scenarios of SEED through the whole user path; failures
+# are written to results/fuzz-e2e-SEED/ as a scenario plus the failed command. With vLLM installed
+# (make vllm-env) it also verifies and runs the exported tests.
+SEED  ?= 0
+COUNT ?= 100
+fuzz-e2e: venv
+	$(VENV)/bin/hybridsim fuzz --e2e --seed $(SEED) --count $(COUNT)
 
 golden: venv
 	$(VENV)/bin/hybridsim golden regenerate

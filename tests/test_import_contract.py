@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "sim.export": 9,
     "sim.docs_figures": 9,
     "sim.cli": 10,
+    "sim.e2e": 10,
     "sim.__main__": 10,
     "sim": 10,
 }

@@ -53,6 +53,12 @@ def fuzz(
     seed: int = typer.Option(0, "--seed", help="Generator seed (scenario i of seed s is always the same)."),
     count: int = typer.Option(100, "--count", min=1, help="Number of scenarios."),
     use_vllm: bool = typer.Option(False, "--vllm", help="Verify each scenario against the installed vLLM."),
+    e2e: bool = typer.Option(
+        False,
+        "--e2e",
+        help="End to end: each scenario through run, show, rerun + trace diff, explain, replay, shrink, export and "
+        "verify (vLLM's when installed); failures written to -o (docs/fuzz.md). Exit 1 if any check fails.",
+    ),
     vllm_version: Optional[str] = typer.Option(
         None,
         "--vllm-version",
@@ -69,6 +75,12 @@ def fuzz(
     """Seeded random step-clock scenarios; with --vllm verify each (exit 1 if any differ)."""
     from sim.config.vllm_versions import SUPPORTED
     from sim.verify.run import fuzz_command
+
+    if e2e:
+        from sim.e2e.driver import fuzz_e2e
+
+        figures = fuzz_e2e(seed, count, out or Path("results") / f"fuzz-e2e-{seed}", typer.echo)
+        raise typer.Exit(ExitCode.DIFF if figures.failed else ExitCode.OK)
 
     if vllm_version is not None and vllm_version not in SUPPORTED:
         typer.echo(
