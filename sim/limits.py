@@ -11,15 +11,26 @@ from __future__ import annotations
 import os
 
 DEFAULTS: dict[str, int] = {
-    "yaml_bytes": 8 * 1024 * 1024,  # a scenario or sweep file
+    "yaml_bytes": 8 * 1024 * 1024,  # a scenario, sweep, grid or hardware-overrides file
+    "line_bytes": 16 * 1024 * 1024,  # one line of a JSONL trace
+    "csv_bytes": 64 * 1024 * 1024,  # a kernel-profile CSV or an empirical length table
+    "json_bytes": 64 * 1024 * 1024,  # a bundle's summary.json, manifest.json, crash.json
     "yaml_depth": 64,  # nesting of mappings and lists
     "yaml_nodes": 500_000,  # values after alias expansion ("billion laughs")
     "requests": 2_000_000,  # requests in one workload (script, generator estimate, trace)
+    "token_ids": 100_000_000,  # explicit token ids in one trace (Parquet: counted from its metadata)
     "num_blocks": 50_000_000,  # KV-cache blocks (the pool holds one object per block)
     "seeds": 10_000,  # seeds of one sweep
     "sweep_runs": 100_000,  # runs of one sweep (grid points x seeds)
 }
 
+#: Largest token count of one request or segment (prompt tokens, a segment's ``tokens`` and ``start``, output
+#: length, ``max_tokens``, a connector's ``matched_tokens``): 16M tokens, far beyond any model's context.
+MAX_TOKENS = 1 << 24
+#: Largest integer any other count or size may take (``2**53``: exact as a float, so arithmetic on it stays exact).
+MAX_INT = 1 << 53
+#: Longest request id, content label, LoRA name or cache salt (characters; each must also be printable).
+MAX_LABEL = 256
 #: Largest time in seconds anywhere in a workload (arrivals, durations, windows): about 31 years.
 MAX_TIME_S = 1e9
 #: Smallest positive arrival rate (requests per second): one request in about 31 years.

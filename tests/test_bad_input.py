@@ -27,7 +27,7 @@ CASES: dict[str, tuple[str | Valid, ...]] = {
     "unknown-preset.yaml": ("unknown-preset.yaml:2:", "model.preset", "did you mean 'nemotron-h-8b'?"),
     "unknown-policy.yaml": ("scheduler.prefix_policy", "'reconcilled'", Valid("scheduler.prefix_policy")),
     "unknown-connector.yaml": ("connector.type", "'lmcachee'", Valid("connector.type")),
-    "missing-trace.yaml": ("no-such-trace.jsonl", "trace file not found"),
+    "missing-trace.yaml": ("no-such-trace.jsonl", "trace file: file not found"),
     "malformed-trace.yaml": ("malformed-trace.jsonl:2:", "invalid JSON"),
     "empty-workload.yaml": ("empty-workload.yaml:4:", "'requests' must hold at least one request"),
     "conflicting-memory.yaml": ("conflicting-memory.yaml:4:", "cache.kv_memory_gb", "not both"),

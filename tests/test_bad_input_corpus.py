@@ -233,7 +233,7 @@ TRACE_CASES: list[tuple[str, str, str | bytes, str]] = [
         '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [true]}\n',
         "hash_ids",
     ),
-    ("mooncake", "missing.jsonl", None, "trace file not found"),  # type: ignore[list-item]
+    ("mooncake", "missing.jsonl", None, "trace file: file not found"),  # type: ignore[list-item]
     (
         "qwen",
         "q1.jsonl",

@@ -30,6 +30,7 @@ SIM = Path(__file__).resolve().parents[1] / "sim"
 LAYERS: dict[str, int] = {
     "sim.trace": 0,
     "sim.limits": 0,
+    "sim.inputfile": 0,
     "sim.interrupts": 0,
     "sim.native": 0,
     "sim.core": 1,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
 from sim.analysis.report import bytes_text, format_value, kind_hit_rate, lookup
+from sim.trace.csvcell import neutralise_row
 
 #: ``hybridsim compare --format`` choices.
 FORMATS = ("table", "markdown", "csv", "json")
@@ -213,14 +214,16 @@ def to_csv(comparison: Comparison) -> str:
     """One line per metric, raw values per run, then ``differs`` (``true``/``false``)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["metric", *comparison.runs, "differs"])
+    writer.writerow(neutralise_row(["metric", *comparison.runs, "differs"]))
     for row in comparison.rows:
         writer.writerow(
-            [
-                row.metric,
-                *("" if v is None else json.dumps(v) if isinstance(v, (dict, list)) else v for v in row.values),
-            ]
-            + ["true" if row.differs else "false"]
+            neutralise_row(
+                [
+                    row.metric,
+                    *("" if v is None else json.dumps(v) if isinstance(v, (dict, list)) else v for v in row.values),
+                ]
+                + ["true" if row.differs else "false"]
+            )
         )
     return buf.getvalue()
 

@@ -18,7 +18,7 @@ from sim.cli.exit_codes import ExitCode
 from sim.cli.output import force_option, warn
 
 _HARDWARE = typer.Option(..., "--hardware", help="Hardware preset the profile was taken on (a100-80g, h100-80g, ...).")
-_LAYERS = typer.Option(32, "--layers", min=1, help="Decoder layers of the profiled model (Vidur's CSVs do not say).")
+_LAYERS = typer.Option(32, "--layers", help="Decoder layers of the profiled model (Vidur's CSVs do not say).")
 _KV_SAVE = typer.Option(
     False,
     "--prefill-kv-save/--no-prefill-kv-save",
@@ -28,13 +28,14 @@ _KV_SAVE = typer.Option(
 
 def _setup(profile_dir: Path, hardware: str, layers: int, prefill_kv_save: bool):
     from sim.config.presets import hardware_preset
-    from sim.timing.profiles import ProfileError, load_profile, profiled_steps
+    from sim.timing.profiles import ProfileError, check_layers, load_profile, profiled_steps
 
     try:
         hw = hardware_preset(hardware)
     except ValueError as exc:
         fail(f"--hardware: {exc}")
     try:
+        check_layers(layers)
         profile = load_profile(profile_dir)
     except ProfileError as exc:
         fail(str(exc))

@@ -60,7 +60,7 @@ def scenario_from_text(
     for item in overrides:
         key_path, value = _parse_override(item)
         _apply_override(doc, key_path, value)
-        set_labels[key_path] = f"--set {item}"
+        set_labels[key_path] = f"--set {item if len(item) <= 80 else item[:80] + '...'}"
     _resolve_paths(doc.data, Path(base_dir) if base_dir is not None else Path.cwd())
     try:
         return Scenario.model_validate(doc.data)
@@ -216,13 +216,21 @@ def _format_error(doc: YamlDoc, set_labels: dict[KeyPath, str], err: Any) -> str
         valid = _keys_at(path[:-1])
         msg = f"unknown key {key!r}{did_you_mean(str(key), valid)} (valid: {', '.join(valid)})"
     elif kind == "literal_error":
-        msg = f"invalid value {err.get('input')!r} (valid: {err['ctx']['expected']})"
+        msg = f"invalid value {_short(err.get('input'))} (valid: {err['ctx']['expected']})"
     elif kind == "missing":
         msg = "required key is missing"
     elif kind in _BOUNDS:
-        msg = f"must be {_BOUNDS[kind]} {err['ctx'][_BOUND_CTX[kind]]} (got {err.get('input')!r})"
+        msg = f"must be {_BOUNDS[kind]} {err['ctx'][_BOUND_CTX[kind]]} (got {_short(err.get('input'))})"
+    elif kind == "finite_number":
+        msg = f"must be a finite number (got {_short(err.get('input'))}); NaN and infinity are refused"
     where = _where(doc, set_labels, path)
     return f"{where}: {format_path(path) or '<root>'}: {msg}"
+
+
+def _short(value: Any, width: int = 40) -> str:
+    """``repr(value)``, cut to ``width`` characters (a 400-digit integer is not echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
 
 
 def _where(doc: YamlDoc, set_labels: dict[KeyPath, str], path: KeyPath) -> str:

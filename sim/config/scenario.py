@@ -45,13 +45,29 @@ from sim.config.presets import (
 from sim.config.vllm_versions import DEFAULT_BLOCK_SIZE, NEWEST, VllmVersion, normalize
 from sim.config.yamlio import ScenarioError, did_you_mean, load_yaml_file
 from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
+from sim.limits import MAX_INT, MAX_TIME_S
 from sim.workload.spec import WorkloadSpec
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-NonNegativeFloat = Annotated[float, Field(ge=0)]
-Fraction = Annotated[float, Field(gt=0, le=1)]
+# Every number has a finite range (docs/limits.md): integers at most MAX_INT (so arithmetic on them never
+# meets a 400-digit int), times at most MAX_TIME_S, never NaN or infinity; divisors have a physical floor (a
+# denormal bandwidth would make a step last 1e300 s).
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_INT)]
+PositiveFloat = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+#: An efficiency of the step-time model (a fraction of peak it divides by): from 1e-6 to 1.
+Efficiency = Annotated[float, Field(ge=1e-6, le=1, allow_inf_nan=False)]
+#: A per-step time constant of the step-time model (seconds): at most an hour.
+StepSeconds = Annotated[float, Field(ge=0, le=3600.0, allow_inf_nan=False)]
+#: Bytes per second of a memory or link (1 MB/s .. 1 EB/s).
+Bandwidth = Annotated[float, Field(ge=1e6, le=1e18, allow_inf_nan=False)]
+#: Floating-point operations per second (1 GFLOP/s .. 1 ZFLOP/s).
+Flops = Annotated[float, Field(ge=1e9, le=1e21, allow_inf_nan=False)]
+#: GPU memory in bytes (1 MiB .. 1 PiB).
+MemoryBytes = Annotated[int, Field(ge=1 << 20, le=1 << 50)]
+#: KV-cache memory in GB (at most 1 PB).
+MemoryGB = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 
 EXPLICIT_GROUPS_MAX_MODEL_LEN = 8192
 """docs/design.md §7: ``max_model_len`` when the scenario gives no model preset."""
@@ -167,28 +183,28 @@ class ModelSection(_Strict):
 class HardwareOverrides(_Strict):
     """Replace a hardware preset's numbers or the step-time model's constants (``null`` keeps the default)."""
 
-    memory_bytes: PositiveInt | None = None
-    memory_bandwidth: PositiveFloat | None = None
-    bf16_flops: PositiveFloat | None = None
-    sm_count: NonNegativeInt | None = None
-    step_overhead_s: NonNegativeFloat | None = None
-    per_request_overhead_s: NonNegativeFloat | None = None
-    compute_efficiency: Fraction | None = None
-    memory_efficiency: Fraction | None = None
-    kernel_floor_s: NonNegativeFloat | None = None
-    transition_k: Annotated[float, Field(ge=1, le=64)] | None = None
-    gemm_row_tile: PositiveInt | None = None
-    attn_prefill_efficiency: Fraction | None = None
-    attn_context_efficiency: Fraction | None = None
-    attn_prefill_token_s: NonNegativeFloat | None = None
-    attn_decode_memory_efficiency: Fraction | None = None
-    attn_floor_s: NonNegativeFloat | None = None
-    attn_decode_ctas_per_sm: NonNegativeInt | None = None
-    attn_decode_cta_bandwidth: PositiveFloat | None = None
-    elementwise_memory_efficiency: Fraction | None = None
-    small_op_floor_s: NonNegativeFloat | None = None
-    state_memory_efficiency: Fraction | None = None
-    state_floor_s: NonNegativeFloat | None = None
+    memory_bytes: MemoryBytes | None = None
+    memory_bandwidth: Bandwidth | None = None
+    bf16_flops: Flops | None = None
+    sm_count: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
+    step_overhead_s: StepSeconds | None = None
+    per_request_overhead_s: StepSeconds | None = None
+    compute_efficiency: Efficiency | None = None
+    memory_efficiency: Efficiency | None = None
+    kernel_floor_s: StepSeconds | None = None
+    transition_k: Annotated[float, Field(ge=1, le=64, allow_inf_nan=False)] | None = None
+    gemm_row_tile: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    attn_prefill_efficiency: Efficiency | None = None
+    attn_context_efficiency: Efficiency | None = None
+    attn_prefill_token_s: StepSeconds | None = None
+    attn_decode_memory_efficiency: Efficiency | None = None
+    attn_floor_s: StepSeconds | None = None
+    attn_decode_ctas_per_sm: Annotated[int, Field(ge=0, le=1 << 16)] | None = None
+    attn_decode_cta_bandwidth: Bandwidth | None = None
+    elementwise_memory_efficiency: Efficiency | None = None
+    small_op_floor_s: StepSeconds | None = None
+    state_memory_efficiency: Efficiency | None = None
+    state_floor_s: StepSeconds | None = None
 
     def given(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
@@ -305,7 +321,7 @@ GroupSpec = Annotated[
 class CacheSection(_Strict):
     block_size: PositiveInt = 16
     num_blocks: Annotated[int, Field(ge=2)] | None = None
-    kv_memory_gb: PositiveFloat | None = None
+    kv_memory_gb: MemoryGB | None = None
     enable_prefix_caching: StrictBool = True
     mamba_cache_mode: Literal["align", "none"] | None = None
     retention_interval: NonNegativeInt | None = 0
@@ -368,7 +384,7 @@ class SchedulerSection(_Strict):
     long_prefill_token_threshold: NonNegativeInt = 0
     policy: Literal["fcfs", "priority"] = "fcfs"
     prefix_policy: str = Field(default="pr48425", min_length=1)
-    watermark: float = Field(default=0.0, ge=0.0, lt=1.0)
+    watermark: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- connector

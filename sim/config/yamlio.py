@@ -159,29 +159,16 @@ def parse_scalar(text: str) -> Any:
 
 
 def read_yaml_file(file: Path, what: str) -> str:
-    """The text of a YAML input file, within the size limit; missing, unreadable, oversized and non-UTF-8
-    files are :class:`ScenarioError` naming the file (and, for bad bytes, the byte offset). ``what`` names the
-    kind of file in the message (``scenario``, ``sweep file``)."""
-    from sim.limits import limit, over
+    """The text of a YAML input file, read through :mod:`sim.inputfile` (a regular file, checked before it is
+    opened, within the ``yaml_bytes`` limit, UTF-8); anything else is a :class:`ScenarioError` naming the file
+    (and, for bad bytes, the byte offset). ``what`` names the kind of file in the message (``scenario``,
+    ``sweep file``)."""
+    from sim.inputfile import InputFileError, read_text
 
     try:
-        size = file.stat().st_size
-        if size > limit("yaml_bytes"):
-            raise ScenarioError(
-                f"{file}: cannot read {what}: " + over("yaml_bytes", size, f"the file has {size} bytes")
-            )
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise ScenarioError(f"{file}: cannot read {what}: file not found") from None
-    except OSError as exc:
-        raise ScenarioError(f"{file}: cannot read {what} ({exc.strerror or exc})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScenarioError(
-            f"{file}: <file>: not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
-            f"save the {what} as UTF-8"
-        ) from None
+        return read_text(file, what, "yaml_bytes")
+    except InputFileError as exc:
+        raise ScenarioError(str(exc)) from None
 
 
 def load_yaml_file(file: str | Path, what: str) -> YamlDoc:

@@ -26,6 +26,7 @@ from typing import Mapping
 from sim.connector.base import KVConnector
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.request import Request
+from sim.limits import MAX_INT, MAX_TOKENS
 
 
 class ScriptedConnector(KVConnector):
@@ -44,8 +45,10 @@ class ScriptedConnector(KVConnector):
         self.holds = dict(holds or {})
         for key, table in (("matched_tokens", self.matched_tokens), ("holds", self.holds)):
             for req_id, n in table.items():
-                if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                    raise ValueError(f"connector.{key}.{req_id}: expected a token count >= 0, got {n!r}")
+                if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_TOKENS:
+                    raise ValueError(
+                        f"connector.{key}.{req_id}: expected a token count from 0 to {MAX_TOKENS}, got {str(n)[:24]}"
+                    )
         both = sorted(set(self.matched_tokens) & set(self.holds))
         if both:
             raise ValueError(f"connector: requests {both} are in both matched_tokens and holds; use one")
@@ -54,8 +57,10 @@ class ScriptedConnector(KVConnector):
                 f"connector.load_async: expected a bool or a map of request id to bool, got {load_async!r}"
             )
         self.load_async = load_async if isinstance(load_async, bool) else dict(load_async)
-        if not isinstance(async_load_steps, int) or async_load_steps < 1:
-            raise ValueError(f"connector.async_load_steps: expected an integer >= 1, got {async_load_steps!r}")
+        if not isinstance(async_load_steps, int) or not 1 <= async_load_steps <= MAX_INT:
+            raise ValueError(
+                f"connector.async_load_steps: expected an integer from 1 to {MAX_INT}, got {str(async_load_steps)[:24]}"
+            )
         self.async_load_steps = async_load_steps
         self.supports_divergent_local_hybrid_hits = supports_divergent_local_hybrid_hits
         self.supports_hma = supports_hma

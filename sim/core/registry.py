@@ -73,7 +73,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.key}: entry point {name!r} does not load a {self.base.__name__} subclass")
         return loaded
 
-    def create(self, name: str, **options: Any) -> T:
+    def create(self, name: str, /, **options: Any) -> T:
         """Instantiate ``name`` with ``options``; an unknown option lists the valid keys, an option declared
         ``bool`` must be a boolean, other bad options raise a ValueError naming them."""
         cls = self.get_class(name)

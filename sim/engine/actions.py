@@ -25,10 +25,10 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sim.config import ScenarioError
 from sim.connector.protocol import FaultInjector
 from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import extend_block_hashes
+from sim.engine.action_checks import evict_target, fault_options
 from sim.engine.loop import Action
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,28 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from sim.engine.build import Components
 
 
-def _target_groups(group: int | str, group_kinds: list[str]) -> list[int]:
-    if isinstance(group, int):
-        return [group]
-    return [i for i, kind in enumerate(group_kinds) if kind == group]
-
-
 def _evict_action(spec: Any, scenario: "Scenario", components: "Components", index: int) -> Action:
     requests = {r.request_id: r for r in (*components.requests, *components.rejected)}
-    request = requests.get(spec.prefix_of)
-    if request is None:
-        script = scenario.workload.requests
-        dropped = script is not None and any(r.id == spec.prefix_of for r in script)
-        raise ScenarioError(
-            f"actions.{index}.evict.prefix_of: no request {spec.prefix_of!r} in the workload"
-            + (" (the script's request was dropped by workload.time_window, sample or limit)" if dropped else "")
-        )
-    groups = _target_groups(spec.group, components.group_kinds)
-    if not groups or max(groups) >= len(components.group_kinds):
-        raise ScenarioError(
-            f"actions.{index}.evict.group: {spec.group!r} names no KV-cache group "
-            f"(groups: {', '.join(f'{i}={k}' for i, k in enumerate(components.group_kinds))})"
-        )
+    request, groups = evict_target(spec, scenario, requests, components.kv_cache_config, index)
     config = components.kv_cache_config
     fine: list[int] = []
     extend_block_hashes(
@@ -66,13 +47,6 @@ def _evict_action(spec: Any, scenario: "Scenario", components: "Components", ind
     targets: list[tuple[int, int]] = []
     for g in groups:
         block_size = config.groups[g].spec.block_size
-        full_blocks = request.num_prompt_tokens // block_size
-        for i in spec.blocks:
-            if i >= full_blocks:
-                raise ScenarioError(
-                    f"actions.{index}.evict.blocks: block {i} is beyond request {spec.prefix_of!r}'s "
-                    f"{full_blocks} full prompt blocks in group {g}"
-                )
         # With prefix caching off there are no cached hashes: the action evicts nothing (as vLLM's
         # evict_blocks finds no entry).
         group_hashes = cached_block_hashes(fine, config, block_size)
@@ -93,17 +67,8 @@ def _evict_action(spec: Any, scenario: "Scenario", components: "Components", ind
 def _fault_action(spec: "ActionSpec", scenario: "Scenario", components: "Components", index: int) -> Action:
     """A ``connector_fault`` action: the ``faulty`` connector's fault options change at ``at``."""
     connector = components.connector
-    if not isinstance(connector, FaultInjector):
-        raise ScenarioError(
-            f"actions.{index}.connector_fault: connector {scenario.connector.type!r} takes no faults "
-            "(use connector type 'faulty' wrapping it)"
-        )
-    assert spec.connector_fault is not None  # an action is exactly one of evict, reset_prefix_cache, connector_fault
-    options = dict(spec.connector_fault.model_extra or {})
-    try:
-        connector.check_fault(options)
-    except ValueError as exc:
-        raise ScenarioError(f"actions.{index}.{exc}") from None
+    options = fault_options(spec, scenario, connector, index)
+    assert isinstance(connector, FaultInjector)
     return Action(None, None, partial(connector.inject_fault, options), f"connector_fault {sorted(options)}")
 
 

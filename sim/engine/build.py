@@ -36,6 +36,7 @@ from sim.core.kv.specs import (
 )
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler, SchedulerConfig
+from sim.engine.action_checks import check_actions
 from sim.engine.timing import StepTimeModel
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
@@ -420,6 +421,7 @@ def build_components(
     step_time_model = _build_step_time_model(scenario)
     placement = build_checkpoint_policy(scenario, config)
     eviction_policy, eviction_context = _build_eviction(scenario, connector, step_time_model, placement)
+    check_actions(scenario, requests, rejected, config, connector)
     if dry_run:
         return None
 

@@ -91,11 +91,33 @@ class Profile:
         )
 
 
+#: Bounds of a profile's model shape (a shape outside them is a broken file, not a model).
+SHAPE_BOUNDS = {
+    "n_embd": 1 << 17,
+    "n_head": 1 << 12,
+    "n_kv_head": 1 << 12,
+    "n_expanded_embd": 1 << 20,
+    "vocab_size": 1 << 24,
+}
+#: Token and batch counts of the profile's rows (integers, at most 2**24).
+COUNT_COLUMNS = ("num_tokens", "batch_size", "prefill_chunk_size", "kv_cache_size")
+#: Most decoder layers ``timing check|fit --layers`` accepts.
+MAX_LAYERS = 4096
+
+
 def _read_csv(path: Path, needed: tuple[str, ...]) -> pd.DataFrame:
+    """A profile CSV read through :mod:`sim.inputfile` (a regular file within the ``csv_bytes`` limit), its
+    needed columns present and its ``time_stats.*.median`` columns finite numbers >= 0."""
+    import io
+
+    from sim.inputfile import InputFileError, read_bytes
+
     try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise ProfileError(f"{path}: cannot read it as CSV ({exc})") from None
+        df = pd.read_csv(io.BytesIO(read_bytes(path, "profile CSV", "csv_bytes")))
+    except InputFileError as exc:
+        raise ProfileError(str(exc)) from None
+    except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ProfileError(f"{path}: cannot read it as CSV ({type(exc).__name__})") from None
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise ProfileError(f"{path}: missing column(s) {', '.join(missing)} (Vidur's profile layout expected)")
@@ -103,7 +125,39 @@ def _read_csv(path: Path, needed: tuple[str, ...]) -> pd.DataFrame:
         df = df[df["num_tensor_parallel_workers"] == 1]
     if df.empty:
         raise ProfileError(f"{path}: no rows with num_tensor_parallel_workers == 1")
+    for col in [*needed, _col(KV_SAVE)]:
+        if col not in df.columns or (not col.endswith(".median") and col not in COUNT_COLUMNS):
+            continue
+        values = pd.to_numeric(df[col], errors="coerce")
+        if col.endswith(".median"):  # NaN, inf, negative, text: not a median in milliseconds
+            bad, valid = ~values.between(0, 1e9), "a finite time in milliseconds >= 0"
+        else:
+            bad, valid = ~(values.between(0, 1 << 24) & (values % 1 == 0)), f"an integer from 0 to {1 << 24}"
+        if bad.any():
+            row = int(bad.to_numpy().argmax())
+            raise ProfileError(f"{path}: {col} (row {row + 1}): expected {valid}, got {str(df[col].iloc[row])[:24]!r}")
+        df = df.assign(**{col: values if col.endswith(".median") else values.astype("int64")})
     return df
+
+
+def _shape(path: Path, first: pd.Series, key: str) -> int:
+    """The integer shape field ``key`` of a profile, within :data:`SHAPE_BOUNDS`."""
+    raw = first[key]
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = float("nan")
+    hi = SHAPE_BOUNDS[key]
+    if not (value.is_integer() and 1 <= value <= hi):
+        raise ProfileError(f"{path}: {key}: expected an integer from 1 to {hi}, got {str(raw)[:24]!r}")
+    return int(value)
+
+
+def check_layers(layers: int) -> int:
+    """``--layers`` within 1 .. :data:`MAX_LAYERS` (a larger count is no model and overflows the pricing)."""
+    if not 1 <= layers <= MAX_LAYERS:
+        raise ProfileError(f"--layers: expected an integer from 1 to {MAX_LAYERS}, got {layers}")
+    return layers
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -125,15 +179,21 @@ def load_profile(path: str | Path) -> Profile:
             attention = attention.assign(**{_col(KV_SAVE): 0.0})
         attention = attention.assign(is_prefill=attention["is_prefill"].astype(str).str.lower() == "true")
         attention = attention.groupby(list(ATTN_SHAPE), sort=True).first().reset_index()
+    shape = {key: _shape(mlp_path, first, key) for key in SHAPE_BOUNDS}
+    if shape["n_embd"] % shape["n_head"] or shape["n_head"] % shape["n_kv_head"]:
+        raise ProfileError(
+            f"{mlp_path}: n_embd {shape['n_embd']}, n_head {shape['n_head']}, n_kv_head {shape['n_kv_head']}: "
+            "n_head must divide n_embd and n_kv_head must divide n_head"
+        )
     return Profile(
         path=root,
         mlp=mlp,
         attention=attention,
-        hidden=int(first["n_embd"]),
-        heads=int(first["n_head"]),
-        kv_heads=int(first["n_kv_head"]),
-        intermediate=int(first["n_expanded_embd"]),
-        vocab=int(first["vocab_size"]),
+        hidden=shape["n_embd"],
+        heads=shape["n_head"],
+        kv_heads=shape["n_kv_head"],
+        intermediate=shape["n_expanded_embd"],
+        vocab=shape["vocab_size"],
         gated=str(first["use_gated_mlp"]).lower() == "true",
     )
 

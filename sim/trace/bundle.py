@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.trace.csvcell import neutralise_frame, restore_frame
 from sim.trace.schema import TABLE_NAMES, ArrowTables, infer_num_groups
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def write_table(table: pa.Table | pd.DataFrame, path: Path, fmt: TablesFormat, *
         from sim.trace.tables import frame_from_arrow
 
         frame = frame_from_arrow(table) if isinstance(table, pa.Table) else table
-        frame.to_csv(fh, index=False, lineterminator="\n", na_rep="", encoding="utf-8")
+        neutralise_frame(frame).to_csv(fh, index=False, lineterminator="\n", na_rep="", encoding="utf-8")
 
     if fmt not in TABLE_FORMATS:
         raise ValueError(f"tables_format {fmt!r} is not one of {TABLE_FORMATS}")
@@ -147,7 +148,7 @@ def read_table(name: str, path: Path) -> pd.DataFrame:
         mapper = {pa.int64(): pd.Int64Dtype()}.get
         df = pq.read_table(path).to_pandas(types_mapper=mapper)
     elif path.suffix == ".csv":
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
+        df = restore_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False))
     else:
         raise ValueError(f"{path}: table files are .parquet or .csv")
     try:
@@ -380,7 +381,7 @@ def _read_session_tables(folder: Path) -> dict[str, pd.DataFrame]:
         if file.suffix == ".parquet":
             out[name] = pq.read_table(file).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
         else:
-            out[name] = pd.read_csv(file)
+            out[name] = restore_frame(pd.read_csv(file))
     return out
 
 

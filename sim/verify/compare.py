@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from sim.trace.csvcell import neutralise
 from sim.verify.vllm_side import DecisionTrace, StepTrace
 
 SIDES = ("hybridsim", "vllm")
@@ -169,6 +170,8 @@ def write_table(
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=["step", "item", "index", "hybridsim", "vllm", "same"])
     writer.writeheader()
-    writer.writerows(table_rows(ours, theirs))
+    writer.writerows(
+        {k: neutralise(v) if isinstance(v, str) else v for k, v in row.items()} for row in table_rows(ours, theirs)
+    )
     write_file(path, text.getvalue(), force=force, notes=notes, option="--table")
     return Path(path)

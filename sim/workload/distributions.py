@@ -11,11 +11,13 @@ the seed and the spec, never on Python-level iteration order.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from pathlib import Path
 
 import numpy as np
 
+from sim.inputfile import InputFileError, read_text
 from sim.workload.errors import WorkloadError
 from sim.workload.spec import (
     EmpiricalDist,
@@ -44,39 +46,42 @@ def load_empirical_table(dist: EmpiricalDist, base_dir: Path) -> tuple[np.ndarra
         weights = np.ones_like(values) if dist.weights is None else np.asarray(dist.weights, float)
         return values, weights / weights.sum()
     path = base_dir / str(dist.path)
-    if not path.is_file():
-        raise WorkloadError(f"{path}: empirical table not found")
+    try:
+        text = read_text(path, "empirical table", "csv_bytes")
+    except InputFileError as exc:
+        raise WorkloadError(str(exc)) from None
+    try:
+        return _parse_empirical(text, path)
+    except csv.Error as exc:  # e.g. a field longer than the csv module's limit (128 KiB)
+        raise WorkloadError(f"{path}: not a CSV table ({exc})") from None
+
+
+def _parse_empirical(text: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
     values_list: list[float] = []
     weights_list: list[float] = []
-    try:
-        with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.reader(fh)
-            header = [h.strip() for h in next(reader, [])]
-            if "value" not in header:
-                raise WorkloadError(
-                    f"{path}:1: empirical table needs a 'value' column (and optionally 'weight'); "
-                    f"the header has {len(header)} column(s), none named 'value'"
-                )
-            iv, iw = header.index("value"), header.index("weight") if "weight" in header else None
-            for line, row in enumerate(reader, start=2):
-                if not row:
-                    continue
-                if len(row) != len(header):
-                    raise WorkloadError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
-                try:
-                    value = float(row[iv])
-                    weight = float(row[iw]) if iw is not None else 1.0
-                except ValueError:
-                    bad = row[iv] if not _is_number(row[iv]) else row[iw] if iw is not None else ""
-                    raise WorkloadError(
-                        f"{path}:{line}: 'value'/'weight' must be numbers, got {excerpt(bad)}"
-                    ) from None
-                if value < 0 or weight < 0 or not math.isfinite(value) or not math.isfinite(weight):
-                    raise WorkloadError(f"{path}:{line}: 'value' and 'weight' must be finite and >= 0")
-                values_list.append(value)
-                weights_list.append(weight)
-    except UnicodeDecodeError as exc:
-        raise WorkloadError(f"{path}: empirical table is not UTF-8 text (byte {exc.start})") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = [h.strip() for h in next(reader, [])]
+    if "value" not in header:
+        raise WorkloadError(
+            f"{path}:1: empirical table needs a 'value' column (and optionally 'weight'); "
+            f"the header has {len(header)} column(s), none named 'value'"
+        )
+    iv, iw = header.index("value"), header.index("weight") if "weight" in header else None
+    for line, row in enumerate(reader, start=2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise WorkloadError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
+        try:
+            value = float(row[iv])
+            weight = float(row[iw]) if iw is not None else 1.0
+        except ValueError:
+            bad = row[iv] if not _is_number(row[iv]) else row[iw] if iw is not None else ""
+            raise WorkloadError(f"{path}:{line}: 'value'/'weight' must be numbers, got {excerpt(bad)}") from None
+        if value < 0 or weight < 0 or not math.isfinite(value) or not math.isfinite(weight):
+            raise WorkloadError(f"{path}:{line}: 'value' and 'weight' must be finite and >= 0")
+        values_list.append(value)
+        weights_list.append(weight)
     if not values_list or sum(weights_list) <= 0:
         raise WorkloadError(f"{path}: empirical table has no rows with a positive weight")
     weights = np.asarray(weights_list)

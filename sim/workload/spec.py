@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -24,10 +25,14 @@ from pydantic import (
 )
 
 from sim.core.tokens import is_reserved_stream
-from sim.limits import MAX_RATE, MAX_TIME_S, MIN_RATE, limit, over
+from sim.limits import MAX_INT, MAX_LABEL, MAX_RATE, MAX_TIME_S, MAX_TOKENS, MIN_RATE, limit, over
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+# Integers bounded before any arithmetic (docs/limits.md): token counts at most MAX_TOKENS, other counts and
+# offsets at most MAX_INT, token ids int64.
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
+NonNegativeInt = Annotated[int, Field(ge=0, le=MAX_INT)]
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+TokenId = Annotated[int, Field(ge=-(1 << 63), lt=1 << 63)]
 # Finite and bounded (sim.limits): no 1e300 times, no 1e-300 rates; beyond these the arithmetic overflows.
 PositiveFloat = Annotated[float, Field(gt=0, le=MAX_TIME_S, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, le=MAX_TIME_S, allow_inf_nan=False)]
@@ -39,15 +44,33 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def printable_text(value: str) -> str:
+    """An id or label that reaches a terminal, a CSV cell or a file name: printable characters only (no
+    control, escape, bidi or other invisible characters), at most :data:`~sim.limits.MAX_LABEL` of them."""
+    if len(value) > MAX_LABEL:
+        raise ValueError(f"at most {MAX_LABEL} characters, got {len(value)}")
+    bad = next((c for c in value if not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"contains the non-printable character U+{ord(bad):04X}; ids and labels are printable text "
+            "(no control, escape or invisible characters)"
+        )
+    return value
+
+
+#: A content label, request id or other name of a workload: non-empty printable text (:func:`printable_text`).
+Label = Annotated[str, Field(min_length=1), AfterValidator(printable_text)]
+
+
 # --------------------------------------------------------------------------- prompt segments
 
 
 class ContentSegmentSpec(_Model):
     """Tokens ``[start, start + tokens)`` of the named stream ``content``."""
 
-    content: str = Field(min_length=1)
+    content: Label
     start: NonNegativeInt = 0
-    tokens: PositiveInt
+    tokens: Tokens
 
     @field_validator("content")
     @classmethod
@@ -64,15 +87,15 @@ class OutputSegmentSpec(_Model):
     earlier request cached while decoding (multi-turn chat in a script).
     """
 
-    output_of: str = Field(min_length=1)
+    output_of: Label
     start: NonNegativeInt = 0
-    tokens: PositiveInt
+    tokens: Tokens
 
 
 class IdsSegmentSpec(_Model):
     """Explicit token ids; only our own trace format (``format: requests``) takes them."""
 
-    ids: list[int] = Field(min_length=1)
+    ids: list[TokenId] = Field(min_length=1)
 
 
 def _segment_kind(value: Any) -> str:
@@ -111,7 +134,7 @@ def _id_to_str(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-RequestId = Annotated[str, BeforeValidator(_id_to_str), Field(min_length=1)]
+RequestId = Annotated[str, BeforeValidator(_id_to_str), Field(min_length=1), AfterValidator(printable_text)]
 
 
 class RequestFields(_Model):
@@ -124,11 +147,11 @@ class RequestFields(_Model):
 
     id: RequestId
     at: NonNegativeFloat = 0.0
-    max_tokens: PositiveInt
-    output_len: PositiveInt | None = None
-    priority: int = 0
-    lora: str | None = None
-    cache_salt: str | None = None
+    max_tokens: Tokens
+    output_len: Tokens | None = None
+    priority: Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)] = 0
+    lora: Label | None = None
+    cache_salt: Label | None = None
 
 
 def _one_to_list(value: Any) -> Any:
@@ -156,7 +179,7 @@ class RecordSpec(RequestFields):
     instead of ``prompt``."""
 
     prompt: list[RecordSegment] | None = None
-    token_ids: list[int] | None = None
+    token_ids: list[TokenId] | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "RecordSpec":
@@ -424,7 +447,7 @@ class GeneratorSpec(_Model):
     duration: PositiveFloat | None = None
     structure: StructureSpec
     output: Distribution
-    max_tokens: PositiveInt | None = None
+    max_tokens: Tokens | None = None
 
     @model_validator(mode="after")
     def _bounded(self) -> "GeneratorSpec":

@@ -162,7 +162,7 @@ def test_mooncake_malformed_lines_name_file_and_line(build, tmp_path, line, mess
 
 
 def test_missing_trace_file(build):
-    with pytest.raises(WorkloadError, match="trace file not found"):
+    with pytest.raises(WorkloadError, match="trace file: file not found"):
         build({"trace": {"format": "mooncake", "path": "nope.jsonl"}})
 
 
@@ -440,7 +440,7 @@ def test_json_line_is_json_loads_on_any_bytes(pieces, wrap):
     [
         ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 02]}', "invalid JSON"),
         ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2.5]}', "got 2.5"),
-        ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', "'input_length' must be >= 1"),
+        ('{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []}', "'input_length' must be from 1 to"),
         ('{"timestamp": 0, "input_length": 600, "output_length": -1, "hash_ids": [1, 2]}', "'output_length' must be"),
         ('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2, 3]}', "3 hash_ids for"),
         (  # a repeated key: json.loads keeps the last

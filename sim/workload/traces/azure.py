@@ -10,10 +10,12 @@ no content, so nothing is shared: request ``az<line>`` gets its own stream
 from __future__ import annotations
 
 import csv
+import io
 from datetime import datetime, timezone
 from pathlib import Path
 
 from sim.core.tokens import StreamSegment
+from sim.limits import MAX_TOKENS
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.traces.common import excerpt, int_field, open_trace, output_tokens, where
@@ -45,6 +47,8 @@ def read_azure(path: Path) -> list[RequestDraft]:
         return _read_azure(path)
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except csv.Error as exc:  # e.g. a field longer than the csv module's limit (128 KiB)
+        raise WorkloadError(f"{path}: not a CSV trace ({exc})") from None
 
 
 def _read_azure(path: Path) -> list[RequestDraft]:
@@ -52,7 +56,7 @@ def _read_azure(path: Path) -> list[RequestDraft]:
 
     cap = limit("requests")
     rows: list[tuple[int, float, int, int]] = []
-    with open_trace(path).open(newline="", encoding="utf-8") as fh:
+    with open_trace(path) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is None:
@@ -88,7 +92,7 @@ def _read_azure(path: Path) -> list[RequestDraft]:
                     raise WorkloadError(f"{loc}: {c}: expected an integer, got {excerpt(fields[c])}") from None
             if len(rows) >= cap:
                 raise WorkloadError(f"{loc}: " + over("requests", len(rows) + 1, "the trace has more requests"))
-            context = int_field(numbers, "ContextTokens", loc, minimum=1)
+            context = int_field(numbers, "ContextTokens", loc, minimum=1, maximum=MAX_TOKENS)
             generated = output_tokens(numbers, "GeneratedTokens", loc)
             rows.append((line, stamp, context, generated))
     if not rows:

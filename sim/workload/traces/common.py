@@ -18,20 +18,28 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Final, Iterator
+from typing import Any, BinaryIO, Final, Iterator
 
 import orjson
 
 from sim.core.tokens import StreamBlocksSegment
-from sim.limits import MAX_TIME_S
+from sim.inputfile import InputFileError, bounded_lines, open_input
+from sim.limits import MAX_INT, MAX_TIME_S, MAX_TOKENS
 from sim.workload.errors import WorkloadError
 
 
-def open_trace(path: Path) -> Path:
-    if not path.is_file():
-        raise WorkloadError(f"{path}: trace file not found")
-    return path
+@contextmanager
+def open_trace(path: Path) -> Iterator[BinaryIO]:
+    """The trace file opened for reading through :mod:`sim.inputfile` (a regular file, checked before it is
+    opened); its errors, and those of :func:`sim.inputfile.bounded_lines` inside the block, are
+    :class:`WorkloadError`."""
+    try:
+        with open_input(path, "trace file") as (fh, _):
+            yield fh
+    except InputFileError as exc:
+        raise WorkloadError(str(exc)) from None
 
 
 def excerpt(value: Any, width: int = 24) -> str:
@@ -71,15 +79,15 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-blank line, streamed (one line in memory at a time).
 
     Bad JSON, bad UTF-8 or nesting too deep raise ``FILE:LINE``; more objects than the ``requests`` limit
-    (:mod:`sim.limits`) raise too, before memory runs out. Lines are parsed by orjson, the same objects
-    as ``json.loads`` gives (:func:`_json_line`).
+    and a line longer than the ``line_bytes`` limit (:mod:`sim.limits`) raise too, before memory runs out.
+    Lines are parsed by orjson, the same objects as ``json.loads`` gives (:func:`_json_line`).
     """
     from sim.limits import limit, over
 
     cap = limit("requests")
     count = 0
-    with open_trace(path).open("rb") as fh:
-        for line_no, raw in enumerate(fh, start=1):
+    with open_trace(path) as fh:
+        for line_no, raw in bounded_lines(fh, path, "trace file"):
             if not raw.strip():
                 continue
             try:
@@ -102,8 +110,8 @@ def where(path: Path | str, line: int) -> str:
     return f"{path}:{line}"
 
 
-def int_field(obj: dict[str, Any], key: str, loc: str, minimum: int = 0) -> int:
-    """An integer field ``>= minimum`` (a float with an integral value is accepted)."""
+def int_field(obj: dict[str, Any], key: str, loc: str, minimum: int = 0, maximum: int = MAX_INT) -> int:
+    """An integer field from ``minimum`` to ``maximum`` (a float with an integral value is accepted)."""
     if key not in obj:
         raise WorkloadError(f"{loc}: missing field '{key}'")
     value = obj[key]
@@ -111,8 +119,8 @@ def int_field(obj: dict[str, Any], key: str, loc: str, minimum: int = 0) -> int:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
         raise WorkloadError(f"{loc}: '{key}' must be an integer, got {excerpt(value)}")
-    if value < minimum:
-        raise WorkloadError(f"{loc}: '{key}' must be >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        raise WorkloadError(f"{loc}: '{key}' must be from {minimum} to {maximum}, got {excerpt(value)}")
     return value
 
 
@@ -130,7 +138,7 @@ def time_field(obj: dict[str, Any], key: str, loc: str) -> float:
 
 def output_tokens(obj: dict[str, Any], key: str, loc: str) -> int:
     """The output length; 0 becomes 1 (a request always generates at least one token)."""
-    return max(1, int_field(obj, key, loc, minimum=0))
+    return max(1, int_field(obj, key, loc, minimum=0, maximum=MAX_TOKENS))
 
 
 def check_hash_block_size(path: Path, fmt: str, trace_block: int, hash_block_size: int | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from sim.limits import MAX_TOKENS
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.traces.common import (
@@ -35,7 +36,7 @@ def read_mooncake(path: Path, hash_block_size: int | None = None) -> Iterator[Re
     for order, (line, obj) in enumerate(jsonl_objects(path)):
         loc = where(name, line)
         arrival = time_field(obj, "timestamp", loc) / 1000.0
-        input_length = int_field(obj, "input_length", loc, minimum=1)
+        input_length = int_field(obj, "input_length", loc, minimum=1, maximum=MAX_TOKENS)
         out = output_tokens(obj, "output_length", loc)
         if "hash_ids" not in obj:
             raise WorkloadError(f"{loc}: missing field 'hash_ids'")

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from sim.limits import MAX_TOKENS
 from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.traces.common import (
@@ -49,7 +50,7 @@ def read_qwen(path: Path, hash_block_size: int | None = None) -> Iterator[Reques
         seen[chat_id] = line
         parent = int_field(obj, "parent_chat_id", loc, minimum=-1) if "parent_chat_id" in obj else -1
         arrival = time_field(obj, "timestamp", loc)
-        input_length = int_field(obj, "input_length", loc, minimum=1)
+        input_length = int_field(obj, "input_length", loc, minimum=1, maximum=MAX_TOKENS)
         out = output_tokens(obj, "output_length", loc)
         if "hash_ids" not in obj:
             raise WorkloadError(f"{loc}: missing field 'hash_ids'")

@@ -31,6 +31,7 @@ from sim.workload.traces.common import jsonl_objects, open_trace, where
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
 
 def _explain(exc: ValidationError) -> str:
@@ -48,7 +49,10 @@ def _check_unique(request_id: str, loc: str, seen: dict[str, str]) -> None:
 
 
 def _read_jsonl(path: Path) -> Iterator[RequestDraft]:
+    from sim.limits import limit, over
+
     seen: dict[str, str] = {}
+    cap, ids = limit("token_ids"), 0
     for order, (line, obj) in enumerate(jsonl_objects(path)):
         loc = where(path, line)
         try:
@@ -56,7 +60,11 @@ def _read_jsonl(path: Path) -> Iterator[RequestDraft]:
         except ValidationError as exc:
             raise WorkloadError(f"{loc}: {_explain(exc)}") from None
         _check_unique(record.id, loc, seen)
-        yield to_draft(record, order, record_prompt(record))
+        prompt = record_prompt(record)
+        ids += sum(s.length for s in prompt if isinstance(s, IdsSegment))
+        if ids > cap:
+            raise WorkloadError(f"{loc}: " + over("token_ids", ids, f"the trace holds {ids} token ids so far"))
+        yield to_draft(record, order, prompt)
 
 
 def _token_id_column(column: pa.ChunkedArray, path: Path) -> list[np.ndarray | None]:
@@ -82,12 +90,29 @@ def _strip_nulls(value: Any) -> Any:
     return value
 
 
+def _check_parquet_size(path: Path, meta: pq.FileMetaData) -> None:
+    """Refuse, from the file's metadata and before any data is read, a Parquet trace with more rows than the
+    ``requests`` limit or more token ids than the ``token_ids`` limit (a small compressed file can expand to
+    hundreds of millions of ids)."""
+    from sim.limits import limit, over
+
+    if meta.num_rows > limit("requests"):
+        raise WorkloadError(f"{path}: " + over("requests", meta.num_rows, f"the trace has {meta.num_rows} rows"))
+    leaves = [i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] in ("token_ids", "prompt")]
+    ids = sum(meta.row_group(g).column(i).num_values for g in range(meta.num_row_groups) for i in leaves)
+    if ids > limit("token_ids"):
+        raise WorkloadError(f"{path}: " + over("token_ids", ids, f"its token id and prompt columns hold {ids} values"))
+
+
 def _read_parquet(path: Path) -> list[RequestDraft]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(open_trace(path))
+        with open_trace(path) as fh:
+            parquet = pq.ParquetFile(fh)
+            _check_parquet_size(path, parquet.metadata)
+            table = parquet.read()
     except (pa.ArrowException, OSError) as exc:
         raise WorkloadError(f"{path}: cannot read Parquet ({exc})") from None
     names = table.column_names
