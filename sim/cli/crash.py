@@ -141,3 +141,28 @@ def export_vllm_test_cmd(
     write_module(out, export_vllm_test(load_scenario(scenario), str(scenario)), force=force, notes=notes)
     warn(notes)
     typer.echo(f"{out}: run it with: VLLM_TARGET_DEVICE=cpu python -m pytest {out}")
+
+
+@export_app.command("kv-events")
+@handles_errors
+def export_kv_events_cmd(
+    bundle: Path = typer.Argument(..., help="A result bundle."),
+    out: Path = typer.Option(..., "-o", "--out", help="The msgpack file to write (vLLM's KVEventBatch stream)."),
+    hash_seed: str = typer.Option(
+        "vllm-none-hash", "--hash-seed", help="The PYTHONHASHSEED of the vLLM to match (default: vLLM's own default)."
+    ),
+    int_hashes: bool = typer.Option(
+        False, "--int-hashes", help="Block hashes as 64-bit ints (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)."
+    ),
+    instance: Optional[int] = typer.Option(None, "--instance", help="A cluster bundle's instance."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+) -> None:
+    """Write BUNDLE's KV events in vLLM's own event stream format (msgpack KVEventBatch, sha256_cbor hashes)."""
+    from sim.export.kv_events import ExportError, export_kv_events, write_events
+
+    try:
+        data = export_kv_events(bundle, hash_seed=hash_seed, int_hashes=int_hashes, instance=instance)
+        write_events(out, data, force=force)
+    except ExportError as exc:
+        fail(str(exc))
+    typer.echo(f"{out}: {len(data)} bytes of vLLM KV event batches")

@@ -23,6 +23,7 @@ workload whose streams do not is not verifiable.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sim.config.scenario import Scenario
@@ -116,6 +117,27 @@ def token_stride(requests: list[Any]) -> int:
             f"(at most {MAX_TOKEN_ID})"
         )
     return stride
+
+
+@dataclass(frozen=True)
+class LoweredTokens:
+    """Token ids of a workload as vLLM is given them: each prompt, and where each request's outputs start
+    (its ``j``-th generated token is ``output_base[id] + j``)."""
+
+    stride: int
+    output_base: dict[str, int]
+    prompts: dict[str, list[int]]
+
+
+def lowered_token_ids(everyone: list[Any], lowered: list[Any] | None = None) -> LoweredTokens:
+    """The token ids of ``lowered`` (default: all of ``everyone``), numbered over ``everyone`` in arrival order
+    (the module docstring's rule; :class:`NotVerifiable` when they do not fit)."""
+    everyone = sorted(everyone, key=lambda r: r.arrival_time)
+    stride = token_stride(everyone)
+    stream_base: dict[str, int] = {output_stream(r.request_id): (i + 1) * stride for i, r in enumerate(everyone)}
+    output_base = {r.request_id: stream_base[output_stream(r.request_id)] for r in everyone}
+    prompts = {r.request_id: _token_ids(r, stream_base, stride) for r in (everyone if lowered is None else lowered)}
+    return LoweredTokens(stride, output_base, prompts)
 
 
 def _token_ids(request: Any, stream_base: dict[str, int], stride: int) -> list[int]:
@@ -220,11 +242,10 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
     # quotes them (a multi-turn chat's history) then names the very ids vLLM's request generated.
     # (The engine's order: a stable sort by arrival time; requests arriving before one step join in it.)
     everyone = sorted(components.requests, key=lambda r: r.arrival_time)
-    stride = token_stride(everyone)
-    stream_base: dict[str, int] = {output_stream(r.request_id): (i + 1) * stride for i, r in enumerate(everyone)}
     # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
     ordered = [r for r in everyone if r.num_prompt_tokens <= s.max_model_len]
-    prompts = {r.request_id: _token_ids(r, stream_base, stride) for r in ordered}
+    tokens = lowered_token_ids(everyone, ordered)
+    stride, stream_base, prompts = tokens.stride, tokens.output_base, tokens.prompts
     requests: list[RequestScript] = []
     for r in ordered:
         if r.arrival_time != int(r.arrival_time):
@@ -239,7 +260,7 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
                 "prompt_token_ids": prompts[r.request_id],
                 "max_tokens": int(r.output_len),
                 "priority": int(r.priority),
-                "output_token_base": stream_base[output_stream(r.request_id)],
+                "output_token_base": stream_base[r.request_id],
             }
         )
     script: LoweredScript = {
