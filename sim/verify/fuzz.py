@@ -21,7 +21,12 @@ differing scenario can be regenerated alone. The dimensions drawn:
   async with 1-3 load steps; with or without
   ``supports_divergent_local_hybrid_hits``);
 * ``evict`` actions on a request's prompt blocks in a group (by type or index);
-* prefix policy ``pr48425`` or ``max_per_group``.
+* prefix policy ``pr48425`` or ``max_per_group``;
+* one time in three, a *narrow* scenario (drawn last, so the draws above are
+  unchanged): a token budget of 24-64 tokens, often not a multiple of the
+  block size (chunked prefills of Mamba requests, block-aligned in align
+  mode), a pool of 1.0-1.5 times what the longest request needs alone, and
+  a Mamba layout tends to get the scripted connector's divergent-hits flag.
 
 Every scenario is verifiable (:func:`sim.verify.lower.not_verifiable_reason`
 is ``None``) unless hybridsim refuses it at build time.
@@ -155,6 +160,14 @@ def generate(seed: int, index: int, vllm_version: str = NEWEST) -> dict[str, Any
             }
         )
     actions.sort(key=lambda a: a["at"])
+
+    if rng.random() < 1 / 3:
+        # Narrow: small budgets chunk Mamba prefills (issue 29's unreproduced KV-event difference had 48 tokens,
+        # a pool about 1.2x the largest request, max_per_group, align mode and divergent hits).
+        scheduler["max_num_batched_tokens"] = int(_pick(rng, (24, 32, 40, 48, 48, 56, 64)))
+        num_blocks = max(2, int(need * (1.0 + 0.5 * rng.random())) + 1)
+        if connector["type"] == "scripted" and "mamba" in layout and rng.random() < 0.7:
+            connector["supports_divergent_local_hybrid_hits"] = True
 
     cache: dict[str, Any] = {
         "block_size": block_size,
