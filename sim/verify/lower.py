@@ -59,8 +59,10 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     ``scripted``, eviction policies other than ``lru``, Mamba checkpoint
     placements other than ``vllm``, what-if options vLLM
     lacks (``cache.corrected_mamba_accounting``), connector faults, LoRA and
-    cache salts, and a scripted connector that does not declare HMA support
-    (vLLM refuses such a connector with the hybrid KV-cache manager on).
+    cache salts, a scripted connector that does not declare HMA support
+    (vLLM refuses such a connector with the hybrid KV-cache manager on), and
+    closed-loop sessions (a turn arrives when the run finishes its parent; the
+    lowered script holds fixed arrival steps).
     """
     if scenario.clock != "steps":
         return "clock: time (vLLM's scheduler has no simulated time; verify needs clock: steps)"
@@ -86,6 +88,12 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     for i, action in enumerate(scenario.actions):
         if action.connector_fault is not None:
             return f"actions.{i}.connector_fault: the harness's scripted connector takes no faults"
+    sessions = scenario.workload.sessions
+    if sessions is not None and sessions.mode == "closed":
+        return (
+            "workload.sessions: closed-loop arrivals depend on the run (a turn arrives when its parent finishes); "
+            "the vLLM side replays fixed arrival steps"
+        )
     return None
 
 

@@ -79,6 +79,7 @@ def test_same_step_arrivals_keep_the_engines_order():
         ({"cache.mamba_checkpoint_policy": "branch_points"}, "'branch_points' is a what-if checkpoint placement"),
         ({"cache.mamba_checkpoint_policy": "every_block"}, "'every_block' is a what-if checkpoint placement"),
         ({"cache.mamba_checkpoint_policy": "frequency"}, "'frequency' is a what-if checkpoint placement"),
+        ({"workload.sessions": "{mode: closed}"}, "closed-loop arrivals depend on the run"),
     ],
 )
 def test_not_verifiable_reasons(override, needle):
