@@ -271,9 +271,11 @@ def _record_unrouted(recorder: Recorder, request: Request, outcome: str) -> None
     )
 
 
-def check_cluster(scenario: Scenario) -> list[Scenario]:
+def check_cluster(
+    scenario: Scenario, workload: tuple[list[Request], list[Request]] | None = None
+) -> list[Scenario]:
     """Refuse a cluster that cannot run (an instance override, the router), before anything runs; the
-    instances' scenarios."""
+    instances' scenarios. ``workload``: the requests already drawn (else each instance's check draws them)."""
     cluster = scenario.cluster
     assert cluster is not None
     scenarios = instance_scenarios(scenario)
@@ -284,7 +286,7 @@ def check_cluster(scenario: Scenario) -> list[Scenario]:
     _router(scenario)
     for i, s in enumerate(scenarios):
         try:
-            build_components(s, dry_run=True)
+            build_components(s, dry_run=True, workload=workload)
         except ScenarioError as exc:
             raise ScenarioError(f"cluster.instances.{i}: {exc}") from None
     return scenarios
@@ -312,8 +314,8 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
     options = options or RunOptions()
     cluster = scenario.cluster
     assert cluster is not None
-    scenarios = check_cluster(scenario)
-    requests, rejected = scenario_workload(scenarios[0])
+    requests, rejected = scenario_workload(instance_scenarios(scenario)[0])
+    scenarios = check_cluster(scenario, (requests, []))
     env = simpy.Environment()
     connector_rngs = _connector_rngs(scenario.seed, len(scenarios))
     instances: list[Instance] = []
