@@ -271,9 +271,7 @@ def _record_unrouted(recorder: Recorder, request: Request, outcome: str) -> None
     )
 
 
-def check_cluster(
-    scenario: Scenario, workload: tuple[list[Request], list[Request]] | None = None
-) -> list[Scenario]:
+def check_cluster(scenario: Scenario, workload: tuple[list[Request], list[Request]] | None = None) -> list[Scenario]:
     """Refuse a cluster that cannot run (an instance override, the router), before anything runs; the
     instances' scenarios. ``workload``: the requests already drawn (else each instance's check draws them)."""
     cluster = scenario.cluster
