@@ -120,7 +120,7 @@ eviction-study: venv
 	    results/sweep-eviction-conversation-wide results/sweep-eviction-synthetic-wide --figure docs/images/eviction-gap.png
 
 # The checkpoint-placement study (docs/checkpoints.md): trace sweeps (the trace path passed), then generator sweeps.
-CHECKPOINT_TRACE_SWEEPS ?= conversation conversation-eviction conversation-full-rate
+CHECKPOINT_TRACE_SWEEPS ?= conversation conversation-eviction conversation-wide conversation-full-rate
 CHECKPOINT_GEN_SWEEPS ?= shared-system multi-turn rag
 checkpoint-study: venv
 	for s in $(CHECKPOINT_TRACE_SWEEPS); do \
