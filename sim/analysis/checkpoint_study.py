@@ -141,25 +141,32 @@ def frontier_figure(df: pd.DataFrame, path: Path, eviction: str = "lru") -> None
 
     part = df[df["eviction"] == eviction]
     workloads = sorted(part["workload"].unique())
-    fig = Figure(figsize=(4.4 * len(workloads), 3.6), layout="tight")
-    axes = fig.subplots(1, len(workloads), squeeze=False)[0]
+    placements = sorted(part["placement"].unique())
+    colors = {p: f"C{i}" for i, p in enumerate(placements)}
+    cols = min(3, len(workloads))
+    rows = -(-len(workloads) // cols)
+    fig = Figure(figsize=(4.6 * cols, 3.6 * rows), layout="tight")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, workload in zip(axes, workloads):
         runs = part[part["workload"] == workload]
         for placement, line in runs.groupby("placement", sort=True):
             line = line.sort_values("pool")
-            ax.plot(line["mamba_state_share"] * 100, line["usable"] * 100, marker="o", label=placement)
-            for x, y, pool in zip(line["mamba_state_share"] * 100, line["usable"] * 100, line["pool"]):
+            xs, ys = line["mamba_state_share"] * 100, line["usable"] * 100
+            ax.plot(xs, ys, marker="o", color=colors[placement], label=placement)
+            for x, y, pool in zip(xs, ys, line["pool"]):
                 ax.annotate(str(pool), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.axhline(runs["ideal"].iloc[0] * 100, color="#e6550d", linestyle="--", label="ideal (infinite cache)")
         vllm_limit = runs["ideal_vllm_placement"].iloc[0]
         if vllm_limit is not None:
             ax.axhline(vllm_limit * 100, color="#756bb1", linestyle=":", label="vLLM placement, infinite pool")
-        ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_xlabel("pool spent on Mamba states (%, mean)")
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("pool holding Mamba states (%, time mean)", fontsize=8)
+        ax.set_ylabel("usable prefix hit (%)", fontsize=8)
         ax.set_title(workload, fontsize=9)
-    axes[0].set_ylabel("usable prefix hit (% of prompt tokens)")
-    axes[0].legend(fontsize=7, loc="best")
-    fig.suptitle(f"Checkpoint placement frontier (eviction {eviction}; labels: pool blocks)", fontsize=10)
+        ax.legend(fontsize=6, loc="best")
+    for ax in axes[len(workloads) :]:
+        ax.set_visible(False)
+    fig.suptitle(f"Checkpoint placement frontier (eviction {eviction}; point labels: pool blocks)", fontsize=10)
     save_figure(fig, path, dpi=110)
 
 

@@ -231,9 +231,8 @@ class SingleTypeKVCacheManager:
         boundaries = list(replay_boundaries)
         if request.shared_prefix_boundary:
             boundaries.append(request.shared_prefix_boundary)
-        boundaries.extend(
-            request.extra_state_positions
-        )  # a what-if checkpoint placement's (sim.core.policy.checkpoint)
+        # A what-if checkpoint placement's extra states (sim.core.policy.checkpoint); none under vLLM's.
+        boundaries.extend(request.extra_state_positions)
         mask = self.reachable_block_mask(
             num_cached, num_full, self.cache_hit_alignment_tokens, self.kv_cache_spec, retention_interval, boundaries
         )
