@@ -37,7 +37,7 @@ from typing import Protocol, Sequence
 import pandas as pd
 
 from sim.core.admission_truth import resident_block_range
-from sim.core.kv.hash_view import block_hashes_at
+from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.specs import KVCacheConfig, SlidingWindowSpec, cdiv
 from sim.trace.tables import hash_to_hex
 
@@ -360,7 +360,7 @@ def explain(result: RunTables, inputs: ExplainInputs, request_id: str, attempt: 
         spec = group.spec
         bs = spec.block_size
         window = spec.window if isinstance(spec, SlidingWindowSpec) else 0
-        hashes = block_hashes_at(inputs.block_hashes, config.hash_block_size, bs)
+        hashes = cached_block_hashes(inputs.block_hashes, config, bs)  # none with prefix caching off
         n_prompt = prompt // bs
         resident = tuple(i for i in range(min(n_prompt, len(hashes))) if (hash_to_hex(hashes[i]), gid) in cached)
         need = resident_block_range(spec.kind, bs, window, boundary, local, state_supplied)

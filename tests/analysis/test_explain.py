@@ -114,6 +114,25 @@ def test_ok_admission():
     assert _cells(story)[1] == ("mamba", ("claimed_backed",) + ("recomputed",) * 4 + ("resident_recomputed",))
 
 
+def test_prefix_caching_off_explains_with_nothing_cached():
+    """With prefix caching off vLLM hashes at the LCM block size, which the groups' blocks cannot be viewed at:
+    nothing is ever cached, so every block is computed (it was an error: 'block size 16 is not a multiple of the
+    hash block size 8192'; found by fuzz --e2e, seed 20261205, scenario 44)."""
+    from sim.config import scenario_from_text
+
+    scenario = scenario_from_text(
+        "name: no-caching\nclock: steps\n"
+        "cache: {block_size: 16, num_blocks: 40, groups: [full_attention, mamba], enable_prefix_caching: false}\n"
+        "workload:\n  requests:\n"
+        "    - {id: a, at: 0, prompt: [{content: doc, tokens: 64}], max_tokens: 2}\n"
+        "    - {id: b, at: 3, prompt: [{content: doc, tokens: 80}], max_tokens: 2}\n",
+        "no-caching.yaml",
+    )
+    story = explain(run_scenario(scenario), explain_inputs(scenario, "b"), "b", None)
+    assert story.fields()["admission"].startswith("b attempt 1 of 1")
+    assert all(group.resident == () for group in story.groups)
+
+
 def test_identical_groups_merge_into_one_row():
     story = _explain(HOLDS_64[0], "cache.groups=[full_attention, mamba, mamba, mamba]", *HOLDS_64[1:])
     assert [(r.label, r.groups) for r in block_map(story)] == [("full_attention", (0,)), ("mamba ×3", (1, 2, 3))]
