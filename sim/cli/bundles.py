@@ -12,7 +12,7 @@ import typer
 from sim.cli.app import app, trace_app
 from sim.cli.errors import fail, handles_errors
 from sim.cli.exit_codes import ExitCode
-from sim.cli.output import console, force_option, print_summary, warn
+from sim.cli.output import console, force_option, print_summary, terminal_text, warn
 
 #: ``trace diff``'s default tables: :data:`sim.trace.diff.DEFAULT_TABLES`, spelled out here so that
 #: ``hybridsim --help`` does not import pandas (a test holds the two equal).
@@ -32,9 +32,9 @@ def show(result_dir: Path = typer.Argument(..., help="A result bundle directory.
         raise BundleError(check.describe())
     result = load_result(result_dir, verify=False)
     if check is not None and not check.has_manifest:
-        typer.echo(f"warning: {result_dir}: unverified bundle ({check.problems[0]})", err=True)
+        typer.echo(terminal_text(f"warning: {result_dir}: unverified bundle ({check.problems[0]})"), err=True)
     elif result.partial:
-        typer.echo(f"warning: {check.describe() if check else result_dir}", err=True)
+        typer.echo(terminal_text(f"warning: {check.describe() if check else result_dir}"), err=True)
     print_summary(result.summary, title=f"{result_dir}  (PARTIAL)" if result.partial else str(result_dir))
 
 
@@ -56,7 +56,7 @@ def explain(
     if plot_path is not None:
         check_output_file(plot_path, force=force, option="--plot")
     story = explain_bundle(bundle, request, attempt)
-    typer.echo(story.text(), nl=False)
+    typer.echo(terminal_text(story.text()), nl=False)
     if plot_path is not None:
         notes: list[str] = []
         typer.echo(str(render_block_map(story, plot_path, force=force, notes=notes)))
@@ -145,14 +145,14 @@ def compare(
         header, rows = table_rows(comparison)
         table = Table(show_header=True)
         for i, name in enumerate(header):
-            table.add_column(Text(name), justify="left" if i == 0 else "right", overflow="fold")
+            table.add_column(Text(terminal_text(name)), justify="left" if i == 0 else "right", overflow="fold")
         for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
+            table.add_row(*(Text(terminal_text(cell)) for cell in row))
         console().print(table)
         typer.echo(f"Δ: differs from the first run by more than {tolerance:.0%}; ×r is the ratio to it.")
     else:
         render = {"markdown": to_markdown, "csv": to_csv, "json": to_json}[fmt]
-        sys.stdout.write(render(comparison))
+        sys.stdout.write(terminal_text(render(comparison)))
     if out is not None:
         from sim.analysis.plots import compare_latency_cdfs, compare_outcomes
 
@@ -200,6 +200,6 @@ def trace_diff(
         context=context,
         allow_partial=allow_partial,
     )
-    typer.echo(report.format())
+    typer.echo(terminal_text(report.format()))
     if not report.identical:
         raise typer.Exit(ExitCode.DIFF)

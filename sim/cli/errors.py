@@ -25,7 +25,9 @@ def set_debug(debug: bool) -> None:
 
 def fail(message: str, code: int = ExitCode.BAD_INPUT) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
-    typer.echo(f"error: {message}", err=True)
+    from sim.cli.output import terminal_text
+
+    typer.echo(f"error: {terminal_text(message, keep_newlines=False)}", err=True)
     raise typer.Exit(int(code))
 
 

@@ -18,6 +18,18 @@ def console() -> Any:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
+def terminal_text(text: str, *, keep_newlines: bool = True) -> str:
+    """``text`` for the terminal: every non-printable character (ESC, OSC, BEL, bidi overrides, and with
+    ``keep_newlines=False`` the newline too) written as its escape (``\\x1b``), so a string from a scenario,
+    a trace or a bundle cannot move the cursor, retitle the window or hide text. Printable text is unchanged."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or (keep_newlines and c == "\n") else c.encode("unicode_escape").decode("ascii")
+        for c in text
+    )
+
+
 def show_progress() -> bool:
     """Progress bars only on a terminal, and never under CI."""
     return sys.stderr.isatty() and not os.environ.get("CI")
@@ -26,14 +38,16 @@ def show_progress() -> bool:
 def print_summary(summary: dict, title: str = "") -> None:
     """The end-of-run table: latency, hits, divergence, outcomes, evictions."""
     from rich.table import Table
+    from rich.text import Text
 
     from sim.analysis.report import summary_rows
 
-    table = Table(title=title or None, show_header=False, box=None, pad_edge=False)
+    # Text cells, never markup: a path, name or id holding "[/]" or "[bold]" is printed as it is.
+    table = Table(title=Text(terminal_text(title)) if title else None, show_header=False, box=None, pad_edge=False)
     table.add_column("metric", style="bold")
     table.add_column("value")
     for name, value in summary_rows(summary):
-        table.add_row(name, value)
+        table.add_row(Text(terminal_text(name)), Text(terminal_text(value)))
     console().print(table)
 
 
@@ -53,7 +67,7 @@ def warn(notes: List[str]) -> None:
     import typer
 
     for note in notes:
-        typer.echo(f"warning: {note}", err=True)
+        typer.echo(f"warning: {terminal_text(note, keep_newlines=False)}", err=True)
 
 
 def prepare_out_dir(target: Path, force: bool = False) -> None:

@@ -10,7 +10,7 @@ import typer
 from sim.cli.app import app
 from sim.cli.errors import fail, handles_errors, naming_file
 from sim.cli.exit_codes import RUN_STATUS_EXIT
-from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_progress, warn
+from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_progress, terminal_text, warn
 
 
 # --------------------------------------------------------------------- run
@@ -119,7 +119,15 @@ def _scenario_root() -> Path:
 
 
 def _header_line(path: Path) -> str:
-    for line in path.read_text(encoding="utf-8").splitlines():
+    """The first comment line of a scenario file (read through :mod:`sim.inputfile`: only its first 64 KiB,
+    and only if it is a regular file); what stands in its place otherwise."""
+    from sim.inputfile import InputFileError, read_head
+
+    try:
+        head = read_head(path, "scenario", 64 * 1024)
+    except InputFileError as exc:
+        return f"({str(exc).rpartition(': ')[2]})"
+    for line in head.decode("utf-8", errors="replace").splitlines():
         text = line.strip()
         if text.startswith("#"):
             text = text.lstrip("#").strip()
@@ -137,4 +145,4 @@ def scenarios(directory: Optional[Path] = typer.Option(None, "--dir", help="Dire
     if not root.is_dir():
         fail(f"{root}: no such directory")
     for path in sorted(root.rglob("*.yaml")):
-        typer.echo(f"{path.relative_to(root)!s:48}  {_header_line(path)}")
+        typer.echo(terminal_text(f"{path.relative_to(root)!s:48}  {_header_line(path)}", keep_newlines=False))

@@ -91,11 +91,13 @@ def sha256_file(path: Path) -> str:
 
 def read_manifest(directory: Path) -> dict | None:
     """``directory``'s manifest if it is a regular file holding a manifest of ours, else None."""
+    from sim.trace.bundle_files import read_json
+
     path = directory / MANIFEST_FILE
     try:
         if not stat.S_ISREG(path.lstat().st_mode):
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path, "bundle manifest")  # bounded (json_bytes): a 1 GiB manifest is no manifest
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("files"), dict):
@@ -546,6 +548,7 @@ def check_bundle(directory: str | os.PathLike[str]) -> BundleCheck:
     """Validate ``directory`` against its manifest: every listed file present (not a link) with its hash,
     every table's row count, no table file the manifest does not list, ``summary.json`` a mapping whose
     ``partial`` agrees with the manifest."""
+    from sim.trace.bundle_files import BundleFileError, check_summary, member_path, read_json
     from sim.trace.tables import TABLE_NAMES
 
     d = Path(directory)
@@ -555,8 +558,10 @@ def check_bundle(directory: str | os.PathLike[str]) -> BundleCheck:
         return BundleCheck(d, [problem], has_manifest=False)
     problems: list[str] = []
     for rel, digest in sorted(manifest["files"].items()):
-        path = d / rel
-        if path.is_symlink() or not path.is_file():
+        path = member_path(d, rel)  # a listed name outside the bundle (/proc/self/mem, ../x) is never opened
+        if path is None:
+            problems.append(f"{MANIFEST_FILE} lists {str(rel)[:60]!r}, which is not a path inside the bundle")
+        elif path.is_symlink() or not path.is_file():
             problems.append(f"{rel} is missing")
         elif sha256_file(path) != digest:
             problems.append(f"{rel} does not match its hash in {MANIFEST_FILE}")
@@ -567,7 +572,7 @@ def check_bundle(directory: str | os.PathLike[str]) -> BundleCheck:
         if not isinstance(file, str) or file not in manifest["files"]:
             problems.append(f"table {name!r} has no file in {MANIFEST_FILE}")
             continue
-        if (d / file).is_file() and not any(file in p for p in problems):
+        if member_path(d, file) is not None and (d / file).is_file() and not any(file in p for p in problems):
             try:
                 rows = _table_rows(d / file)
             except Exception as exc:  # unreadable table: a problem to report, not a crash
@@ -583,13 +588,16 @@ def check_bundle(directory: str | os.PathLike[str]) -> BundleCheck:
     partial = manifest.get("partial") is True
     summary_file = d / "summary.json"
     if "summary.json" in manifest["files"] and summary_file.is_file():
+        summary = None
         try:
-            summary = json.loads(summary_file.read_text(encoding="utf-8"))
-        except ValueError:
-            summary = None
-        if not isinstance(summary, dict) or not summary:
-            problems.append("summary.json is not a non-empty JSON object")
-        elif summary.get("partial", False) is not partial:
+            raw = read_json(summary_file, "run summary")
+            if not isinstance(raw, dict) or not raw:
+                problems.append("summary.json is not a non-empty JSON object")
+            else:
+                summary = check_summary(raw, summary_file)
+        except BundleFileError as exc:
+            problems.append(f"summary.json: {str(exc).removeprefix(f'{summary_file}: ')}")
+        if summary is not None and summary.get("partial", False) is not partial:
             problems.append(f"summary.json says partial={summary.get('partial')!r}, {MANIFEST_FILE} {partial!r}")
     elif "summary.json" not in manifest["files"] and manifest.get("kind") != "golden":
         problems.append(f"summary.json is not listed in {MANIFEST_FILE}")

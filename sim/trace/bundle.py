@@ -38,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.inputfile import check_regular, read_text
+from sim.trace.bundle_files import check_group_columns, check_summary, read_json
 from sim.trace.csvcell import neutralise_frame, restore_frame
 from sim.trace.schema import TABLE_NAMES, ArrowTables, infer_num_groups
 
@@ -144,11 +146,21 @@ def read_table(name: str, path: Path) -> pd.DataFrame:
 
     from sim.trace.tables import normalize_table
 
+    check_regular(path, f"{name} table")
     if path.suffix == ".parquet":
         mapper = {pa.int64(): pd.Int64Dtype()}.get
-        df = pq.read_table(path).to_pandas(types_mapper=mapper)
+        try:
+            parquet = pq.ParquetFile(path)
+            check_group_columns(path, parquet.schema_arrow.names)
+            df = parquet.read().to_pandas(types_mapper=mapper)
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: cannot read Parquet ({type(exc).__name__})") from None
     elif path.suffix == ".csv":
-        df = restore_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False))
+        try:
+            check_group_columns(path, pd.read_csv(path, dtype=str, nrows=0).columns)
+            df = restore_frame(pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False))
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+            raise ValueError(f"{path}: cannot read CSV ({type(exc).__name__})") from None
     else:
         raise ValueError(f"{path}: table files are .parquet or .csv")
     try:
@@ -329,19 +341,12 @@ def load_result(path: str | Path, *, verify: bool = True) -> LoadedResult:
     check = check_bundle(directory) if verify else None
     if check is not None and not check.ok:
         raise BundleError(check.describe())
-    try:
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{summary_path}: invalid JSON ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"{summary_path}: JSON nested too deeply") from None
-    if not isinstance(summary, dict):
-        raise ValueError(f"{summary_path}: expected a JSON object")
+    summary = check_summary(read_json(summary_path, "run summary"), summary_path)
     if check is not None and check.partial:
         summary["partial"] = True
         summary.setdefault("partial_reason", check.reason)
     scenario_path = directory / SCENARIO_FILE
-    scenario_yaml = scenario_path.read_text(encoding="utf-8") if scenario_path.is_file() else ""
+    scenario_yaml = read_text(scenario_path, "resolved scenario", "yaml_bytes") if scenario_path.is_file() else ""
     tables = {}
     for name in TABLE_NAMES:
         file = find_table_file(directory, name)

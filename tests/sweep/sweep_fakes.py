@@ -50,7 +50,7 @@ def fake_load(path: str, overrides: list[str]) -> FakeScenario:
 def expected_summary(num_blocks: int, policy: str, seed: int) -> dict[str, Any]:
     """The summary :func:`fake_run` writes for these values (nested dicts and a null, like the real one)."""
     return {
-        "requests": 4,
+        "requests": {"total": 4},
         "divergences": 1600 // num_blocks + seed % 3,
         "fallbacks": len(policy) + seed,
         "hit_rate_g0": num_blocks / (num_blocks + 100),

@@ -83,7 +83,7 @@ def test_serial_sweep_writes_bundles_manifest_and_one_row_per_run(tmp_path, base
         "outcomes.ok",
         "partial",
         "preemptions",
-        "requests",
+        "requests.total",
     ]
     assert list(df["run_id"]) == ids
     assert str(df["cache.num_blocks"].dtype) == "int64"
@@ -117,7 +117,7 @@ def test_resume_reruns_only_incomplete_runs_and_keeps_the_table(tmp_path, base_s
     table_bytes = (out / "sweep.parquet").read_bytes()
     victim, partial = first.runs[5].run_id, first.runs[1].run_id
     (out / victim / "summary.json").unlink()
-    (out / partial / "summary.json").write_text(json.dumps({"partial": True, "requests": 1}))
+    (out / partial / "summary.json").write_text(json.dumps({"partial": True, "requests": {"total": 1}}))
     (out / partial / "stale.png").write_text("left over")
     call_log.unlink()
 
