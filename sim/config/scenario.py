@@ -42,7 +42,15 @@ from sim.config.presets import (
     kv_memory_budget,
     model_preset,
 )
-from sim.config.vllm_versions import DEFAULT_BLOCK_SIZE, NEWEST, VllmVersion, normalize
+from sim.config.vllm_versions import (
+    DEFAULT_BLOCK_SIZE,
+    KEY_DEFAULTS,
+    KEYS_SINCE,
+    NEWEST,
+    VllmVersion,
+    at_least,
+    normalize,
+)
 from sim.config.yamlio import ScenarioError, did_you_mean, load_yaml_file
 from sim.core.kv.shapes import AttentionLayerShape, LayerShape, MambaLayerShape, ModelShape
 from sim.limits import MAX_INT, MAX_TIME_S
@@ -385,6 +393,14 @@ class SchedulerSection(_Strict):
     policy: Literal["fcfs", "priority"] = "fcfs"
     prefix_policy: str = Field(default="pr48425", min_length=1)
     watermark: float = Field(default=0.0, ge=0.0, lt=1.0, allow_inf_nan=False)
+    # vLLM 0.34 (``vllm_version: "0.34"``; ``None`` until the scenario's release fills them in, and always
+    # under 0.33, which has none of them). docs/admission.md.
+    #: Cache-aware admission: within the first N waiting requests, those with a deeper cached prefix go first.
+    cache_aware_admission_window: NonNegativeInt | None = None
+    #: KV-cache usage at or above which the window applies.
+    cache_aware_admission_threshold: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    #: Cap on requests holding blocks for an async connector load; ``None``: no cap (and no early loads).
+    max_num_inflight_kv_loads: PositiveInt | None = None
 
 
 # --------------------------------------------------------------------------- connector
@@ -547,6 +563,7 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _resolve(self) -> "Scenario":
+        self._check_version_keys()
         self._check_model_and_clock()
         self._fill_scheduler_defaults()
         self._check_retention()
@@ -558,6 +575,20 @@ class Scenario(_Strict):
         return self
 
     # -- checks, in the order they run
+
+    def _check_version_keys(self) -> None:
+        """A key newer than the scenario's release is an error naming both; the release's defaults fill the rest."""
+        for path, since in KEYS_SINCE.items():
+            section, key = path.split(".")
+            owner = getattr(self, section)
+            if at_least(self.vllm_version, since):
+                if getattr(owner, key) is None:
+                    setattr(owner, key, KEY_DEFAULTS[path])
+            elif getattr(owner, key) is not None:
+                raise ValueError(
+                    f"@{path}: exists from vLLM {since} on; this scenario is for vLLM {self.vllm_version} "
+                    f'(vllm_version: "{self.vllm_version}"; set vllm_version: "{since}" to use it)'
+                )
 
     def _check_cluster(self) -> None:
         if self.cluster is None:

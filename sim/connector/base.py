@@ -88,6 +88,13 @@ class KVConnector:
     def on_new_request(self, request: Request) -> None:
         """A request entered the scheduler."""
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34: whether :meth:`get_num_new_matched_tokens` may answer ``load_async`` for this request
+        (asked as it is queued, only with ``scheduler.max_num_inflight_kv_loads`` set; a yes lets its load start
+        while the running batch is full, and a wrong yes holds other loads back). vLLM's base answer is the
+        request's P/D ``do_remote_prefill`` flag, which only the ``remote`` connector's requests carry: no."""
+        return False
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """External tokens available beyond ``num_computed_tokens`` (block-aligned local hit)."""
         raise NotImplementedError

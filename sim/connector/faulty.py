@@ -278,6 +278,9 @@ class FaultyConnector(KVConnector):
         self._decide_slowdown(request)
         self._call(request.request_id, self.inner.on_new_request, request)
 
+    def may_load_async(self, request: Request) -> bool:
+        return self.inner.may_load_async(request)
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._last_local[request.request_id] = num_computed_tokens
         return self.inner.get_num_new_matched_tokens(request, num_computed_tokens)

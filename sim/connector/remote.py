@@ -149,6 +149,10 @@ class RemoteConnector(KVConnector):
     def is_remote(self, request: Request) -> bool:
         return self.remote_requests is None or request.request_id in self.remote_requests
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34's base answer: the request's ``do_remote_prefill`` flag, which a remote request carries."""
+        return self.is_remote(request)
+
     def remote_token_count(self, request: Request) -> int:
         """NIXL ``_get_remote_prefill_token_count``: the prompt less the decoder's backoff."""
         p = request.num_prompt_tokens

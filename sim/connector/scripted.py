@@ -16,7 +16,9 @@ Unlisted requests get 0. ``load_async`` (a bool, or a per-request map) makes a
 non-zero load asynchronous: it completes ``async_load_steps`` engine steps
 after the step in which the transfer started (counted by :meth:`get_finished`,
 which the engine calls once per step before ``schedule()``). The connector keeps
-no KV of its own and never delays a free.
+no KV of its own and never delays a free. vLLM 0.34's ``may_load_async`` is
+answered from the script too: yes for a request it loads asynchronously
+(``load_async`` for that request, whatever its matched tokens).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ class ScriptedConnector(KVConnector):
         if isinstance(self.load_async, bool):
             return self.load_async
         return bool(self.load_async.get(request_id, False))
+
+    def may_load_async(self, request: Request) -> bool:
+        return self._is_async(request.request_id)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         ext = self.peek_num_new_matched_tokens(request, num_computed_tokens)

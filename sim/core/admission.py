@@ -41,6 +41,10 @@ class AttemptEnd(enum.Enum):
     SKIPPED = "skipped"
     #: Admission stops for this step (head-of-line: no blocks, no aligned chunk).
     STOPPED = "stopped"
+    #: vLLM 0.34: the request stays at the head of its queue, not allowed to go now (its async load is past
+    #: ``max_num_inflight_kv_loads``, or it needs a running seat in loads-only mode). From ``waiting`` this
+    #: stops admission like ``STOPPED``; from ``async_kv_waiting`` only that queue stops for the step.
+    REFUSED = "refused"
 
 
 class AdmissionAttempt:

@@ -255,7 +255,7 @@ class TruthChecker:
 
     def _best_local_boundary(self, adm: AdmissionAttempt, resume: int) -> int:
         """Deepest valid boundary the local cache offered beyond ``resume`` (0 if none)."""
-        cap: int = adm.request.num_tokens - 1
+        cap: int = adm.request.get_max_cache_hit_length()
         for gid, kind, _, _ in self.groups:
             if kind == "full_attention":
                 cap = min(cap, adm.hits[gid])
@@ -279,7 +279,7 @@ class TruthChecker:
         """
         conn = self.connector
         request = adm.request
-        if conn is None or request.skip_reading_prefix_cache:
+        if conn is None or request.skip_reading_external_kv:
             return 0
         fa_hits = [adm.hits[gid] for gid, kind, _, _ in self.groups if kind == "full_attention"]
         shown_at = {adm.local // self.align * self.align}

@@ -58,6 +58,11 @@ class SchedulerConnector(Protocol):
 
     def on_new_request(self, request: Request) -> None: ...
 
+    def may_load_async(self, request: Request) -> bool:
+        """vLLM 0.34: whether this request's load may be asynchronous (asked once, as it is queued, only with
+        ``max_num_inflight_kv_loads`` set; a yes puts it in ``async_kv_waiting``)."""
+        ...
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]: ...
 
     def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
@@ -90,9 +95,16 @@ class SchedulerKVManager(Protocol):
         """Events emitted and not yet taken by :meth:`take_events`."""
         ...
 
+    @property
+    def usage(self) -> float:
+        """The fraction of usable blocks not free (vLLM ``KVCacheManager.usage``)."""
+        ...
+
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int]: ...
+
+    def get_num_cached_tokens(self, request: Request) -> int: ...
 
     def find_per_group_hits(self, request: Request) -> tuple[int, ...]: ...
 

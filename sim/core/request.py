@@ -75,7 +75,7 @@ class Request:
         "shared_prefix_boundary",
         "extra_state_positions",
         "num_preemptions",
-        "skip_reading_prefix_cache",
+        "prefix_cache_hit_limit",
         "num_in_flight_tokens",
         "num_cached_tokens",
         "num_external_computed_tokens",
@@ -120,7 +120,10 @@ class Request:
         #: Mamba states, sorted; set at each admission that looks the prefix up; () under vLLM's placement.
         self.extra_state_positions: tuple[int, ...] = ()
         self.num_preemptions = 0
-        self.skip_reading_prefix_cache = False
+        #: Leading tokens that may be read from the prefix cache (vLLM 0.34 ``Request.prefix_cache_hit_limit``,
+        #: which replaced 0.33's ``skip_reading_prefix_cache``): ``None`` unbounded, ``0`` no cache read (0.33's
+        #: ``skip_reading_prefix_cache=True``), ``N`` a hit of at most N tokens and no external KV.
+        self.prefix_cache_hit_limit: int | None = None
         self.num_in_flight_tokens = 0
         #: Prefix-cache hit tokens at the first admission (-1 until admitted).
         self.num_cached_tokens = -1
@@ -162,6 +165,19 @@ class Request:
         """Record ``n`` generated tokens and hash blocks they complete."""
         self.num_output_tokens += n
         self.update_block_hashes()
+
+    def get_max_cache_hit_length(self, bound: int | None = None) -> int:
+        """The longest prefix-cache hit allowed: ``num_tokens - 1`` (the last token is always recomputed),
+        tightened by :attr:`prefix_cache_hit_limit` and by ``bound`` when given (vLLM 0.34)."""
+        limit = self.num_prompt_tokens + self.num_output_tokens - 1
+        if self.prefix_cache_hit_limit is not None and self.prefix_cache_hit_limit < limit:
+            limit = self.prefix_cache_hit_limit
+        return bound if bound is not None and bound < limit else limit
+
+    @property
+    def skip_reading_external_kv(self) -> bool:
+        """A hit-limited request reads no KV from a connector (its hits are not bounded by the limit)."""
+        return self.prefix_cache_hit_limit is not None
 
     def is_finished(self) -> bool:
         return self.status.is_finished

@@ -31,6 +31,25 @@ What it decides, as vLLM 0.33 does:
 * **Finish**: ``request_finished_all_groups`` on the connector, then the
   blocks are freed unless the connector still sends them.
 
+vLLM 0.34's knobs (``SchedulerConfig``; at their defaults the step is 0.33's):
+
+* **Cache-aware admission** (``cache_aware_admission_window`` N > 0, FCFS and
+  prefix caching only): before the waiting phase, once KV usage is at or above
+  ``cache_aware_admission_threshold``, the plain ``WAITING`` requests with
+  nothing computed among the first N of ``waiting`` are reordered by their
+  locally cached tokens (``KVCacheManager.get_num_cached_tokens``, deepest
+  first, ties by position); preempted and partly computed requests keep their
+  slots, and the connector is not asked.
+* **In-flight async loads** (``max_num_inflight_kv_loads`` N): a new request the
+  connector ``may_load_async`` waits in its own queue, ``async_kv_waiting``,
+  taken in arrival order with ``waiting``; an async load starts only while
+  fewer than N requests hold blocks for one (in progress, finished but not yet
+  running, or aborted and not yet reported done). A load refused by the cap
+  stops the waiting phase when it came from ``waiting`` (head of line) and
+  only the async queue otherwise. With no seat or token budget left the phase
+  goes on in "loads only" mode: it starts loads from ``async_kv_waiting``
+  (which take neither until their KV has arrived) until one cannot start.
+
 vLLM's asserts on this path (``num_new_tokens > 0``, ``num_computed_tokens <=
 num_tokens``, the ones inside ``truncate_computed_blocks`` and the kv core,
 ``ValueError`` from the block pool) surface as :class:`EngineCrash`. With
@@ -111,6 +130,12 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     policy: SchedulingPolicyName = "fcfs"
     watermark: float = 0.0
+    #: vLLM 0.34: reorder the first N waiting requests by cached prefix (0: arrival order).
+    cache_aware_admission_window: int = 0
+    #: vLLM 0.34: KV usage at or above which the window applies.
+    cache_aware_admission_threshold: float = 0.5
+    #: vLLM 0.34: cap on requests holding blocks for an async load (``None``: no cap, no early loads).
+    max_num_inflight_kv_loads: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("max_num_seqs", "max_num_batched_tokens"):
@@ -126,6 +151,15 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.policy: expected 'fcfs' or 'priority', got {self.policy!r}")
         if not (isinstance(self.watermark, (int, float)) and 0.0 <= self.watermark < 1.0):
             raise ValueError(f"scheduler.watermark: expected a fraction in [0, 1), got {self.watermark!r}")
+        window = self.cache_aware_admission_window
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            raise ValueError(f"scheduler.cache_aware_admission_window: expected an integer >= 0, got {window!r}")
+        threshold = self.cache_aware_admission_threshold
+        if not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 1.0):
+            raise ValueError(f"scheduler.cache_aware_admission_threshold: expected a fraction in [0, 1], got {threshold!r}")
+        cap = self.max_num_inflight_kv_loads
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"scheduler.max_num_inflight_kv_loads: expected an integer >= 1 or null, got {cap!r}")
 
     @property
     def max_in_flight_tokens(self) -> int:
@@ -223,8 +257,35 @@ class _WaitQueue:
         else:
             self._fifo = deque(r for r in self._fifo if r not in requests)
 
+    def head(self, n: int) -> list[Request]:
+        """The first ``n`` requests of a FCFS queue, in order."""
+        assert not self.priority, "only a FCFS queue has positions"
+        return [r for r, _ in zip(self._fifo, range(n))]
+
+    def replace_head(self, requests: list[Request]) -> None:
+        """Replace the first ``len(requests)`` requests of a FCFS queue by ``requests`` (the same ones, reordered)."""
+        assert not self.priority, "only a FCFS queue has positions"
+        for _ in requests:
+            self._fifo.popleft()
+        self._fifo.extendleft(reversed(requests))
+
     def __len__(self) -> int:
         return len(self._heap) if self.priority else len(self._fifo)
+
+
+class _Skipped:
+    """Requests a waiting phase put aside, by where they go back at its end."""
+
+    __slots__ = ("holding", "started_loads", "waiting", "async_loads")
+
+    def __init__(self) -> None:
+        #: Block holders (async loads not yet done) skipped from kv_holding_waiting: back to its front.
+        self.holding: list[Request] = []
+        #: Requests whose async load started this step: to the end of kv_holding_waiting.
+        self.started_loads: list[Request] = []
+        #: Skipped from waiting / async_kv_waiting (connector not ready, no chunk): back to its front.
+        self.waiting: list[Request] = []
+        self.async_loads: list[Request] = []
 
 
 class Scheduler:
@@ -281,6 +342,16 @@ class Scheduler:
         self.running: list[Request] = []
         self.waiting = _WaitQueue(self.priority)
         self.kv_holding_waiting = _WaitQueue(self.priority)
+        #: vLLM 0.34: new requests the connector may load asynchronously, with a load cap set.
+        self.async_kv_waiting = _WaitQueue(self.priority)
+        #: vLLM 0.34: cache-aware admission needs a prefix cache and positions (FCFS); 0 is off.
+        self.cache_aware_window = (
+            config.cache_aware_admission_window if not self.priority and kv_cfg.enable_prefix_caching else 0
+        )
+        #: Requests whose async load counts toward ``max_num_inflight_kv_loads`` (vLLM's in-progress and
+        #: completed-waiting fetch stages), and aborted loads not yet reported done.
+        self._kv_loads_held: set[str] = set()
+        self._aborted_kv_loads: set[str] = set()
         self.finished_req_ids: set[str] = set()
         self.finished_recving_kv_req_ids: set[str] = set()
         self._inflight_prefills: dict[str, Request] = {}
@@ -307,16 +378,29 @@ class Scheduler:
         if self.checkpoint_policy is not None:
             self.checkpoint_policy.on_arrival(request, self._prompt_block_hashes(request))
         self.requests[request.request_id] = request
-        self.waiting.add(request)
         if self.connector is not None:
-            self.connector.on_new_request(request)
+            self.connector.on_new_request(request)  # vLLM 0.34: before enqueueing (may_load_async may read it)
+        self._enqueue_waiting_request(request)
+
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        """vLLM 0.34: block holders, async loads (with a load cap) and the rest wait in their own queues."""
+        if self._holds_kv_blocks(request):
+            self.kv_holding_waiting.add(request)
+        elif (
+            self.connector is not None
+            and self.config.max_num_inflight_kv_loads
+            and self.connector.may_load_async(request)
+        ):
+            self.async_kv_waiting.add(request)
+        else:
+            self.waiting.add(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running or len(self.waiting) or len(self.kv_holding_waiting))
+        return bool(self.running or len(self.waiting) or len(self.kv_holding_waiting) or len(self.async_kv_waiting))
 
     def get_request_counts(self) -> tuple[int, int]:
-        """``(running, waiting)``; waiting includes requests parked on an async load."""
-        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
+        """``(running, waiting)``; waiting includes requests parked on an async load and the async queue."""
+        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
 
     @property
     def num_running(self) -> int:
@@ -324,7 +408,7 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.kv_holding_waiting)
+        return len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
 
     # --------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -457,13 +541,22 @@ class Scheduler:
         return new_blocks, req_index, budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int, kinds: dict[str, str]) -> None:
-        """The waiting phase: admission attempts, head of queue first, while budget and seats last."""
-        skipped: dict[int, list[Request]] = {0: [], 1: []}
-        while budget > 0:
-            queue = self.kv_holding_waiting if len(self.kv_holding_waiting) else self.waiting
-            if not len(queue):
+        """The waiting phase: admission attempts, head of queue first, while budget and seats last
+        (then, with a load cap, async loads only: see the module docstring)."""
+        if self.cache_aware_window:
+            self._reorder_waiting_by_cached_prefix()
+        skipped = _Skipped()
+        take_async = True  # cleared once async_kv_waiting's head cannot start a load
+        max_num_seqs = self.config.max_num_seqs
+        while True:
+            loads_only = len(self.running) >= max_num_seqs or budget <= 0
+            if not loads_only:
+                queue = self.kv_holding_waiting if len(self.kv_holding_waiting) else self._next_waiting_queue(take_async)
+            elif take_async:
+                queue = self.async_kv_waiting
+            else:
                 break
-            if len(self.running) >= self.config.max_num_seqs:
+            if not len(queue):
                 break
             request = queue.peek()
             if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
@@ -473,7 +566,7 @@ class Scheduler:
                 self._update_waiting_for_remote_kv(request)
                 request.status = RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
             try:
-                attempt = self._try_admit(request, budget, threshold)
+                attempt = self._try_admit(request, budget, threshold, loads_only)
             except EngineCrash:
                 if self.on_crash == "stop":
                     raise
@@ -481,24 +574,90 @@ class Scheduler:
                 continue
             if attempt.end is AttemptEnd.SKIPPED:
                 self._skip(queue, skipped)
+            elif attempt.end is AttemptEnd.REFUSED:
+                if queue is not self.async_kv_waiting:
+                    break
+                take_async = False
             elif attempt.end is AttemptEnd.STOPPED:
                 break
             else:
                 queue.pop()
                 budget -= self._start_running(attempt, out, kinds)
-        for holds, group in ((1, self.kv_holding_waiting), (0, self.waiting)):
-            group.prepend_in_order(skipped[holds])
+        # Skipped requests go back to the front of their queues; loads started this step join the end of
+        # kv_holding_waiting (vLLM 0.34: newer than any block holder; 0.33 put them in front, which is the
+        # same order whenever kv_holding_waiting was drained before the plain queue was scanned).
+        self.kv_holding_waiting.prepend_in_order(skipped.holding)
+        for request in skipped.started_loads:
+            self.kv_holding_waiting.add(request)
+        self.waiting.prepend_in_order(skipped.waiting)
+        self.async_kv_waiting.prepend_in_order(skipped.async_loads)
 
-    def _skip(self, queue: _WaitQueue, skipped: dict[int, list[Request]]) -> None:
+    def _skip(self, queue: _WaitQueue, skipped: _Skipped) -> None:
         request = queue.pop()
-        skipped[int(self._holds_kv_blocks(request))].append(request)
+        holds = self._holds_kv_blocks(request)
+        if holds and queue is not self.kv_holding_waiting:
+            skipped.started_loads.append(request)
+        elif holds:
+            skipped.holding.append(request)
+        elif queue is self.async_kv_waiting:
+            skipped.async_loads.append(request)
+        else:
+            skipped.waiting.append(request)
+
+    def _next_waiting_queue(self, take_async: bool) -> _WaitQueue:
+        """vLLM 0.34: ``waiting`` or ``async_kv_waiting``, whichever head goes first (arrival order; priority
+        order under the priority policy; a tie goes to ``waiting``)."""
+        async_kv = self.async_kv_waiting
+        if not take_async or not len(async_kv):
+            return self.waiting
+        if not len(self.waiting):
+            return async_kv
+        first, head = async_kv.peek(), self.waiting.peek()
+        if self.priority:
+            ahead = (first.priority, first.arrival_time, first.request_id) < (
+                head.priority,
+                head.arrival_time,
+                head.request_id,
+            )
+        else:
+            ahead = first.arrival_time < head.arrival_time
+        return async_kv if ahead else self.waiting
+
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """vLLM 0.34 cache-aware admission: within the window, plain waiting requests with the deepest cached
+        prefix go first.
+
+        Only requests that are ``WAITING`` with nothing computed move, among the slots they hold (ties keep
+        their order); a preempted or partly computed request keeps its exact position, and nothing beyond
+        the window moves. Off below the usage threshold. Reads the cache only (``get_num_cached_tokens``).
+        """
+        waiting = self.waiting
+        if len(waiting) < 2 or self.kv.usage < self.config.cache_aware_admission_threshold:
+            return
+        head = waiting.head(self.cache_aware_window)
+        slots = [i for i, r in enumerate(head) if r.status == RequestStatus.WAITING and not r.num_computed_tokens]
+        if len(slots) < 2:
+            return
+        cached = {i: self.kv.get_num_cached_tokens(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        waiting.replace_head(reordered)
+
+    def _admits_inflight_kv_load(self) -> bool:
+        """vLLM 0.34: whether one more async load stays within ``max_num_inflight_kv_loads``."""
+        cap = self.config.max_num_inflight_kv_loads
+        return cap is None or len(self._kv_loads_held) + len(self._aborted_kv_loads) < cap
 
     @staticmethod
     def _holds_kv_blocks(request: Request) -> bool:
         return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
 
     # --------------------------------------------------- admission attempt
-    def _try_admit(self, request: Request, budget: int, threshold: int) -> AdmissionAttempt:
+    def _try_admit(self, request: Request, budget: int, threshold: int, loads_only: bool = False) -> AdmissionAttempt:
         """One admission attempt for ``request`` (head of its queue), through its phases, recorded once.
 
         Returns the attempt with ``end`` set. Raises :class:`EngineCrash` (the
@@ -506,7 +665,7 @@ class Scheduler:
         """
         attempt = self._begin_attempt(request)
         try:
-            self._run_attempt(attempt, budget, threshold)
+            self._run_attempt(attempt, budget, threshold, loads_only)
         except EngineCrash as crash:
             attempt.outcome, attempt.crash_reason = "crash", crash.reason
             self._record_admission(attempt)
@@ -530,8 +689,10 @@ class Scheduler:
             computed=request.num_computed_tokens,
         )
 
-    def _run_attempt(self, attempt: AdmissionAttempt, budget: int, threshold: int) -> None:
-        """Phases 2-5 (lookup, connector, size, allocate + verdict); each may end the attempt."""
+    def _run_attempt(self, attempt: AdmissionAttempt, budget: int, threshold: int, loads_only: bool = False) -> None:
+        """Phases 2-5 (lookup, connector, size, allocate + verdict); each may end the attempt. Before sizing,
+        vLLM 0.34's gate: an async load past the cap, or a request needing a seat in loads-only mode, is
+        ``REFUSED``."""
         if attempt.kind != "after_async_load":
             self._lookup_phase(attempt)
             if self.connector is not None and not self._connector_phase(attempt):
@@ -544,6 +705,12 @@ class Scheduler:
             )
             if self.checkpoint_policy is not None:
                 self._place_checkpoints(attempt, self.checkpoint_policy)
+        if attempt.load_async and not self._admits_inflight_kv_load():
+            attempt.stop(AttemptEnd.REFUSED, "kv_load_cap")
+            return
+        if loads_only and not attempt.load_async:
+            attempt.stop(AttemptEnd.REFUSED, "no_running_slot")
+            return
         if not self._size_phase(attempt, budget, threshold):
             return
         self._allocate_phase(attempt)
@@ -592,7 +759,7 @@ class Scheduler:
         ext_answer, load_async = self._guarded(lambda: conn.get_num_new_matched_tokens(request, aligned_local), request)
         if ext_answer is not None:
             attempt.answer = ext_answer
-        if request.skip_reading_prefix_cache:
+        if request.skip_reading_external_kv:
             ext_answer, load_async = 0, False
         if ext_answer is None:
             attempt.stop(AttemptEnd.SKIPPED, "connector_not_ready")
@@ -670,6 +837,8 @@ class Scheduler:
             request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
             request.num_computed_tokens = attempt.computed
             self._inflight_prefills[request.request_id] = request
+            if self.config.max_num_inflight_kv_loads is not None:
+                self._kv_loads_held.add(request.request_id)
             attempt.end = AttemptEnd.SKIPPED
         else:
             attempt.end = AttemptEnd.ADMITTED
@@ -688,6 +857,7 @@ class Scheduler:
         out.num_scheduled_tokens[rid] = n
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = attempt.computed
+        self._kv_loads_held.discard(rid)
         if attempt.computed + n < request.num_tokens:
             self._inflight_prefills[rid] = request
         return n
@@ -923,6 +1093,7 @@ class Scheduler:
             if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 self.finished_recving_kv_req_ids.add(rid)
             elif request.is_finished():
+                self._aborted_kv_loads.discard(rid)
                 self._free_blocks(request)
         for rid in finished_sending:
             request = self.requests.get(rid)
@@ -1003,6 +1174,8 @@ class Scheduler:
             self.finished_recving_kv_req_ids.discard(rid)
             request.status = status
             self._free_request(request, delay_free_blocks=delay_free)
+            if delay_free and self.config.max_num_inflight_kv_loads is not None:
+                self._aborted_kv_loads.add(rid)  # vLLM 0.34: it holds its blocks until the load reports done
             done.append(request)
         return done
 
@@ -1012,6 +1185,7 @@ class Scheduler:
         else:
             self.waiting.remove({request})
             self.kv_holding_waiting.remove({request})
+            self.async_kv_waiting.remove({request})
 
     def _fail_request(self, request: Request) -> None:
         """``on_crash="record"``: the crashing request fails, the engine goes on."""
@@ -1022,6 +1196,7 @@ class Scheduler:
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> None:
         """vLLM ``_free_request``: tell the connector, then free unless it still sends."""
         self._inflight_prefills.pop(request.request_id, None)
+        self._kv_loads_held.discard(request.request_id)
         if self.connector is not None:
             delay_free_blocks |= self._connector_finished(request)
         self.finished_req_ids.add(request.request_id)

@@ -368,6 +368,12 @@ def _scheduler_config(scenario: Scenario, max_model_len: int) -> SchedulerConfig
         long_prefill_token_threshold=sched.long_prefill_token_threshold,
         policy=sched.policy,
         watermark=sched.watermark,
+        # vLLM 0.34's knobs (None under 0.33, which has none: the defaults are 0.33's behaviour).
+        cache_aware_admission_window=sched.cache_aware_admission_window or 0,
+        cache_aware_admission_threshold=(
+            0.5 if sched.cache_aware_admission_threshold is None else sched.cache_aware_admission_threshold
+        ),
+        max_num_inflight_kv_loads=sched.max_num_inflight_kv_loads,
     )
 
 

@@ -22,11 +22,23 @@ differing scenario can be regenerated alone. The dimensions drawn:
   ``supports_divergent_local_hybrid_hits``);
 * ``evict`` actions on a request's prompt blocks in a group (by type or index);
 * prefix policy ``pr48425`` or ``max_per_group``;
+<<<<<<< HEAD
 * one time in three, a *narrow* scenario (drawn last, so the draws above are
   unchanged): a token budget of 24-64 tokens, often not a multiple of the
   block size (chunked prefills of Mamba requests, block-aligned in align
   mode), a pool of 1.0-1.5 times what the longest request needs alone, and
   a Mamba layout tends to get the scripted connector's divergent-hits flag.
+=======
+* for ``vllm_version`` 0.34, its scheduler knobs, drawn after everything
+  else (so scenario ``i`` of a seed is the same under both releases but for
+  its ``scheduler`` section): ``cache_aware_admission_window`` (0 half the
+  time, else 1-8 or 64) with ``cache_aware_admission_threshold`` (0, 0.25,
+  0.5 or 0.9) and, most of the time each with a window, ``max_num_seqs`` 1 and
+  arrivals eight times closer (a queue forms, so there is something to
+  reorder); ``max_num_inflight_kv_loads``
+  (none, or 1-3; drawn more often with an asynchronous connector, where it
+  bites).
+>>>>>>> e3ec8a2 (wip: vLLM 0.34 knobs in the core)
 
 Every scenario is verifiable (:func:`sim.verify.lower.not_verifiable_reason`
 is ``None``) unless hybridsim refuses it at build time.
@@ -38,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.config.vllm_versions import NEWEST
+from sim.config.vllm_versions import NEWEST, at_least
 from sim.core.kv.specs import cdiv
 
 LAYOUTS: tuple[tuple[str, ...], ...] = (
@@ -176,6 +188,13 @@ def generate(seed: int, index: int, vllm_version: str = NEWEST) -> dict[str, Any
         "enable_prefix_caching": caching,
         "retention_interval": retention,
     }
+    if at_least(vllm_version, "0.34"):
+        scheduler.update(_knobs_034(rng, bool(connector.get("load_async"))))
+        if "cache_aware_admission_window" in scheduler:
+            if rng.random() < 0.7:
+                scheduler["max_num_seqs"] = 1
+            if rng.random() < 0.7:
+                _bunch_arrivals(requests)
     return {
         "name": f"fuzz-{seed}-{index}",
         "seed": seed,
@@ -189,6 +208,28 @@ def generate(seed: int, index: int, vllm_version: str = NEWEST) -> dict[str, Any
         "on_crash": "stop",
         "outputs": {"plots": False},
     }
+
+
+def _bunch_arrivals(requests: list[dict[str, Any]]) -> None:
+    """Arrivals eight times closer; a request quoting an earlier answer still arrives after it."""
+    arrival: dict[str, int] = {}
+    for r in requests:
+        r["at"] = r["at"] // 8
+        for seg in r["prompt"]:
+            if "output_of" in seg and arrival[seg["output_of"]] >= r["at"]:
+                r["at"] = arrival[seg["output_of"]] + 1
+        arrival[r["id"]] = r["at"]
+
+
+def _knobs_034(rng: np.random.Generator, load_async: bool) -> dict[str, Any]:
+    """vLLM 0.34's admission and async-load knobs (drawn last: the rest of the scenario does not depend on them)."""
+    knobs: dict[str, Any] = {}
+    if rng.random() < 0.5:
+        knobs["cache_aware_admission_window"] = int(_pick(rng, (1, 2, 3, 4, 8, 64)))
+        knobs["cache_aware_admission_threshold"] = float(_pick(rng, (0.0, 0.0, 0.25, 0.5, 0.9)))
+    if rng.random() < (0.6 if load_async else 0.2):
+        knobs["max_num_inflight_kv_loads"] = int(rng.integers(1, 4))
+    return knobs
 
 
 def scenario_yaml(data: dict[str, Any]) -> str:

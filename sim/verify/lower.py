@@ -288,6 +288,9 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
         "long_prefill_token_threshold": s.long_prefill_token_threshold,
         "scheduling_policy": s.policy,
         "watermark": float(s.watermark),
+        "cache_aware_admission_window": s.cache_aware_admission_window,
+        "cache_aware_admission_threshold": s.cache_aware_admission_threshold,
+        "max_num_inflight_kv_loads": s.max_num_inflight_kv_loads,
         "prefix_policy": s.prefix_policy,  # type: ignore[typeddict-item]
         "connector": _connector(components),
         "requests": requests,

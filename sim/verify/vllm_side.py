@@ -23,7 +23,8 @@ between them at this seam, and how the harness handles it:
   uses. While the harness builds the config, ``vllm.triton_utils.HAS_TRITON``
   reads true, and it is restored right after (:func:`_triton_check_passed`);
   nothing in the scheduler or KV-cache manager reads it;
-* the scripted connector answers 0.34's ``may_load_async`` from its script.
+* 0.34's scheduler knobs are passed only to 0.34, and the scripted connector
+  answers 0.34's ``may_load_async`` from its script.
 
 Two plain, JSON-able formats cross this seam. Both are described here as
 TypedDicts (documentation and type checking only; nothing is validated
@@ -45,6 +46,9 @@ Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
 * ``vllm_version``: ``"0.33"`` or ``"0.34"``, the release the script was lowered for;
   ``token_stride``: the id range of one token stream (for readers; every id
   fits a signed 32-bit integer, as 0.34's token buffer needs).
+* 0.34's scheduler knobs (``None`` under 0.33, which lacks them; passed to
+  ``SchedulerConfig`` only when set): ``cache_aware_admission_window``,
+  ``cache_aware_admission_threshold``, ``max_num_inflight_kv_loads``.
 * ``prefix_policy``: ``pr48425`` (vLLM as shipped) or ``max_per_group``
   (the pre-#48425 lookup, emulated on the scheduler instance: see
   :func:`_install_max_per_group`).
@@ -167,6 +171,9 @@ class LoweredScript(TypedDict):
     long_prefill_token_threshold: int
     scheduling_policy: Literal["fcfs", "priority"]
     watermark: float
+    cache_aware_admission_window: Optional[int]
+    cache_aware_admission_threshold: Optional[float]
+    max_num_inflight_kv_loads: Optional[int]
     prefix_policy: Literal["pr48425", "max_per_group"]
     connector: Optional[ConnectorScript]
     requests: list[RequestScript]
@@ -219,6 +226,8 @@ SCRIPT_VERSION = 2
 CONNECTOR_CLASS_NAME = "HybridsimScriptedConnector"
 #: The vLLM releases this harness drives, oldest first.
 SUPPORTED_VERSIONS = ("0.33", "0.34")
+#: Scheduler keys that exist only from 0.34 on (passed to ``SchedulerConfig`` only when set).
+KEYS_034 = ("cache_aware_admission_window", "cache_aware_admission_threshold", "max_num_inflight_kv_loads")
 
 # --------------------------------------------------------------------------- vLLM import
 
@@ -556,6 +565,9 @@ def build_scheduler(script: LoweredScript) -> Any:
     """vLLM's ``Scheduler`` for ``script``: configs, hand-built ``KVCacheConfig``, connector by module path."""
     v = _load_vllm()
     check_release(script["vllm_version"])
+    knobs = {k: script.get(k) for k in KEYS_034 if script.get(k) is not None}
+    if knobs and v["release"] == "0.33":
+        raise ValueError(f"{', '.join(knobs)}: not in vLLM 0.33")
     hybrid = any(g["type"] == "mamba" for g in script["groups"])
     model_config = v["ModelConfig"](
         model=_model_dir(hybrid), skip_tokenizer_init=True, max_model_len=script["max_model_len"], dtype="float32"
@@ -569,6 +581,7 @@ def build_scheduler(script: LoweredScript) -> Any:
         policy=script["scheduling_policy"],
         watermark=script["watermark"],
         is_encoder_decoder=False,
+        **knobs,
     )
     cache_config = v["CacheConfig"](
         block_size=script["scheduler_block_size"], enable_prefix_caching=script["enable_prefix_caching"]

@@ -90,7 +90,7 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
 
     def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
         """The shared empty instance when no group has a block (identity matters
@@ -106,8 +106,7 @@ class KVCacheManager:
         (hit + uncached shared prefix), or 0."""
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
+        max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, hit, uncached = self.coordinator.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)
         boundary = hit + uncached if uncached else 0
         return self.create_kv_cache_blocks(blocks), hit, boundary
@@ -128,13 +127,20 @@ class KVCacheManager:
             return (*self.get_computed_blocks(request, max_cache_hit_length), False)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0, False
-        if max_cache_hit_length is None:
-            max_cache_hit_length = request.num_tokens - 1
+        max_cache_hit_length = request.get_max_cache_hit_length(max_cache_hit_length)
         fa = coordinator.full_attention_group_id
         blocks, hits = coordinator.find_longest_cache_hit_per_group(request.block_hashes, max_cache_hit_length)
         if any(h > hits[fa] for h in hits):
             return (*self.get_computed_blocks(request, max_cache_hit_length), False)
         return self.create_kv_cache_blocks(blocks), hits[fa], 0, min(hits) < hits[fa]
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """vLLM 0.34: how many of the request's tokens the prefix cache holds (the reconciled hit, capped at
+        ``num_tokens - 1``), or 0 without a lookup. Only probes: no reference, no block, no event
+        (cache-aware admission asks it for requests that may not be scheduled)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
 
     def find_per_group_hits(self, request: Request) -> tuple[int, ...]:
         """Each group's independent hit (capped at ``num_tokens - 1``), for the

@@ -85,7 +85,7 @@ class PrefixPolicy:
     name: ClassVar[str] = ""
     #: True if :meth:`lookup` reads only the kv manager's lookup methods (the pool's
     #: cache map, never ref counts or the free queue), the request's hashes, token
-    #: count and ``skip_reading_prefix_cache``, and static connector/config flags:
+    #: count and ``prefix_cache_hit_limit``, and static connector/config flags:
     #: then the scheduler may reuse its answer while none of these changed.
     pure_lookup: ClassVar[bool] = False
     #: True if runs under this policy are vLLM 0.33's decisions, so that ``hybridsim verify``
@@ -190,10 +190,11 @@ def _per_group_applies(kv_manager: Any, connector: Any | None) -> bool:
 
 def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any], ...], tuple[int, ...]] | None:
     """Each group's own hit (``find_longest_cache_hit_per_group``), capped at
-    ``num_tokens - 1``; ``None`` when prefix-cache reads are off for the request."""
+    ``num_tokens - 1`` and the request's hit limit; ``None`` when prefix-cache reads are off for the request."""
     if not kv_manager.prefix_cache_lookup_enabled(request):
         return None
-    blocks, hits = kv_manager.coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)
+    limit = request.get_max_cache_hit_length()
+    blocks, hits = kv_manager.coordinator.find_longest_cache_hit_per_group(request.block_hashes, limit)
     return tuple(list(b) for b in blocks), tuple(hits)
 
 

@@ -94,10 +94,26 @@ def test_without_mamba_they_are_the_reconciled_lookup(policy):
     assert got.local_tokens == 48 and _ids(got) == [[1, 2, 3]]
 
 
-def test_skip_reading_prefix_cache_gives_no_hit():
+def test_a_zero_prefix_cache_hit_limit_gives_no_hit():
+    """vLLM 0.34's ``prefix_cache_hit_limit = 0`` is 0.33's ``skip_reading_prefix_cache``: no lookup at all."""
     kv = _cache(fa_blocks=(0, 1), mamba_states=(0, 3))
     r = _req("r", 80)
-    r.skip_reading_prefix_cache = True
+    r.prefix_cache_hit_limit = 0
     for policy in (MaxPerGroupPolicy(), TrimToMinPolicy()):
         got = policy.lookup(kv, r, ScriptedConnector())
         assert got.local_tokens == 0 and _ids(got) == [[], []]
+    assert kv.get_num_cached_tokens(r) == 0 and r.skip_reading_external_kv
+
+
+def test_a_prefix_cache_hit_limit_bounds_every_lookup():
+    """A limit N (0.34: prompt logprobs from token N) caps the local hit at N and skips external KV."""
+    kv = _cache(groups=("full_attention",), fa_blocks=(0, 1, 2))
+    r = _req("r", 80)
+    assert kv.get_computed_blocks(r)[1] == 48 and kv.get_num_cached_tokens(r) == 48
+    assert not r.skip_reading_external_kv
+    r.prefix_cache_hit_limit = 20
+    assert r.get_max_cache_hit_length() == 20 and r.get_max_cache_hit_length(10) == 10
+    assert kv.get_computed_blocks(r)[1] == 16 and r.skip_reading_external_kv
+    assert MaxPerGroupPolicy().lookup(kv, r, ScriptedConnector()).local_tokens == 16
+    # get_num_cached_tokens probes at num_tokens - 1, as vLLM 0.34's does (the limit is not applied there).
+    assert kv.get_num_cached_tokens(r) == 48
