@@ -156,7 +156,9 @@ class SchedulerConfig:
             raise ValueError(f"scheduler.cache_aware_admission_window: expected an integer >= 0, got {window!r}")
         threshold = self.cache_aware_admission_threshold
         if not (isinstance(threshold, (int, float)) and 0.0 <= threshold <= 1.0):
-            raise ValueError(f"scheduler.cache_aware_admission_threshold: expected a fraction in [0, 1], got {threshold!r}")
+            raise ValueError(
+                f"scheduler.cache_aware_admission_threshold: expected a fraction in [0, 1], got {threshold!r}"
+            )
         cap = self.max_num_inflight_kv_loads
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"scheduler.max_num_inflight_kv_loads: expected an integer >= 1 or null, got {cap!r}")
@@ -551,7 +553,9 @@ class Scheduler:
         while True:
             loads_only = len(self.running) >= max_num_seqs or budget <= 0
             if not loads_only:
-                queue = self.kv_holding_waiting if len(self.kv_holding_waiting) else self._next_waiting_queue(take_async)
+                queue = (
+                    self.kv_holding_waiting if len(self.kv_holding_waiting) else self._next_waiting_queue(take_async)
+                )
             elif take_async:
                 queue = self.async_kv_waiting
             else:

@@ -59,3 +59,48 @@ def test_the_release_is_in_the_summary(tmp_path):
     assert result.summary["vllm_version"] == "0.33"
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["vllm_version"] == "0.33"
     assert "vllm_version: '0.33'" in (tmp_path / "out" / "scenario.resolved.yaml").read_text()
+
+
+KNOBS = {
+    "cache_aware_admission_window": "8",
+    "cache_aware_admission_threshold": "0.25",
+    "max_num_inflight_kv_loads": "2",
+}
+
+
+@pytest.mark.parametrize("key", list(KNOBS))
+def test_a_034_key_in_a_033_scenario_is_exit_2_naming_the_key_and_the_version(key, tmp_path):
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+
+    path = tmp_path / "old.yaml"
+    path.write_text(BASE + f'vllm_version: "0.33"\nscheduler: {{{key}: {KNOBS[key]}}}\n')
+    result = CliRunner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"scheduler.{key}" in result.output and "vLLM 0.34" in result.output and "0.33" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_034_keys_default_to_vllms_and_reach_the_scheduler_and_the_lowered_script():
+    from sim.engine.build import build_components
+    from sim.verify.lower import lower
+
+    new = _load()
+    assert (
+        new.scheduler.cache_aware_admission_window,
+        new.scheduler.cache_aware_admission_threshold,
+        new.scheduler.max_num_inflight_kv_loads,
+    ) == (0, 0.5, None)
+    old = _load('vllm_version: "0.33"\n')
+    assert old.scheduler.cache_aware_admission_window is None and old.scheduler.max_num_inflight_kv_loads is None
+    turned = _load("scheduler: {" + ", ".join(f"{k}: {v}" for k, v in KNOBS.items()) + "}\n")
+    config = build_components(turned).scheduler.config
+    assert (
+        config.cache_aware_admission_window,
+        config.cache_aware_admission_threshold,
+        config.max_num_inflight_kv_loads,
+    ) == (8, 0.25, 2)
+    script = lower(turned)
+    assert [script[k] for k in KNOBS] == [8, 0.25, 2] and script["vllm_version"] == "0.34"  # type: ignore[literal-required]
+    assert [lower(old)[k] for k in KNOBS] == [None, None, None]  # type: ignore[literal-required]
