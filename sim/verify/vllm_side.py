@@ -808,6 +808,19 @@ class _Recorder:
 
         kvm.allocate_slots = allocate_slots
 
+        # An admission that stops at the Mamba block-aligned split (no aligned chunk fits the budget) calls
+        # neither the lookup nor allocate_slots when the request resumes after an async load: open its
+        # attempt here (a running request's split is not an admission).
+        orig_split = s._mamba_block_aligned_split
+
+        def split(request: Any, *args: Any, **kwargs: Any) -> Any:
+            if request.status != running and (rec.open is None or rec.open["request"] != request.request_id):
+                rec.current = request.request_id
+                rec._start(request)
+            return orig_split(request, *args, **kwargs)
+
+        s._mamba_block_aligned_split = split
+
         orig_preempt = s._preempt_request
 
         def preempt(request: Any, *args: Any, **kwargs: Any) -> Any:
