@@ -78,7 +78,9 @@ def with_fairness(df: pd.DataFrame) -> pd.DataFrame:
     for r in df.itertuples():
         base = df[(df["workload"] == r.workload) & (df["model"] == r.model) & (df["window"] == 0) & df["cap"].isna()]
         if r.window == 0 or base.empty:
-            moved.append(0), mean.append(0.0), most.append(0.0)
+            moved.append(0)
+            mean.append(0.0)
+            most.append(0.0)
             continue
         before, after = _queueing(base.iloc[0]["run_dir"]), _queueing(r.run_dir)
         both = before.index.intersection(after.index)
