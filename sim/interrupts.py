@@ -17,8 +17,8 @@ the main thread all of this is a no-op (Python only delivers signals there).
 `pause_point` is a hook for the kill-window tests: when the environment variable
 ``HYBRIDSIM_TEST_PAUSE`` is ``<point>:<seconds>``, the process prints ``paused at <point>`` to stderr and
 sleeps at that point (``write`` between bundle files, ``manifest`` before the manifest, ``swap`` before the
-rename, ``run`` at the first engine step through :func:`pause_hook`). It does nothing when the variable is
-unset.
+swap, ``sort`` before the old folder is sorted, ``run`` at the first engine step through :func:`pause_hook`). It
+does nothing when the variable is unset.
 """
 
 from __future__ import annotations
