@@ -14,13 +14,15 @@ image of the docs; ``--check`` compares the text only (image bytes depend on the
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from sim.trace.output import write_file
 
 #: ``HYBRIDSIM_TRACES``: the folder holding the public traces, for the large figures (default: the scenarios'
 #: own relative paths, ``../shared/traces`` from the checkout).
@@ -330,17 +332,21 @@ def generate(
             outcome.skipped.append(f"{figure.name} (no trace {missing}; set {TRACES_ENV})")
             continue
         page = root / figure.page
-        text = page.read_text(encoding="utf-8")
+        raw = page.read_bytes()
+        text = raw.decode("utf-8")
         body = figure.render(runs)
         if check:
             if quoted(text, figure.name) != body.strip("\n"):
                 outcome.stale.append(f"{figure.page}: figures:{figure.name}")
             continue
-        page.write_text(with_region(text, figure.name, body), encoding="utf-8")
+        # The page is hand-written: only its marked region changes, and only if it is still what was read.
+        known = hashlib.sha256(raw).hexdigest()
+        write_file(page, with_region(text, figure.name, body), known_sha256=known, stamped=False)
         outcome.written.append(f"{figure.page}: figures:{figure.name}")
         for spec, plot, image in figure.images:
             with tempfile.TemporaryDirectory() as tmp:
-                shutil.copyfile(runs.plots(spec, Path(tmp)) / plot, root / image)
+                drawn = (runs.plots(spec, Path(tmp)) / plot).read_bytes()  # stamped by the plot writer
+            write_file(root / image, drawn, stamped=False)
             outcome.written.append(image)
     return outcome
 
