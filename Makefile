@@ -11,7 +11,7 @@ EXTRAS ?= test,dev
 # What `ruff format --check` enforces (the whole code base).
 FORMATTED ?= sim tests benchmarks
 
-.PHONY: venv venv-extras vllm-env native run test test-fast lint bench golden docs-figures eviction-study checkpoint-study fuzz-e2e clean
+.PHONY: venv venv-extras vllm-env run test test-fast lint bench golden docs-figures eviction-study checkpoint-study fuzz-e2e clean
 
 # pip installs without compiling (one core); COMPILE then byte-compiles the whole environment and the sources
 # on both cores (test folders left out: about 6 s of CPU, once). Bytecode is written whatever the environment says: where
@@ -54,15 +54,6 @@ $(VENV)/.vllm-installed-$(VLLM): $(VENV)/.installed $(VLLM_REQ)
 	touch $@
 
 vllm-env: $(VENV)/.vllm-installed-$(VLLM)
-
-# The compiled core (docs/native.md): mypyc compiles sim/core into C extensions beside the sources (about a
-# minute, once; again only after a core source changes). Runs use it when it matches the sources.
-$(VENV)/.installed-native: $(VENV)/.installed
-	$(PIP_INSTALL) -e '.[native]'
-	touch $@
-
-native: $(VENV)/.installed-native
-	$(VENV)/bin/hybridsim native build --if-stale
 
 run: venv
 	$(VENV)/bin/hybridsim run $(SCENARIO) -o $(OUT)
@@ -137,5 +128,4 @@ checkpoint-study: venv
 	    $(CHECKPOINT_GEN_SWEEPS)) --figure docs/images/checkpoint-frontier.png
 
 clean:
-	-$(VENV)/bin/hybridsim native clean
 	rm -rf $(VENV) results/demo-pressure

@@ -29,11 +29,8 @@ imports are not timed (vLLM's import takes about 10 s). Times are CPU seconds
 of the process (``time.process_time``: on a shared machine wall time mostly
 measures the neighbours), the best of ``--repeat`` runs; the wall time of that
 run is printed too. Without vLLM the vLLM columns say so and only the
-hybridsim figures are printed. The first line says which core hybridsim runs:
-the compiled one (``make native``, docs/native.md; not part of the default install) or
-the interpreted one. ``--interpreted`` times the interpreted core even when a
-compiled build exists, and ``--plain`` times hybridsim without its speed layer (sim.accel)
-(``RunOptions(fast_paths=False)``), for comparison.
+hybridsim figures are printed. ``--plain`` times hybridsim without its speed
+layer (sim.accel, ``RunOptions(fast_paths=False)``), for comparison.
 """
 
 from __future__ import annotations
@@ -104,10 +101,7 @@ def work_hybridsim(path: str, overrides: list[str], repeat: int, plain: bool) ->
         best = took if best is None else min(best, took)
     assert best is not None and result is not None
     summary = result.summary
-    from sim import native
-
     return {
-        "core": native.status().reason,
         "cpu_s": best[0],
         "wall_s": best[1],
         "clock": scenario.clock,
@@ -156,11 +150,9 @@ def work_vllm(path: str, repeat: int, check: bool) -> dict:
 VLLM_PYTHON = [sys.executable]
 
 
-def _spawn(args: list[str], interpreted: bool = False) -> dict:
+def _spawn(args: list[str]) -> dict:
     """Run one worker in a fresh interpreter; its last stdout line is the JSON result."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
-    if interpreted:
-        env["HYBRIDSIM_NATIVE"] = "0"
     python = VLLM_PYTHON[0] if args[0] == "vllm" else sys.executable
     proc = subprocess.run([python, __file__, "--worker", *args], capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -288,9 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="Skip the identical-decisions check.")
     parser.add_argument("--plain", action="store_true", help="Time hybridsim without its speed layer (sim.accel).")
     parser.add_argument(
-        "--interpreted", action="store_true", help="Time hybridsim's interpreted core even if a compiled one is built."
-    )
-    parser.add_argument(
         "--no-whole", action="store_true", help="Skip the whole-command figures (only the in-process ones)."
     )
     parser.add_argument("--whole-only", action="store_true", help="Print only the whole-command figures.")
@@ -315,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeat: expected an integer >= 1, got {args.repeat}")
     plain = "plain" if args.plain else "fast"
     label = "hybridsim" + (" (plain)" if args.plain else "")
-    cores: set[str] = set()
     if args.vllm_python:
         VLLM_PYTHON[0] = args.vllm_python
     if not args.no_whole:
@@ -333,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in STEP_WORKLOADS:
             path = str(SCENARIOS / f"{name}.yaml")
-            ours = _spawn(["hybridsim", path, str(args.repeat), plain], args.interpreted)
+            ours = _spawn(["hybridsim", path, str(args.repeat), plain])
             theirs = (
                 {"missing": "skipped (--no-vllm)"}
                 if args.no_vllm
@@ -342,7 +330,6 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in ours:
                 print(f"{name:<28} hybridsim {ours['error']}")
                 continue
-            cores.add(ours["core"])
             head = f"{name:<28} {ours['requests']:>8} {ours['steps']:>6}  {_fmt_s(ours):>24}"
             if "cpu_s" not in theirs:
                 print(
@@ -385,11 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs.append(("mooncake-...-remote (1,500 requests)", MOONCAKE_REMOTE, overrides[:1]))
     for name, path, overrides in runs:
-        r = _spawn(["hybridsim", str(path), str(args.repeat), plain, *overrides], args.interpreted)
+        r = _spawn(["hybridsim", str(path), str(args.repeat), plain, *overrides])
         if "error" in r:
             print(f"{name:<34} {r['error']}")
             continue
-        cores.add(r["core"])
         unit = "s" if r["clock"] == "time" else "steps"
         x_real = f"{r['simulated_s'] / r['cpu_s']:>10.0f}x" if unit == "s" else f"{'-':>11}"
         print(
@@ -397,7 +383,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['simulated_s']:>9.0f} {unit:<1} {x_real} {r['peak_rss_mb']:>9.0f}",
             flush=True,
         )
-    print(f"\nhybridsim core: {'; '.join(sorted(cores)) or 'no run finished'}")
     return 0
 
 

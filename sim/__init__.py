@@ -12,11 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim import native as _native
-
-# Before any compiled module can be imported: the compiled build, or every such module from source.
-_native.install()
-
 __version__ = "0.1.0"
 
 _EXPORTS = {

@@ -1,11 +1,5 @@
 """Suite-wide set-up.
 
-The suite runs the interpreted core even where a compiled build exists
-(``HYBRIDSIM_NATIVE=0``, read when ``sim`` is first imported, see
-:mod:`sim.native`): some tests wrap core methods to count calls, which compiled
-classes refuse. The compiled build is held to the interpreted one by
-``tests/native/test_native_differential.py``, in subprocesses of its own.
-
 Tests that need the real vLLM take the ``vllm`` fixture, the installed release
 (``"0.33"`` or ``"0.34"``): without an importable vLLM they are skipped, unless
 ``HYBRIDSIM_REQUIRE_VLLM=1`` (CI after ``make vllm-env``), in which case they
@@ -18,8 +12,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
-os.environ.setdefault("HYBRIDSIM_NATIVE", "0")
 
 
 @pytest.fixture(scope="session")

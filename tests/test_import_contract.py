@@ -32,7 +32,6 @@ LAYERS: dict[str, int] = {
     "sim.limits": 0,
     "sim.inputfile": 0,
     "sim.interrupts": 0,
-    "sim.native": 0,
     "sim.core": 1,
     "sim.accel": 2,
     "sim.workload": 2,
@@ -153,8 +152,7 @@ def test_importing_the_core_loads_no_edge_and_no_heavy_library() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SIM.parent)
     loaded = json.loads(done.stdout)
-    # `import sim` chooses the compiled or the interpreted core first (sim.native: standard library only).
-    edges = sorted(m for m in loaded if m.startswith("sim.") and _unit(m) not in CORE and m != "sim.native")
+    edges = sorted(m for m in loaded if m.startswith("sim.") and _unit(m) not in CORE)
     heavy = sorted(m for m in loaded if m.split(".")[0] in CORE_FORBIDDEN_THIRD_PARTY)
     assert not edges, f"importing the core loaded edge modules: {edges}"
     assert not heavy, f"importing the core loaded: {heavy}"

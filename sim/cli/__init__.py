@@ -9,7 +9,7 @@ from __future__ import annotations
 
 # isort: off
 # Registration, in the order ``hybridsim --help`` lists the commands.
-from sim.cli import run, bundles, verify, crash, batch, workload, timing, native  # noqa: F401
+from sim.cli import run, bundles, verify, crash, batch, workload, timing  # noqa: F401
 
 # isort: on
 from sim.cli.app import app

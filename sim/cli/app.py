@@ -22,14 +22,10 @@ golden_app = typer.Typer(
     no_args_is_help=True, help="Golden traces: re-run the golden scenarios and check or rewrite them."
 )
 export_app = typer.Typer(no_args_is_help=True, help="Export a scenario for other tools.")
-native_app = typer.Typer(
-    no_args_is_help=True, help="The compiled core (mypyc): build it, see whether this process runs it, remove it."
-)
 app.add_typer(trace_app, name="trace")
 app.add_typer(workload_app, name="workload")
 app.add_typer(timing_app, name="timing")
 app.add_typer(golden_app, name="golden")
-app.add_typer(native_app, name="native")
 app.add_typer(export_app, name="export")
 
 

@@ -18,8 +18,9 @@ from typing import Any, Protocol, Sequence, Sized
 
 from sim.core.kv.coordinator import KVCacheCoordinator
 from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import BlockPool, KVEvent, KVEventLog
+from sim.core.kv.pool import KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig
+from sim.core.policy.prefix import PrefixCacheView
 from sim.core.request import Request
 
 
@@ -82,12 +83,12 @@ class SchedulerConnector(Protocol):
     def take_events(self) -> list[KVEvent]: ...
 
 
-class SchedulerKVManager(Protocol):
-    """The KV-cache manager as the scheduler uses it (:class:`sim.core.kv.manager.KVCacheManager`)."""
+class SchedulerKVManager(PrefixCacheView, Protocol):
+    """The KV-cache manager as the scheduler uses it (:class:`sim.core.kv.manager.KVCacheManager`);
+    its lookups are what it hands a prefix policy (:class:`~sim.core.policy.prefix.PrefixCacheView`)."""
 
     kv_cache_config: KVCacheConfig
     coordinator: KVCacheCoordinator
-    block_pool: BlockPool
     empty_kv_cache_blocks: KVCacheBlocks
 
     @property

@@ -77,7 +77,7 @@ from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
 from sim.core.kv.hash_view import block_hashes_at
-from sim.core.kv.hashing import ChainBackend, RequestBlockHasher
+from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.core.policy.checkpoint import BaseCheckpointPolicy, PrefixFacts, extra_state_positions
@@ -302,7 +302,6 @@ class Scheduler:
         recorder: AdmissionRecorder | None = None,
         admission_checker: AdmissionChecker | None = None,
         on_crash: Literal["stop", "record"] = "stop",
-        chain_hasher: ChainBackend | None = None,
         checkpoint_policy: BaseCheckpointPolicy | None = None,
     ) -> None:
         if on_crash not in ("stop", "record"):
@@ -314,8 +313,7 @@ class Scheduler:
         self.max_model_len = config.max_model_len or kv_cfg.max_model_len
         self.block_size = kv_cfg.scheduler_block_size
         self.hash_block_size = kv_cfg.hash_block_size
-        # ``chain_hasher``: what hashes the requests' blocks (None: the Python code; the same hashes).
-        self._block_hasher = RequestBlockHasher(self.hash_block_size, chain_hasher)
+        self._block_hasher = RequestBlockHasher(self.hash_block_size)
         self.num_groups = len(kv_cfg.groups)
         # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
         if connector is not None and connector.name == "none":

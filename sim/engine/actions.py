@@ -51,14 +51,14 @@ def _evict_action(spec: Any, scenario: "Scenario", components: "Components", ind
         # evict_blocks finds no entry).
         group_hashes = cached_block_hashes(fine, config, block_size)
         targets.extend((group_hashes[i], g) for i in spec.blocks if i < len(group_hashes))
-    pool = components.kv_manager.block_pool
+    kv_manager = components.kv_manager
 
     def apply() -> None:
         ids: list[int] = []
         for block_hash, g in targets:
-            ids.extend(b.block_id for b in pool.get_all_cached_blocks(block_hash, g) if b.block_id not in ids)
+            ids.extend(i for i in kv_manager.cached_block_ids(block_hash, g) if i not in ids)
         if ids:
-            pool.evict_blocks(ids, request_id=spec.prefix_of, cause="evict_action")
+            kv_manager.evict_blocks(ids, request_id=spec.prefix_of, cause="evict_action")
 
     desc = f"evict {spec.prefix_of} blocks {list(spec.blocks)} in group {spec.group}"
     return Action(at=None, at_s=None, apply=apply, description=desc)

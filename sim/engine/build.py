@@ -18,13 +18,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from sim import native
 from sim.accel import QuietKVCacheManager
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.connector.protocol import Connector
 from sim.core.admission_truth import make_truth_checker
-from sim.core.kv.hashing import ChainBackend
 from sim.core.kv.manager import KVCacheManager
 from sim.core.kv.specs import (
     KVCacheConfig,
@@ -386,17 +384,6 @@ def _build_step_time_model(scenario: Scenario) -> StepTimeModel | None:
     return StepTimeModel.from_presets(model, hw.preset_obj(), hw.overrides.given() if hw.overrides else None)
 
 
-def compiled_chain_hasher() -> ChainBackend | None:
-    """The compiled build's C block hasher (``sim.native._chainhash``) when this process runs the compiled
-    build (``sim.native`` makes the two usable together or not at all), else None: the Python code, which
-    gives the same hashes. Chosen here, above the core, which never imports ``sim.native``."""
-    if not native.status().compiled:
-        return None
-    from sim.native import _chainhash
-
-    return _chainhash
-
-
 def build_components(
     scenario: Scenario,
     *,
@@ -450,7 +437,6 @@ def build_components(
         recorder=recorder,
         admission_checker=make_truth_checker(kv_manager, connector),
         on_crash=scenario.on_crash,
-        chain_hasher=compiled_chain_hasher(),
         checkpoint_policy=placement,
     )
     return Components(

@@ -8,19 +8,15 @@ Only *full* blocks of ``hash_block_size`` tokens are hashed.
 
 Differences from vLLM, on purpose:
 
-* The hash is BLAKE2b with an 8-byte digest over a canonical byte encoding,
-  returned as a Python ``int`` (vLLM: sha256 over a pickle, as ``bytes``). It is
-  deterministic across processes and runs (no ``PYTHONHASHSEED``), and an int
-  makes dictionary keys cheap. With 64 bits a collision among the ~10^7 blocks
-  of a large replay has probability ~10^-5; vLLM accepts the same risk class.
+* The hash is XXH3-64 (the ``xxhash`` library, one of vLLM's own
+  ``prefix_caching_hash_algo`` choices) over a canonical byte encoding, seeded
+  with the parent's hash, returned as a Python ``int`` (vLLM's default: sha256
+  over a pickle, as ``bytes``). It is deterministic across processes and runs
+  (no ``PYTHONHASHSEED``), and an int makes dictionary keys cheap. With 64 bits
+  a collision among the ~10^7 blocks of a large replay has probability ~10^-5;
+  vLLM's 64-bit ``xxhash`` option accepts the same risk.
 * Tokens are described by :mod:`sim.core.tokens` runs instead of token-id tuples;
   equal tokens give equal bytes, so equal content gives equal hashes.
-
-How a chain is computed is an implementation choice behind one seam, a :class:`ChainBackend` handed in
-(``RequestBlockHasher(..., chain=...)``, ``extend_block_hashes(..., chain=...)``): in a process running the
-compiled build the engine hands in its C extension ``sim.native._chainhash``, which gives exactly the ints
-the Python code gives; with None (the default, and always in the interpreted build) the Python code runs.
-The core itself never imports it.
 
 A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 :func:`group_key`; each group therefore caches and evicts on its own.
@@ -29,12 +25,12 @@ A cache key is ``(hash, group_id)`` (vLLM: ``BlockHashWithGroupId``), built by
 from __future__ import annotations
 
 import struct
-from hashlib import blake2b
 from typing import Final, Protocol, Sequence, cast
+
+from xxhash import xxh3_64_intdigest
 
 from sim.core.tokens import (
     PIECE_STREAM,
-    PIECE_TRACE,
     BlockPiece,
     Segment,
     StreamBlocksSegment,
@@ -47,31 +43,20 @@ from sim.core.tokens import (
 
 BlockHash = int
 
-#: What precedes a block's token bytes in its hash input: the parent hash and the content length.
-_HEAD: Final = struct.Struct("<QQ")
-
-#: A BLAKE2b-64 state with nothing hashed: copying it costs a fraction of building a new hasher,
-#: which parses and applies its parameter block on every call.
-_EMPTY_BLAKE2B_64: Final = blake2b(digest_size=8)
-
-
-def _digest(data: bytes) -> int:
-    """BLAKE2b with an 8-byte digest of ``data``, as a little-endian int."""
-    state = _EMPTY_BLAKE2B_64.copy()
-    state.update(data)
-    return int.from_bytes(state.digest(), "little")
-
+#: What precedes a block's token bytes in its hash input: the content length.
+_HEAD: Final = struct.Struct("<Q")
 
 #: Parent of block 0 (vLLM's ``NONE_HASH`` from a fixed seed).
-NONE_HASH: BlockHash = _digest(b"hybridsim-none-hash")
+NONE_HASH: BlockHash = xxh3_64_intdigest(b"hybridsim-none-hash")
 
 
 def hash_block(parent: BlockHash | None, content: bytes, extra: bytes = b"") -> BlockHash:
     """Hash of one full block given its parent's hash, token bytes and extra keys.
 
-    BLAKE2b-64 over ``u64 parent | u64 len(content) | content | extra`` (little-endian).
+    XXH3-64 of ``u64 len(content) | content | extra`` (little-endian) seeded with the parent's hash
+    (:data:`NONE_HASH` for block 0).
     """
-    return _digest(_HEAD.pack(NONE_HASH if parent is None else parent, len(content)) + content + extra)
+    return xxh3_64_intdigest(_HEAD.pack(len(content)) + content + extra, NONE_HASH if parent is None else parent)
 
 
 def encode_extra_keys(lora_name: str | None, cache_salt: str | None, block_index: int) -> bytes:
@@ -91,18 +76,16 @@ def extend_block_hashes(
     hash_block_size: int,
     lora_name: str | None = None,
     cache_salt: str | None = None,
-    chain: ChainBackend | None = None,
 ) -> int:
     """Append the hashes of the full blocks of ``segments[:num_tokens]`` not yet in ``hashes``.
 
     ``hashes`` is a request's running hash list (vLLM: ``request.block_hashes``);
     it is extended in place, never recomputed. Returns the number appended.
-    ``chain`` hashes the blocks without extra keys (None: the Python code; the same hashes).
     """
     start_block = len(hashes)
     end_block = num_tokens // hash_block_size
     if not lora_name and not (cache_salt and start_block == 0):  # no extra keys on any of these blocks
-        _chain_pieces(hashes, block_pieces(segments, start_block, end_block, hash_block_size), hash_block_size, chain)
+        _chain_pieces(hashes, block_pieces(segments, start_block, end_block, hash_block_size), hash_block_size)
         return end_block - start_block
     parent = hashes[-1] if hashes else None
     contents = block_contents(segments, start_block, end_block, hash_block_size)
@@ -112,73 +95,15 @@ def extend_block_hashes(
     return end_block - start_block
 
 
-def _chain_contents(hashes: list[BlockHash], contents: list[bytes]) -> None:
-    """Append the chained hashes of blocks with these token bytes and no extra keys
-    (:func:`hash_block` inlined: the interpreted build's hot path)."""
+def _chain_pieces(hashes: list[BlockHash], pieces: list[BlockPiece], block_size: int) -> None:
+    """Append the chained hashes of these pieces' blocks, which carry no extra keys
+    (:func:`hash_block` inlined: the hot path)."""
+    pack = _HEAD.pack
     chained = hashes[-1] if hashes else NONE_HASH
-    for content in contents:
-        chained = _digest(_HEAD.pack(chained, len(content)) + content)
-        hashes.append(chained)
-
-
-class ChainBackend(Protocol):
-    """Chained hashes of :class:`~sim.core.tokens.BlockPiece` s without building their bytes as objects
-    (the compiled build's C extension ``sim.native._chainhash``).
-
-    Invariant: each call appends to ``hashes`` exactly the ints :func:`_chain_contents` appends for the
-    piece's :meth:`~sim.core.tokens.BlockPiece.contents` under ``parent`` (the hash of the block before,
-    or :data:`NONE_HASH`); ``tests/native/test_chainhash.py`` compares the two on random pieces.
-    """
-
-    def chain_bytes(self, hashes: list[int], parent: int, contents: list[bytes], /) -> None: ...
-
-    def chain_stream(
-        self, hashes: list[int], parent: int, head: bytes, start: int, count: int, block_size: int, /
-    ) -> None: ...
-
-    def chain_trace(
-        self,
-        hashes: list[int],
-        parent: int,
-        prefix: bytes,
-        ids: tuple[int, ...],
-        block: int,
-        length: int,
-        start: int,
-        count: int,
-        block_size: int,
-        /,
-    ) -> None: ...
-
-
-def _chain_pieces(
-    hashes: list[BlockHash], pieces: list[BlockPiece], block_size: int, backend: ChainBackend | None
-) -> None:
-    """Append the chained hashes of these pieces' blocks (no extra keys): through ``backend``, or the Python
-    code when it is None."""
     for piece in pieces:
-        if backend is None:
-            _chain_contents(hashes, piece.contents(block_size))
-            continue
-        parent = hashes[-1] if hashes else NONE_HASH
-        if piece.kind == PIECE_STREAM:
-            backend.chain_stream(hashes, parent, piece.head, piece.start, piece.count, block_size)
-        elif piece.kind == PIECE_TRACE:
-            trace = piece.trace
-            assert trace is not None
-            backend.chain_trace(
-                hashes,
-                parent,
-                trace.prefix.encode(),
-                trace.ids,
-                trace.block,
-                trace.length,
-                piece.start,
-                piece.count,
-                block_size,
-            )
-        else:
-            backend.chain_bytes(hashes, parent, [piece.content])
+        for content in piece.contents(block_size):
+            chained = xxh3_64_intdigest(pack(len(content)) + content, chained)
+            hashes.append(chained)
 
 
 class HashedRequest(Protocol):
@@ -228,14 +153,12 @@ class RequestBlockHasher:
       (without a LoRA name: its key goes on every block).
     """
 
-    __slots__ = ("hash_block_size", "chain", "_prefixes")
+    __slots__ = ("hash_block_size", "_prefixes")
 
-    def __init__(self, hash_block_size: int, chain: ChainBackend | None = None) -> None:
+    def __init__(self, hash_block_size: int) -> None:
         if hash_block_size < 1:
             raise ValueError(f"hash_block_size must be >= 1, got {hash_block_size}")
         self.hash_block_size = hash_block_size
-        #: What hashes the blocks without extra keys (None: the Python code; the same hashes).
-        self.chain = chain
         #: prefix key -> (prompt segments, block hashes) of the last request hashed with that start;
         #: the hash list is the request's own (it only grows, so its head stays valid).
         self._prefixes: dict[_PrefixKey, tuple[tuple[Segment, ...], list[BlockHash]]] = {}
@@ -249,7 +172,7 @@ class RequestBlockHasher:
             if num_blocks > 0:
                 head = stream_head(output_stream(request.request_id))
                 piece = BlockPiece(PIECE_STREAM, num_blocks, done - request.num_prompt_tokens, head, None, b"")
-                _chain_pieces(hashes, [piece], block, self.chain)
+                _chain_pieces(hashes, [piece], block)
             return
         segments = request.segments()
         keys: list[_PrefixKey] = []
@@ -263,7 +186,6 @@ class RequestBlockHasher:
             block,
             request.lora_name,
             request.cache_salt,
-            self.chain,
         )
         for key in keys:
             self._prefixes[key] = (segments, hashes)

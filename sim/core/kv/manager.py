@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 
 from sim.core.kv.coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, PolicyBlockPool
+from sim.core.kv.hashing import BlockHash
 from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.core.request import Request, RequestStatus
@@ -282,6 +283,11 @@ class KVCacheManager:
     def num_pending_events(self) -> int:
         """Events emitted and not yet taken by :meth:`take_events`."""
         return self.block_pool.num_pending_events
+
+    def cached_block_ids(self, block_hash: BlockHash, group_id: int) -> list[int]:
+        """Ids of every block cached under ``block_hash`` in ``group_id``, ascending (read-only; what a
+        scripted eviction names before :meth:`evict_blocks`)."""
+        return [b.block_id for b in self.block_pool.get_all_cached_blocks(block_hash, group_id)]
 
     def num_free_blocks(self) -> int:
         """Free blocks in the pool (steps table ``free_blocks``)."""

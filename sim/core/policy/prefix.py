@@ -21,16 +21,62 @@ in-process.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol, Sequence
 
-from mypy_extensions import mypyc_attr
-
-from sim.core.kv.coordinator import HybridKVCacheCoordinator
+from sim.core.kv.hashing import BlockHash
 from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.pool import KVCacheBlock
+from sim.core.kv.specs import KVCacheConfig
 from sim.core.registry import Registry
 from sim.core.request import Request
 
 ENTRY_POINT_GROUP = "hybridsim.prefix_policies"
+
+
+class PerGroupLookups(Protocol):
+    """The coordinator's per-group lookup, as the pre-#48425 policies read it (vLLM called it on
+    ``kv_cache_manager.coordinator``). ``full_attention_group_id`` is None unless the layout has a
+    full-attention group and prefix caching is on."""
+
+    @property
+    def full_attention_group_id(self) -> int | None: ...
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
+    ) -> tuple[tuple[Sequence[KVCacheBlock], ...], tuple[int, ...]]: ...
+
+
+class PrefixCacheView(Protocol):
+    """What a prefix policy may see of the KV-cache manager: its lookups, which only read the
+    prefix cache (:class:`sim.core.kv.manager.KVCacheManager` has them all)."""
+
+    @property
+    def kv_cache_config(self) -> KVCacheConfig: ...
+
+    @property
+    def coordinator(self) -> PerGroupLookups: ...
+
+    @property
+    def empty_kv_cache_blocks(self) -> KVCacheBlocks: ...
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool: ...
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]: ...
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]: ...
+
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks: ...
+
+
+class PolicyConnector(Protocol):
+    """What a prefix policy may see of the attached connector: its declared capability."""
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool: ...
 
 
 class PrefixLookup:
@@ -78,16 +124,10 @@ class PrefixLookup:
         )
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class PrefixPolicy:
     """Base class: subclasses set ``name`` and implement :meth:`lookup`."""
 
     name: ClassVar[str] = ""
-    #: True if :meth:`lookup` reads only the kv manager's lookup methods (the pool's
-    #: cache map, never ref counts or the free queue), the request's hashes, token
-    #: count and ``prefix_cache_hit_limit``, and static connector/config flags:
-    #: then the scheduler may reuse its answer while none of these changed.
-    pure_lookup: ClassVar[bool] = False
     #: True if runs under this policy are vLLM 0.33's decisions, so that ``hybridsim verify``
     #: can compare them with the real scheduler (vLLM as shipped, or the documented emulation
     #: of the pre-#48425 lookup on the scheduler instance). What-if policies keep False.
@@ -96,23 +136,22 @@ class PrefixPolicy:
     #: ``hit_diverged and external == 0`` fallback (a what-if: vLLM 0.33 does not).
     requery_after_fallback: ClassVar[bool] = False
 
-    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+    def lookup(self, kv_manager: PrefixCacheView, request: Request, connector: PolicyConnector | None) -> PrefixLookup:
         """Local hit for ``request``; ``connector`` is ``None`` when none is attached."""
         raise NotImplementedError
 
-    def lookup_path(self, connector: Any | None) -> str:
+    def lookup_path(self, connector: PolicyConnector | None) -> str:
         """The lookup this policy takes with ``connector`` for the whole run (the run summary's
         ``lookup_path``); the policy's own name unless it switches on the connector."""
         return self.name
 
 
-def reconciled_lookup(kv_manager: Any, request: Request) -> PrefixLookup:
+def reconciled_lookup(kv_manager: PrefixCacheView, request: Request) -> PrefixLookup:
     """vLLM's ``get_computed_blocks``: the fixed-point hit every group agrees on."""
     blocks, num_hit, boundary = kv_manager.get_computed_blocks(request)
     return PrefixLookup(blocks, num_hit, boundary, False)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class ReconciledPolicy(PrefixPolicy):
     """Plain ``get_computed_blocks``, connector-blind.
 
@@ -123,13 +162,11 @@ class ReconciledPolicy(PrefixPolicy):
     """
 
     name = "reconciled"
-    pure_lookup = True
 
-    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+    def lookup(self, kv_manager: PrefixCacheView, request: Request, connector: PolicyConnector | None) -> PrefixLookup:
         return reconciled_lookup(kv_manager, request)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class PR48425Policy(PrefixPolicy):
     """vLLM PR #48425 as gated in vLLM 0.33 (``Scheduler._get_local_prefix_cache_hit``).
 
@@ -142,16 +179,15 @@ class PR48425Policy(PrefixPolicy):
     """
 
     name = "pr48425"
-    pure_lookup = True
     mirrors_vllm = True
 
-    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+    def lookup(self, kv_manager: PrefixCacheView, request: Request, connector: PolicyConnector | None) -> PrefixLookup:
         if connector is not None and connector.supports_divergent_local_hybrid_hits:
             blocks, num_local, boundary, diverged = kv_manager.get_computed_blocks_for_connector(request)
             return PrefixLookup(blocks, num_local, boundary, bool(diverged))
         return reconciled_lookup(kv_manager, request)
 
-    def lookup_path(self, connector: Any | None) -> str:
+    def lookup_path(self, connector: PolicyConnector | None) -> str:
         """``divergent`` (``get_computed_blocks_for_connector``) with an opted-in connector, else
         ``reconciled`` (plain ``get_computed_blocks``: no connector, or one that does not opt in)."""
         if connector is not None and connector.supports_divergent_local_hybrid_hits:
@@ -159,7 +195,6 @@ class PR48425Policy(PrefixPolicy):
         return "reconciled"
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class PR48425RequeryPolicy(PR48425Policy):
     """A what-if, not vLLM: :class:`PR48425Policy`, but after the fallback the connector is asked again.
 
@@ -178,17 +213,19 @@ class PR48425RequeryPolicy(PR48425Policy):
     mirrors_vllm = False
 
 
-def _per_group_applies(kv_manager: Any, connector: Any | None) -> bool:
+def _per_group_applies(kv_manager: PrefixCacheView, connector: PolicyConnector | None) -> bool:
     """The gate #44243 and #45804 put on their per-group branch: a connector
     attached, Mamba layers, and the hybrid coordinator with a full-attention
-    group. No capability flag is consulted (that gate came with #48425)."""
+    group (with Mamba layers a full-attention group means several groups, so the
+    hybrid coordinator). No capability flag is consulted (that gate came with #48425)."""
     if connector is None or not kv_manager.kv_cache_config.has_mamba_layers:
         return False
-    coordinator = kv_manager.coordinator
-    return isinstance(coordinator, HybridKVCacheCoordinator) and coordinator.full_attention_group_id is not None
+    return kv_manager.coordinator.full_attention_group_id is not None
 
 
-def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any], ...], tuple[int, ...]] | None:
+def _per_group_lookup(
+    kv_manager: PrefixCacheView, request: Request
+) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]] | None:
     """Each group's own hit (``find_longest_cache_hit_per_group``), capped at
     ``num_tokens - 1`` and the request's hit limit; ``None`` when prefix-cache reads are off for the request."""
     if not kv_manager.prefix_cache_lookup_enabled(request):
@@ -198,7 +235,6 @@ def _per_group_lookup(kv_manager: Any, request: Request) -> tuple[tuple[list[Any
     return tuple(list(b) for b in blocks), tuple(hits)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class _PerGroupPolicy(PrefixPolicy):
     """The pre-#48425 per-group lookups (#44243, #45804): each group looked up alone, then combined.
 
@@ -208,10 +244,10 @@ class _PerGroupPolicy(PrefixPolicy):
     hits become one local hit (and may cut the per-group block lists in place).
     """
 
-    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+    def choose(self, kv_manager: PrefixCacheView, blocks: tuple[list[KVCacheBlock], ...], hits: tuple[int, ...]) -> int:
         raise NotImplementedError
 
-    def lookup(self, kv_manager: Any, request: Request, connector: Any | None) -> PrefixLookup:
+    def lookup(self, kv_manager: PrefixCacheView, request: Request, connector: PolicyConnector | None) -> PrefixLookup:
         if not _per_group_applies(kv_manager, connector):
             return reconciled_lookup(kv_manager, request)
         found = _per_group_lookup(kv_manager, request)
@@ -222,7 +258,6 @@ class _PerGroupPolicy(PrefixPolicy):
         return PrefixLookup(kv_manager.create_kv_cache_blocks(blocks), local, 0, False)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class MaxPerGroupPolicy(_PerGroupPolicy):
     """vLLM after PR #44243 ("Fix Mamba prefix cache hit rate in PD disaggregation").
 
@@ -241,14 +276,12 @@ class MaxPerGroupPolicy(_PerGroupPolicy):
     """
 
     name = "max_per_group"
-    pure_lookup = True
     mirrors_vllm = True
 
-    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+    def choose(self, kv_manager: PrefixCacheView, blocks: tuple[list[KVCacheBlock], ...], hits: tuple[int, ...]) -> int:
         return max(hits)
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)
 class TrimToMinPolicy(_PerGroupPolicy):
     """vLLM PR #45804 ("partial prefix caching for hybrid model in PD disaggregation").
 
@@ -265,9 +298,8 @@ class TrimToMinPolicy(_PerGroupPolicy):
     """
 
     name = "trim_to_min"
-    pure_lookup = True
 
-    def choose(self, kv_manager: Any, blocks: tuple[list[Any], ...], hits: tuple[int, ...]) -> int:
+    def choose(self, kv_manager: PrefixCacheView, blocks: tuple[list[KVCacheBlock], ...], hits: tuple[int, ...]) -> int:
         groups = kv_manager.kv_cache_config.groups
         local = min(hits[g] for g, group in enumerate(groups) if group.spec.kind == "full_attention")
         for lst, group in zip(blocks, groups):

@@ -3,15 +3,16 @@ what hashing every block of every request on its own gets."""
 
 from __future__ import annotations
 
-import hashlib
+import struct
 
 import numpy as np
 import pytest
+import xxhash
 
 from sim.core.kv import hashing
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
-from sim.core.tokens import IdsSegment, StreamBlocksSegment, StreamSegment
+from sim.core.tokens import IdsSegment, StreamBlocksSegment, StreamSegment, block_contents
 
 
 def _request(rid: str, *segments, lora: str | None = None, salt: str | None = None) -> Request:
@@ -79,13 +80,13 @@ def test_common_prompt_start_is_hashed_once(monkeypatch):
     hasher = RequestBlockHasher(block)
     system = StreamSegment("long-system", 0, 320)  # 20 blocks
     digests: list[bytes] = []
-    digest = hashing._digest
+    digest = hashing.xxh3_64_intdigest
 
-    def counting_digest(data: bytes) -> int:
+    def counting_digest(data: bytes, seed: int = 0) -> int:
         digests.append(data)
-        return digest(data)
+        return digest(data, seed)
 
-    monkeypatch.setattr(hashing, "_digest", counting_digest)
+    monkeypatch.setattr(hashing, "xxh3_64_intdigest", counting_digest)
     _request("a", system, StreamSegment("u-a", 0, 16)).set_block_hasher(hasher)
     assert len(digests) == 21
     _request("b", system, StreamSegment("u-b", 0, 16)).set_block_hasher(hasher)
@@ -107,13 +108,22 @@ def test_output_blocks_hashed_from_the_output_stream_equal_the_segment_path(prom
     assert len(request.block_hashes) == request.num_tokens // block
 
 
-def test_digest_is_blake2b_64_little_endian():
-    # the copied empty state must give exactly a fresh hasher's digest: every golden block hash depends on it
-    for data in (b"", b"x", bytes(range(256)) * 3):
-        assert hashing._digest(data) == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-    assert hashing.NONE_HASH == int.from_bytes(
-        hashlib.blake2b(b"hybridsim-none-hash", digest_size=8).digest(), "little"
-    )
+def test_block_hash_is_xxh3_64_of_length_content_and_extra_seeded_with_the_parent():
+    """The spec every golden block hash depends on (docs/kv-core.md): XXH3-64 of ``u64 len(content) |
+    content | extra`` (little-endian), seeded with the parent's hash, ``NONE_HASH`` before block 0."""
+    assert hashing.NONE_HASH == xxhash.xxh3_64_intdigest(b"hybridsim-none-hash")
+    for parent in (None, 0, 1, 2**64 - 1):
+        for content, extra in ((b"", b""), (b"x", b""), (bytes(range(256)) * 3, b"L\x00")):
+            seed = hashing.NONE_HASH if parent is None else parent
+            expected = xxhash.xxh3_64_intdigest(struct.pack("<Q", len(content)) + content + extra, seed)
+            assert hashing.hash_block(parent, content, extra) == expected
+    # the chain's hot path (no extra keys) gives hash_block's ints, block by block
+    request = _request("a", StreamSegment("doc", 0, 70))
+    request.set_block_hasher(RequestBlockHasher(16))
+    parent = None
+    for content, got in zip(block_contents(request.prompt, 0, 4, 16), request.block_hashes, strict=True):
+        parent = hashing.hash_block(parent, content)
+        assert got == parent
 
 
 def _turns():
@@ -151,8 +161,8 @@ def test_trace_block_prompts_reuse_the_hashes_of_their_common_ids_exactly(block)
 def test_a_conversations_next_turn_hashes_only_its_new_blocks(monkeypatch):
     hasher = RequestBlockHasher(10)
     digests: list[bytes] = []
-    digest = hashing._digest
-    monkeypatch.setattr(hashing, "_digest", lambda data: digests.append(data) or digest(data))
+    digest = hashing.xxh3_64_intdigest
+    monkeypatch.setattr(hashing, "xxh3_64_intdigest", lambda data, seed=0: digests.append(data) or digest(data, seed))
     _request("t1", StreamBlocksSegment("mc:", (0, 1, 2, 3), 8, 29)).set_block_hasher(hasher)
     assert len(digests) == 2  # blocks [0, 10) and [10, 20)
     # the next turn shares 29 tokens (t1's last trace block is partial): its blocks 0 and 1 are t1's
