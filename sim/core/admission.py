@@ -50,9 +50,8 @@ class AttemptEnd(enum.Enum):
 class AdmissionAttempt:
     """Everything one admission attempt decided; see the module docstring for who sets what.
 
-    A plain class with its own ``__init__`` rather than a dataclass: a dataclass's generated
-    ``__init__`` stays interpreted under the compiled core, and one attempt is built per
-    waiting-request visit. The keyword arguments are the fields, with the defaults shown.
+    A plain class with its own ``__init__``: one attempt is built per waiting-request visit.
+    The keyword arguments are the fields, with the defaults shown.
     """
 
     __slots__ = (

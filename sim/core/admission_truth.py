@@ -299,10 +299,7 @@ class TruthChecker:
 def _all_backed(lst: list[KVCacheBlock], hashes: list[object], group_id: object, lo: int, hi: int) -> bool:
     """The common answer of :meth:`TruthChecker._first_unbacked` in one pass: each claimed block of
     ``[lo, hi)`` (all within ``lst`` and ``hashes``) is cached under the request's hash in this group
-    (a null block holds no key) and untainted.
-
-    The hashes and the key's parts are compared as objects: typed ``int``, the compiled core would
-    unbox each 64-bit hash (most do not fit a tagged int) only to compare it."""
+    (a null block holds no key) and untainted."""
     for i in range(lo, hi):
         block = lst[i]
         key: tuple[object, object] | None = block.block_hash

@@ -174,9 +174,7 @@ class SchedulerConfig:
 class SchedulerOutput:
     """What one ``schedule()`` decided (the model input of the step).
 
-    A plain class, not a dataclass: one is built per step, and under the compiled
-    core a dataclass's generated ``__init__`` with its default factories costs
-    several thousand instructions a call.
+    A plain class: one is built per step.
     """
 
     def __init__(self, step: int, finished_req_ids: set[str] | None = None) -> None:

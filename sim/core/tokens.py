@@ -81,8 +81,7 @@ class StreamBlocksSegment:
     length: int
 
     def __init__(self, prefix: str, ids: tuple[int, ...], block: int, length: int) -> None:
-        # Written out (the dataclass keeps an __init__ the class defines) so that it is compiled: the generated
-        # one stays interpreted under mypyc, about 6k instructions a segment (one per trace request).
+        # Written out: the dataclass keeps an __init__ the class defines (it validates the ids against the length).
         n = len(ids)
         if block < 1 or n < 1 or not (n - 1) * block < length <= n * block:
             raise ValueError(f"blocks {prefix!r}: {n} ids of {block} tokens cannot hold {length} tokens")

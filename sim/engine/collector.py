@@ -6,7 +6,7 @@ cycles: 9k cyclic objects for a 1000-request step-clock run, 343k for the
 12,031-request Mooncake replay, whose peak RSS is the same with the collector
 on or off. Left on, the collector would walk that growing live heap again and
 again (profiled: 18% of the samples of a process running step-fa-1000 three
-times on the compiled core, imports included). Reference counting still
+times, imports included). Reference counting still
 frees everything acyclic at once; what cyclic garbage there is waits until the
 run ends and the collector resumes.
 """

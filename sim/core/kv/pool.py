@@ -508,30 +508,23 @@ class BlockPool:
         Blocks reaching 0 go to the front if uncached (in the given order) and
         to the back if cached (in the given order). Returns how many reached 0.
         """
-        first: list[KVCacheBlock] = []
-        last: list[KVCacheBlock] = []
-        self._drop_references(ordered_blocks, first, last)
-        self.free_block_queue.prepend_n(first)
-        self.free_block_queue.append_n(last)
-        return len(first) + len(last)
-
-    def _drop_references(
-        self, blocks: Iterable[KVCacheBlock], first: list[KVCacheBlock], last: list[KVCacheBlock]
-    ) -> None:
-        """Drop one reference on each non-null block; append each that reaches 0 to ``first`` if it is
-        uncached (or caching is off) and to ``last`` if cached, in the given order."""
+        blocks_to_evict_first: list[KVCacheBlock] = []
+        blocks_to_evict_last: list[KVCacheBlock] = []
         caching = self.enable_caching
-        for block in blocks:
+        for block in ordered_blocks:
             if block.is_null:
                 continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 if block.block_hash is None or not caching:
-                    first.append(block)
+                    blocks_to_evict_first.append(block)
                 else:
-                    last.append(block)
+                    blocks_to_evict_last.append(block)
             elif block.ref_cnt < 0:
                 raise AssertionError(f"negative ref count on block {block.block_id}")
+        self.free_block_queue.prepend_n(blocks_to_evict_first)
+        self.free_block_queue.append_n(blocks_to_evict_last)
+        return len(blocks_to_evict_first) + len(blocks_to_evict_last)
 
     def evict_blocks(self, block_ids: Iterable[int], request_id: str = "", cause: str = "evict_forced") -> None:
         """Drop the cache entries of the given blocks (vLLM ``evict_blocks``).

@@ -94,9 +94,8 @@ class PrefixLookup:
     ``supplies_mamba_state`` says so, the state at ``b``; the rest must be
     resident in the claimed blocks.
 
-    Immutable (its attributes are ``Final``; mypy rejects a write) and compared by value. A plain
-    class rather than a frozen dataclass so that the compiled core builds it without the
-    dataclass's interpreted ``__init__`` (one per admission attempt).
+    Immutable (its attributes are ``Final``; mypy rejects a write) and compared by value; one is
+    built per admission attempt.
     """
 
     __slots__ = ("blocks", "local_tokens", "shared_prefix_boundary", "hit_diverged")
