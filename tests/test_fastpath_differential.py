@@ -286,3 +286,24 @@ def test_demo_pressure_identical_on_the_time_clock(quiet_skips: list[int]) -> No
     """The step-time model reads the batch totals (Nemotron-H 8B on H100, time clock)."""
     _assert_same(load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", OVERRIDES))
     assert quiet_skips[0] > 0
+
+
+#: Layouts with align-mode Mamba, where a what-if checkpoint placement applies (sim.core.policy.checkpoint).
+PLACEMENT_LAYOUTS = [
+    "[full_attention, mamba]",
+    "[full_attention, {type: mamba, prefill_checkpoints: true}]",
+    "[mamba, mamba, full_attention]",
+]
+
+
+@pytest.mark.parametrize("placement", ["branch_points", "every_block"])
+@pytest.mark.parametrize("seed", _tiered(range(6), fast=1))
+def test_checkpoint_placements_identical_with_and_without_fast_paths(
+    seed: int, placement: str, quiet_skips: list[int]
+) -> None:
+    """A placement ends prefill chunks at extra Mamba states and keeps them cached: the quiet horizons
+    must still only skip calls that change nothing."""
+    overrides = [*OVERRIDES, f"cache.mamba_checkpoint_policy={placement}"]
+    text = random_scenario(seed, PLACEMENT_LAYOUTS)
+    _assert_same(scenario_from_text(text, f"<placement {placement} {seed}>", overrides=overrides))
+    assert quiet_skips[0] > 0
