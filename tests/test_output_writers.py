@@ -20,10 +20,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("sim/sweep/table.py", "pq.write_table"): "writes into the file object sim.trace.output.write_file opened",
     ("sim/analysis/figures.py", "savefig"): "renders into an in-memory buffer that write_file then writes",
     ("sim/sweep/runner.py", "unlink"): "a failed run's error.txt, proven hybridsim's (stamped) by _check_ours first",
-    ("sim/native/build.py", "write_text"): "`native build`: its build script and manifest in the package, not -o",
-    ("sim/native/build.py", "open"): "`native build`: the compiler's log in its own temporary folder",
-    ("sim/native/build.py", "os.replace"): "`native build`: the compiled core's manifest in the package",
-    ("sim/native/build.py", "unlink"): "`native clean`: removes the compiled extensions it built",
     ("sim/verify/vllm_side.py", "shutil.rmtree"): "removes its own tempfile.mkdtemp folder",
     ("sim/verify/vllm_side.py", "open"): "vLLM's config.json in its own tempfile.mkdtemp folder",
     # Landed after the writer (09:05): own rules, not yet routed through write_file (follow-up, issue 36).
