@@ -33,7 +33,6 @@ from sim.cluster.view import KVCacheView
 from sim.config.scenario import Scenario
 from sim.config.yamlio import ScenarioError
 from sim.core.kv.hashing import RequestBlockHasher
-from sim.core.kv.pool import KVEventLog
 from sim.core.request import Request
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components, run_rngs, scenario_workload
@@ -350,6 +349,8 @@ def _instance_loop(
     components = instance.components
     scenario = components.scenario
     transfers = _transfer_service(env, scenario.clock)
+    # The router's view hears every batch of KV events the instance records (the scheduler's and the actions').
+    components.recorder.kv_event_listener = instance.view.publish
     connector = components.connector
     if connector is not None:
         from sim.connector.context import context_from_kv_cache_config
@@ -369,9 +370,6 @@ def _instance_loop(
         if not feed.may_route():
             feed.wake_all()
 
-    def publish(log: KVEventLog, now: float) -> None:
-        instance.view.publish(log, now)
-
     return EngineLoop(
         env=env,
         scheduler=components.scheduler,
@@ -390,5 +388,4 @@ def _instance_loop(
         max_steps=options.max_steps,
         on_finished=on_finished,
         held_open=feed.may_route,
-        kv_listener=publish,
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from sim.core.kv.pool import KVEventLog
+from sim.trace.recorder import KVEventColumns
 
 
 class KVCacheView:
@@ -27,8 +27,8 @@ class KVCacheView:
         #: Published but not yet visible: ``(time, kind, group, hash)`` in publication order.
         self._pending: deque[tuple[float, str, int, int]] = deque()
 
-    def publish(self, log: KVEventLog, now: float) -> None:
-        """The instance's events of the step starting at ``now`` (called before it runs)."""
+    def publish(self, log: KVEventColumns, now: float) -> None:
+        """The instance's events recorded at time ``now``."""
         for kind, group, block_hash in zip(log.kind, log.group, log.block_hash):
             self._pending.append((now, kind, group, block_hash))
 

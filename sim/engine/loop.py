@@ -46,7 +46,6 @@ import simpy
 
 from sim.connector.protocol import Connector
 from sim.core.kv.manager import KVCacheManager
-from sim.core.kv.pool import KVEventLog
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import EngineCrash, Scheduler, SchedulerOutput
 from sim.engine.transfer import EngineTransferService
@@ -113,9 +112,6 @@ class EngineLoop:
     #: While this returns True the loop never ends or stalls for want of work: more requests may still be
     #: released to it (a cluster's router, :mod:`sim.cluster.run`); it sleeps until :meth:`wake`.
     held_open: Callable[[], bool] | None = None
-    #: Called with each batch of KV events the loop records and the simulated time of its step (a
-    #: cluster's router view, :class:`sim.cluster.view.KVCacheView`).
-    kv_listener: Callable[[KVEventLog, float], None] | None = None
 
     times: dict[str, RequestTimes] = field(default_factory=dict)
     #: Arrived requests the connector routed and has handed over since the last step (``route_arrival``).
@@ -346,8 +342,6 @@ class EngineLoop:
         log = self.kv_manager.take_event_log()
         if len(log):
             self.recorder.record_kv_event_log(log)
-            if self.kv_listener is not None:
-                self.kv_listener(log, float(self.env.now))
 
     def _note_recorded_crashes(self) -> None:
         """With ``on_crash: record`` the first recorded crash is the run's crash marker."""

@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 
 def kv_event_columns() -> list[str]:
@@ -209,6 +209,8 @@ class Recorder:
         self.step = 0
         self.time_s = 0.0
         self.kv_events = KVEventTable()
+        #: Called with each recorded batch of KV events and its time (``None``: nobody listens).
+        self.kv_event_listener: Callable[[KVEventColumns, float], None] | None = None
         self.admissions = Columns(admission_columns(num_groups))
         self.requests = Columns(request_columns())
         self.schedule = Columns(schedule_columns())
@@ -231,9 +233,12 @@ class Recorder:
         self.time_s = time_s
 
     def record_kv_event_log(self, log: KVEventColumns) -> None:
-        """Append a pool's event log (``sim.core.kv.pool.KVEventLog``), stamped with the current step and time."""
+        """Append a pool's event log (``sim.core.kv.pool.KVEventLog``), stamped with the current step and time;
+        then hand it to :attr:`kv_event_listener`, if one is set (a cluster's router view)."""
         if len(log):
             self.kv_events.append_log(log, self.step, self.time_s)
+            if self.kv_event_listener is not None:
+                self.kv_event_listener(log, self.time_s)
 
     def record_admission(
         self,

@@ -166,3 +166,31 @@ def test_commands_read_a_cluster_bundle(tmp_path: Path) -> None:
     rid = str(requests.loc[requests["instance"] == 1, "request_id"].iloc[0])
     result = runner.invoke(app, ["explain", str(bundle), rid])
     assert result.exit_code == 0 and f"admission            {rid}" in result.output
+
+
+def test_prefix_aware_sends_a_repeat_to_the_instance_that_cached_it() -> None:
+    """Four documents, then each again in reverse order long after: every repeat goes where its first
+    request's blocks are (the router's view is fed by the instances' KV events)."""
+    first = "".join(
+        f"    - {{id: a{i}, at: {i}, prompt: [{{content: doc{i}, tokens: 96}}], max_tokens: 2}}\n" for i in range(4)
+    )
+    again = "".join(
+        f"    - {{id: b{i}, at: {60 + 3 - i}, prompt: [{{content: doc{i}, tokens: 96}}, {{content: q{i}, tokens: 8}}],"
+        " max_tokens: 2}\n"
+        for i in range(4)
+    )
+    text = f"""
+name: repeats
+clock: steps
+cache: {{block_size: 16, num_blocks: 200, groups: [full_attention, mamba]}}
+scheduler: {{max_num_seqs: 4, max_num_batched_tokens: 256, prefix_policy: pr48425}}
+outputs: {{plots: false}}
+workload:
+  requests:
+{first}{again}cluster: {{instances: 4, router: {{policy: prefix_aware, group_aware: true, load_weight: 0}}}}
+"""
+    result = _run(text)
+    home = dict(zip(result.tables["requests"]["request_id"], result.tables["requests"]["instance"]))
+    assert all(home[f"b{i}"] == home[f"a{i}"] for i in range(4)), home
+    admissions = result.tables["admissions"].set_index("request_id")
+    assert all(admissions.loc[f"b{i}", "local_tokens"] > 0 for i in range(4))
