@@ -23,10 +23,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("sim/verify/vllm_side.py", "shutil.rmtree"): "removes its own tempfile.mkdtemp folder",
     ("sim/verify/vllm_side.py", "open"): "vLLM's config.json in its own tempfile.mkdtemp folder",
     # Landed after the writer (09:05): own rules, not yet routed through write_file (follow-up, issue 36).
-    ("sim/export/kv_events.py", "mkdir"): "export kv-events: own link/--force/O_EXCL checks; to move to write_file",
-    ("sim/export/kv_events.py", "os.open"): "export kv-events: O_EXCL|O_NOFOLLOW temp file; to move to write_file",
-    ("sim/export/kv_events.py", "os.replace"): "export kv-events: atomic rename; to move to write_file",
-    ("sim/export/kv_events.py", "unlink"): "export kv-events: removes its own temp file; to move to write_file",
     ("sim/e2e/driver.py", "mkdir"): "fuzz --e2e: its temporary work folders and OUT; to move to write_file",
     ("sim/e2e/driver.py", "write_text"): "fuzz --e2e: work files and OUT's failure reports; to move to write_file",
     ("sim/e2e/driver.py", "shutil.copyfile"): "fuzz --e2e: a failing scenario copied to OUT; to move to write_file",

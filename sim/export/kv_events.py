@@ -240,21 +240,8 @@ def export_kv_events(
 
 
 def write_events(out: Path, data: bytes, *, force: bool = False) -> None:
-    """Write the stream to ``out``: never through a link, never over an existing file without ``force``,
-    atomically (a temporary file in the same folder, then renamed over ``out``)."""
-    import os
+    """Write the stream to ``out`` through the one output writer (no link followed, an existing file replaced
+    only with ``force`` and kept aside, atomic): a msgpack stream has no room for an ownership stamp."""
+    from sim.trace.output import write_file
 
-    if out.is_symlink():
-        raise ExportError(f"-o/--out {out}: is a symbolic link; links are never followed")
-    if out.exists() and (not out.is_file() or not force):
-        raise ExportError(f"-o/--out {out}: exists; give --force to replace it, or another path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_file(out, data, force=force, option="-o/--out", stamped=False)
