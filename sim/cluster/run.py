@@ -21,7 +21,7 @@ crash on any instance stops the whole cluster (``on_crash: stop``), as a dead en
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import simpy
@@ -37,7 +37,16 @@ from sim.core.request import Request
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components, run_rngs, scenario_workload
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
-from sim.engine.run import RunOptions, RunRecord, _record_requests, _step_duration_fn, _transfer_service
+from sim.engine.run import (
+    RunOptions,
+    RunRecord,
+    _record_requests,
+    _step_duration_fn,
+    _transfer_service,
+    bind_connector,
+    invariant_check,
+    record_unstarted,
+)
 from sim.engine.sessions import SessionDriver
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
@@ -239,9 +248,9 @@ class ClusterRun:
             )
         unrouted = Recorder(len(self.instances[0].components.kv_cache_config.groups), record_schedule=False)
         for request in self.rejected:
-            _record_unrouted(unrouted, request, "rejected")
+            record_unstarted(unrouted, request, "rejected")
         for request in self.feed.unrouted:
-            _record_unrouted(unrouted, request, "not_arrived")
+            record_unstarted(unrouted, request, "not_arrived")
         return ClusterRecord(
             scenario=self.scenario,
             instances=records,
@@ -252,22 +261,6 @@ class ClusterRun:
             crash=crash,
             simulated_s=float(self.env.now),
         )
-
-
-def _record_unrouted(recorder: Recorder, request: Request, outcome: str) -> None:
-    recorder.record_request(
-        request_id=request.request_id,
-        arrival_s=float(request.arrival_time),
-        first_scheduled_s=None,
-        first_token_s=None,
-        finished_s=None,
-        prompt_tokens=request.num_prompt_tokens,
-        output_tokens=0,
-        local_hit_tokens=0,
-        external_hit_tokens=0,
-        preemptions=0,
-        outcome=outcome,
-    )
 
 
 def check_cluster(scenario: Scenario, workload: tuple[list[Request], list[Request]] | None = None) -> list[Scenario]:
@@ -352,17 +345,8 @@ def _instance_loop(
     # The router's view hears every batch of KV events the instance records (the scheduler's and the actions').
     components.recorder.kv_event_listener = instance.view.publish
     connector = components.connector
-    if connector is not None:
-        from sim.connector.context import context_from_kv_cache_config
-
-        connector.bind(context_from_kv_cache_config(components.kv_cache_config, scenario.clock, rng, transfers))
-    check: Callable[[], None] | None = None
-    if options.check_invariants or scenario.check_invariants:
-        from functools import partial
-
-        from sim.core.kv.manager import check_invariants
-
-        check = partial(check_invariants, components.kv_manager)
+    bind_connector(components, rng, transfers)
+    check = invariant_check(components, options)
 
     def on_finished(finished: list[Request], now: float) -> None:
         if feed.sessions is not None:

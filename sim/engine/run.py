@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import simpy
 
 from sim.config import load_scenario
@@ -35,6 +36,7 @@ from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
 from sim.engine.sessions import SessionDriver
+from sim.engine.transfer import EngineTransferService
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
 
@@ -166,19 +168,46 @@ def _record_requests(components: Components, loop: EngineLoop, stopped: bool) ->
             outcome=_request_outcome(request, worst, crashed, stopped) if arrived else "not_arrived",
         )
     for request in components.rejected:
-        rec.record_request(
-            request_id=request.request_id,
-            arrival_s=float(request.arrival_time),
-            first_scheduled_s=None,
-            first_token_s=None,
-            finished_s=None,
-            prompt_tokens=request.num_prompt_tokens,
-            output_tokens=0,
-            local_hit_tokens=0,
-            external_hit_tokens=0,
-            preemptions=0,
-            outcome="rejected",
+        record_unstarted(rec, request, "rejected")
+
+
+def record_unstarted(recorder: Recorder, request: Request, outcome: str) -> None:
+    """The ``requests`` row of a request that never reached a scheduler (``rejected``, or ``not_arrived``)."""
+    recorder.record_request(
+        request_id=request.request_id,
+        arrival_s=float(request.arrival_time),
+        first_scheduled_s=None,
+        first_token_s=None,
+        finished_s=None,
+        prompt_tokens=request.num_prompt_tokens,
+        output_tokens=0,
+        local_hit_tokens=0,
+        external_hit_tokens=0,
+        preemptions=0,
+        outcome=outcome,
+    )
+
+
+def bind_connector(components: Components, rng: np.random.Generator, transfers: EngineTransferService) -> None:
+    """Bind the run's connector (if any) to its layout, clock, random stream and transfer service."""
+    connector = components.connector
+    if connector is not None:
+        from sim.connector.context import context_from_kv_cache_config
+
+        connector.bind(
+            context_from_kv_cache_config(components.kv_cache_config, components.scenario.clock, rng, transfers)
         )
+
+
+def invariant_check(components: Components, options: RunOptions) -> Callable[[], None] | None:
+    """The per-step cache invariant check, when the options or the scenario ask for it."""
+    if not (options.check_invariants or components.scenario.check_invariants):
+        return None
+    from functools import partial
+
+    from sim.core.kv.manager import check_invariants
+
+    return partial(check_invariants, components.kv_manager)
 
 
 class Run:
@@ -276,22 +305,9 @@ def build_run(
     env = simpy.Environment()
     transfers = _transfer_service(env, scenario.clock)
     connector = components.connector
-    if connector is not None:
-        from sim.connector.context import context_from_kv_cache_config
-
-        connector.bind(
-            context_from_kv_cache_config(
-                components.kv_cache_config, scenario.clock, components.connector_rng, transfers
-            )
-        )
+    bind_connector(components, components.connector_rng, transfers)
     progress = _Progress(scenario, len(components.requests)) if options.progress else None
-    check: Callable[[], None] | None = None
-    if options.check_invariants or scenario.check_invariants:
-        from functools import partial
-
-        from sim.core.kv.manager import check_invariants
-
-        check = partial(check_invariants, components.kv_manager)
+    check = invariant_check(components, options)
     sessions = _session_driver(scenario, components.requests)
     loop = EngineLoop(
         env=env,
