@@ -96,10 +96,30 @@ def _empty(ax: Axes, message: str) -> None:
     ax.set_yticks([])
 
 
+#: Major tick intervals per numeric axis, at most. Matplotlib's automatic count (9-10 on these axes) made
+#: building and drawing ticks (five artists each: two marks, a grid line, two labels) the largest part of
+#: the plotting time; five intervals with grid lines still read off a step plot or a CDF.
+MAX_TICKS = 5
+
+
+def _locator(integer: bool = False) -> MaxNLocator:
+    """A major-tick locator with at most :data:`MAX_TICKS` intervals (``integer``: whole numbers only)."""
+    return MaxNLocator(nbins=MAX_TICKS, integer=integer)
+
+
 def _figure(
-    nrows: int = 1, ncols: int = 1, *, width: float = 9.0, height: float = 4.5, legend_right: float = 0.0, **kw
+    nrows: int = 1,
+    ncols: int = 1,
+    *,
+    width: float = 9.0,
+    height: float = 4.5,
+    legend_right: float = 0.0,
+    categorical_x: bool = False,
+    **kw,
 ) -> tuple[Figure, np.ndarray]:
-    """A figure with fixed margins in inches (``legend_right``: room for legends right of the axes).
+    """A figure with fixed margins in inches (``legend_right``: room for legends right of the axes) and
+    at most :data:`MAX_TICKS` tick intervals per numeric axis (``categorical_x``: x keeps one tick per
+    category).
 
     Fixed margins instead of a layout engine: constrained or tight layout (or a
     tight bounding box) draws every figure twice, which doubled plotting time.
@@ -116,6 +136,10 @@ def _figure(
         hspace=0.55 * nrows / max(height - 1.3, 1.0),
         wspace=0.28,
     )
+    for ax in axes.flat:
+        ax.yaxis.set_major_locator(_locator())
+        if not categorical_x:
+            ax.xaxis.set_major_locator(_locator())
     return fig, axes
 
 
@@ -293,7 +317,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
 
 def _finish_panel(ax: Axes) -> None:
     ax.set_ylabel("blocks")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(_locator(integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
 
@@ -390,7 +414,7 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
         )
         _mark_crashes(ax, crashes, False)
         ax.set_ylabel("block id")
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(_locator(integer=True))
         shown = f" (g{g} shown)" if len(panel.groups) > 1 else ""
         ax.set_title(
             f"{panel.label}: evictions {eviction_count(removed, panel.groups)}{shown}", loc="left", fontsize=10
@@ -458,7 +482,7 @@ def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
         )
         ax.bar_label(bars, fontsize=7)
     ax.set_xticks(x, [str(i) for i in table.index])
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(_locator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(title="outcome", fontsize=8)
@@ -484,7 +508,7 @@ def outcome_counts(result: ResultSource) -> tuple[pd.Series, pd.Series]:
 def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
     """Requests by final outcome (each once), and admission attempts by outcome in a second panel."""
     final, attempts = outcome_counts(result)
-    fig, axes = _figure(1, 2, width=10.0, height=4.5)
+    fig, axes = _figure(1, 2, width=10.0, height=4.5, categorical_x=True)
     fig.suptitle("Outcomes")
     for ax, counts, what in (
         (axes[0, 0], final, "requests (final outcome)"),
@@ -499,7 +523,7 @@ def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
             [str(o) for o in counts.index], counts.to_numpy(), color=[_outcome_colour(o, others) for o in counts.index]
         )
         ax.bar_label(bars, fontsize=8)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(_locator(integer=True))
         ax.set_ylabel("count")
         ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
@@ -536,7 +560,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
         if col in steps:
             ax.step(steps[xcol], steps[col], where="post", color=colour, label=col[5:].replace("_", " "))
     ax.set_ylabel("transfers")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(_locator(integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_xlabel(xlabel)
@@ -579,7 +603,7 @@ def compare_outcomes(
         adm = tables_of(result)["admissions"]
         frames.append(pd.DataFrame({"run": str(label), "outcome": adm["outcome"].astype(object)}))
     adm = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"run": [], "outcome": []})
-    fig, axes = _figure(width=max(6.0, 1.6 * len(results) + 3), height=4.5)
+    fig, axes = _figure(width=max(6.0, 1.6 * len(results) + 3), height=4.5, categorical_x=True)
     fig.suptitle("Admission outcomes by run")
     if adm.empty:
         _empty(axes[0, 0], "no admissions")
@@ -619,7 +643,7 @@ def plot_hit_rate_by_turn(
     ax.set_xlabel("turn index")
     ax.set_ylabel("reused / reusable tokens")
     ax.set_ylim(0, 1.02)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(_locator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
