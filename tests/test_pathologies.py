@@ -190,3 +190,28 @@ def test_45845_ordering_null_worst_then_interval_then_zero(retention_runs):
     assert fa == sorted(fa) and len(set(fa)) == 3
     assert fa_evictions == sorted(fa_evictions, reverse=True) and len(set(fa_evictions)) == 3
     assert mamba_evictions == sorted(mamba_evictions, reverse=True) and len(set(mamba_evictions)) == 3
+
+
+# ------------------------------------------------------------------ #50454
+def _admission(result, request_id: str, kind: str = "first"):
+    adm = result.admissions
+    return adm[(adm["request_id"] == request_id) & (adm["kind"] == kind)].iloc[0]
+
+
+@pytest.mark.parametrize(
+    "overrides, local, external, outcome",
+    [
+        # vLLM 0.33/0.34's rule: reconcile to 16, the tier loads 16..64 (FA chunks + the Mamba state at 64).
+        ((), 16, 48, "ok"),
+        # What-if, the 0.25.1 max-of-hits rule: 64 claimed locally, nothing stored past it, FA 32..64 unbacked.
+        (("scheduler.prefix_policy=max_per_group",), 64, 0, "corrupt"),
+    ],
+)
+def test_50454_offload_after_diverged_eviction(overrides, local, external, outcome):
+    result = _run("offload-eviction-assert.yaml", *overrides)
+    assert result.summary["crash"] is None
+    r = _admission(result, "r")
+    assert (int(r["hit_g0"]), int(r["hit_g1"])) == (32, 64)
+    assert (int(r["local_tokens"]), int(r["external_tokens"]), r["outcome"]) == (local, external, outcome)
+    others = result.admissions[result.admissions["request_id"] != "r"]
+    assert set(others["outcome"]) == {"ok"}
