@@ -215,3 +215,63 @@ def test_50454_offload_after_diverged_eviction(overrides, local, external, outco
     assert (int(r["local_tokens"]), int(r["external_tokens"]), r["outcome"]) == (local, external, outcome)
     others = result.admissions[result.admissions["request_id"] != "r"]
     assert set(others["outcome"]) == {"ok"}
+
+
+def _verify(name: str, vllm: str, *overrides: str):
+    from sim.verify.run import VerifyStatus, verify_scenario
+
+    verdict = verify_scenario(load_scenario(PATHOLOGIES / name, [f"vllm_version={vllm}", *overrides]), quiet=True)
+    assert verdict.status is VerifyStatus.IDENTICAL, verdict.difference and verdict.difference.describe()
+
+
+def test_50454_stand_in_verifies_against_the_installed_vllm(vllm):
+    """The scripted connector holding the tier's 80 tokens: 0.33 and 0.34 decide as hybridsim."""
+    _verify("offload-eviction-assert.yaml", vllm, "connector={type: scripted, holds: {r: 80}}")
+
+
+# ------------------------------------------------------------------ #45407 / LMCache #3655
+NOT_VERIFIED = "AssertionError: External KV connector is not verified yet"
+
+
+def _rows(result) -> list[tuple]:
+    cols = ["request_id", "kind", "step", "local_tokens", "external_tokens", "outcome", "num_computed_tokens"]
+    return [tuple(row) for row in result.admissions[cols].itertuples(index=False)]
+
+
+def test_45407_tier_hit_after_the_gpu_cache_lost_the_prefix_is_taken():
+    """vLLM 0.23+ (0.33/0.34): the tier's answer loads asynchronously, the split waits for it, every request ok."""
+    result = _run("external-kv-not-verified.yaml")
+    _all_ok(result)
+    assert _rows(result) == [
+        ("a0", "first", 0, 0, 0, "ok", 0),
+        ("a1", "first", 10, 1632, 0, "ok", 1632),  # GPU prefix cache hit; the tier adds nothing
+        ("b", "first", 25, 0, 1632, "ok", 1632),  # after the reset: the tier's 3 chunks, async
+        ("b", "after_async_load", 26, 0, 0, "ok", 1632),
+    ]
+
+
+@pytest.mark.parametrize("load_async", ["false", "true"])
+def test_45407_stand_in_verifies_against_the_installed_vllm(vllm, load_async):
+    """0.33 and 0.34 take external tokens in the split (sync) and skip it for an async load: identical."""
+    connector = f"connector={{type: scripted, holds: {{b: 1632}}, load_async: {load_async}}}"
+    _verify("external-kv-not-verified.yaml", vllm, connector)
+
+
+@pytest.mark.parametrize(
+    "connector",
+    [
+        (),
+        ("connector={type: scripted, holds: {b: 1632}}",),
+        ("connector={type: scripted, holds: {b: 1632}, load_async: true}",),
+    ],
+)
+def test_45407_vllm_0_22_1_split_assertion_kills_the_engine_at_the_first_external_hit(connector):
+    """The what-if 0.22.1 rule: a0 and a1 are served (no external tokens), b's tier hit crashes the engine,
+    with the offload tier and with the scripted stand-ins of the verify runs (sync and async)."""
+    result = _run("external-kv-not-verified.yaml", *connector, "scheduler.assert_no_external_kv_in_mamba_split=true")
+    assert result.summary["crash"] == {"step": 25, "time_s": 25.0, "request_id": "b", "reason": NOT_VERIFIED}
+    assert _rows(result) == [
+        ("a0", "first", 0, 0, 0, "ok", 0),
+        ("a1", "first", 10, 1632, 0, "ok", 1632),
+        ("b", "first", 25, 0, 1632, "crash", 0),
+    ]

@@ -401,6 +401,9 @@ class SchedulerSection(_Strict):
     cache_aware_admission_threshold: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     #: Cap on requests holding blocks for an async connector load; ``None``: no cap (and no early loads).
     max_num_inflight_kv_loads: PositiveInt | None = None
+    #: What-if (not vLLM 0.33/0.34): vLLM 0.22.1's assertion that no external tokens reach the Mamba
+    #: block-aligned split (vLLM #45407); ``verify`` refuses it. docs/pathologies.md §6.
+    assert_no_external_kv_in_mamba_split: StrictBool = False
 
 
 # --------------------------------------------------------------------------- connector

@@ -136,6 +136,10 @@ class SchedulerConfig:
     cache_aware_admission_threshold: float = 0.5
     #: vLLM 0.34: cap on requests holding blocks for an async load (``None``: no cap, no early loads).
     max_num_inflight_kv_loads: int | None = None
+    #: What-if, not vLLM 0.33/0.34: vLLM 0.22.1 and older (before PR #42554) ran the Mamba block-aligned split
+    #: on every admission, async loads included, and asserted that no external tokens came with it
+    #: ("External KV connector is not verified yet", vLLM #45407). True reproduces that engine crash.
+    assert_no_external_kv_in_mamba_split: bool = False
 
     def __post_init__(self) -> None:
         for key in ("max_num_seqs", "max_num_batched_tokens"):
@@ -162,6 +166,11 @@ class SchedulerConfig:
         cap = self.max_num_inflight_kv_loads
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"scheduler.max_num_inflight_kv_loads: expected an integer >= 1 or null, got {cap!r}")
+        if not isinstance(self.assert_no_external_kv_in_mamba_split, bool):
+            raise ValueError(
+                "scheduler.assert_no_external_kv_in_mamba_split: expected true or false, "
+                f"got {self.assert_no_external_kv_in_mamba_split!r}"
+            )
 
     @property
     def max_in_flight_tokens(self) -> int:
@@ -776,8 +785,14 @@ class Scheduler:
         return True
 
     def _size_phase(self, attempt: AdmissionAttempt, budget: int, threshold: int) -> bool:
-        """Phase 4: the tokens to schedule (0 for an async load). False: no aligned chunk (``STOPPED``)."""
+        """Phase 4: the tokens to schedule (0 for an async load). False: no aligned chunk (``STOPPED``).
+
+        With the what-if ``assert_no_external_kv_in_mamba_split`` (vLLM <= 0.22.1) the split's assertion
+        comes first, for an async load too: that release split every admission, external tokens or not.
+        """
         request = attempt.request
+        if self.need_mamba_split and self.config.assert_no_external_kv_in_mamba_split:
+            self._check(attempt.ext == 0, "External KV connector is not verified yet", request)
         if attempt.load_async:
             self._check(attempt.ext > 0, "num_external_computed_tokens > 0", request)
             attempt.num_new_tokens = 0

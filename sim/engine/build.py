@@ -372,6 +372,7 @@ def _scheduler_config(scenario: Scenario, max_model_len: int) -> SchedulerConfig
             0.5 if sched.cache_aware_admission_threshold is None else sched.cache_aware_admission_threshold
         ),
         max_num_inflight_kv_loads=sched.max_num_inflight_kv_loads,
+        assert_no_external_kv_in_mamba_split=sched.assert_no_external_kv_in_mamba_split,
     )
 
 

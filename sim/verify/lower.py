@@ -58,7 +58,8 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     (the emulated pre-#48425 lookup), connectors other than ``none`` and
     ``scripted``, eviction policies other than ``lru``, Mamba checkpoint
     placements other than ``vllm``, what-if options vLLM
-    lacks (``cache.corrected_mamba_accounting``), connector faults, LoRA and
+    lacks (``cache.corrected_mamba_accounting``,
+    ``scheduler.assert_no_external_kv_in_mamba_split``), connector faults, LoRA and
     cache salts, a scripted connector that does not declare HMA support
     (vLLM refuses such a connector with the hybrid KV-cache manager on), and
     closed-loop sessions (a turn arrives when the run finishes its parent; the
@@ -83,6 +84,11 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
         return placement_reason
     if scenario.cache.corrected_mamba_accounting:
         return "cache.corrected_mamba_accounting: true is a what-if option vLLM does not have"
+    if scenario.scheduler.assert_no_external_kv_in_mamba_split:
+        return (
+            "scheduler.assert_no_external_kv_in_mamba_split: true is a what-if (vLLM 0.22.1's assertion, "
+            "gone since 0.23)"
+        )
     if ctype == "scripted" and scenario.connector.options().get("supports_hma", True) is False:
         return "connector.supports_hma: false (vLLM refuses a connector without HMA support on a hybrid layout)"
     for i, action in enumerate(scenario.actions):

@@ -263,6 +263,34 @@ def test_mamba_split_stops_at_the_next_boundary_after_an_unaligned_external_hit(
     assert got == [8, 80, 4]
 
 
+@pytest.mark.parametrize("load_async", [False, True])
+def test_what_if_022_split_asserts_no_external_tokens(load_async):
+    """vLLM <= 0.22.1 (before #42554): any external hit on an align-mode hybrid kills the engine, async or not;
+    0.23+ (hybridsim's default) takes it. A request without external tokens is unaffected (vLLM #45407)."""
+    conn = ScriptedConnector(matched_tokens={"ext": 32}, load_async=load_async)
+    h = Harness(groups=MAMBA, connector=conn, assert_no_external_kv_in_mamba_split=True)
+    h.add(req("plain", 40))
+    h.run_step()
+    h.add(req("ext", 48))
+    with pytest.raises(EngineCrash) as info:
+        h.run_step()
+    reason = "AssertionError: External KV connector is not verified yet"
+    assert (info.value.reason, info.value.request_id) == (reason, "ext")
+    assert h.admission_rows("request_id", "external_tokens", "outcome") == [("plain", 0, "ok"), ("ext", 32, "crash")]
+    default = Harness(groups=MAMBA, connector=ScriptedConnector(matched_tokens={"ext": 32}, load_async=load_async))
+    default.add(req("ext", 48))
+    default.run_step()
+    assert default.admission_rows("request_id", "external_tokens", "outcome") == [("ext", 32, "ok")]
+
+
+def test_what_if_022_split_assert_needs_the_mamba_split():
+    """Full attention only: no split, so the what-if never fires."""
+    h = Harness(connector=ScriptedConnector(matched_tokens={"ext": 32}), assert_no_external_kv_in_mamba_split=True)
+    h.add(req("ext", 48))
+    h.run_step()
+    assert h.admission_rows("request_id", "external_tokens", "outcome") == [("ext", 32, "ok")]
+
+
 def test_mamba_split_zero_stops_admission_for_the_step():
     h = Harness(groups=MAMBA, max_num_batched_tokens=20)
     h.add(req("r0", 40), req("r1", 40))

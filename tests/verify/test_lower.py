@@ -75,6 +75,7 @@ def test_same_step_arrivals_keep_the_engines_order():
     [
         ({"scheduler.prefix_policy": "reconciled"}, "scheduler.prefix_policy"),
         ({"cache.corrected_mamba_accounting": "true"}, "corrected_mamba_accounting"),
+        ({"scheduler.assert_no_external_kv_in_mamba_split": "true"}, "vLLM 0.22.1's assertion"),
         ({"connector.supports_hma": "false"}, "supports_hma"),
         ({"cache.mamba_checkpoint_policy": "branch_points"}, "'branch_points' is a what-if checkpoint placement"),
         ({"cache.mamba_checkpoint_policy": "every_block"}, "'every_block' is a what-if checkpoint placement"),
