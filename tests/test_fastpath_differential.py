@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.accel import QuietKVCacheManager
+from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.accel.quiet import QuietHorizons
 from sim.api import RunOptions, run_scenario
 from sim.config import load_scenario, scenario_from_text
 from sim.core.kv.manager import KVCacheManager
+from sim.core.scheduler import Scheduler
 from sim.engine.build import build_components
 from sim.trace.golden import GOLDEN_SCENARIOS
 
@@ -63,19 +64,38 @@ def _tiered(values, fast: int = FAST_SEEDS):
     return [v if i < fast else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(values)]
 
 
+class LayerCounts:
+    """What the speed layer did in a test: ``allocate_slots`` calls its horizons skipped (``skips``) and
+    running-loop passes its scheduler took as quiet decodes (``decodes``), over every run the test built."""
+
+    def __init__(self) -> None:
+        self.skips = 0
+        self.schedulers: list[QuietDecodeScheduler] = []
+
+    @property
+    def decodes(self) -> int:
+        return sum(s.num_quiet_decodes for s in self.schedulers)
+
+
 @pytest.fixture
-def quiet_skips(monkeypatch) -> list[int]:
-    """Counts the ``allocate_slots`` calls the quiet horizons skipped (a case that skips none shows nothing)."""
-    counted = [0]
+def layer(monkeypatch) -> LayerCounts:
+    """Counts what the speed layer skipped (a case where it skips nothing shows nothing)."""
+    counts = LayerCounts()
     covers = QuietHorizons.covers
+    init = QuietDecodeScheduler.__init__
 
     def counting(self, request, num_new_tokens):
         hit = covers(self, request, num_new_tokens)
-        counted[0] += hit
+        counts.skips += hit
         return hit
 
+    def registering(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        counts.schedulers.append(self)
+
     monkeypatch.setattr(QuietHorizons, "covers", counting)
-    return counted
+    monkeypatch.setattr(QuietDecodeScheduler, "__init__", registering)
+    return counts
 
 
 def test_the_build_chooses_the_layer_once() -> None:
@@ -85,11 +105,11 @@ def test_the_build_chooses_the_layer_once() -> None:
     fast = build_components(scenario, fast_paths=True)
     plain = build_components(scenario, fast_paths=False)
     assert fast is not None and plain is not None
-    assert type(fast.kv_manager) is QuietKVCacheManager
-    assert type(plain.kv_manager) is KVCacheManager
+    assert type(fast.kv_manager) is QuietKVCacheManager and type(fast.scheduler) is QuietDecodeScheduler
+    assert type(plain.kv_manager) is KVCacheManager and type(plain.scheduler) is Scheduler
     window = scenario_from_text(random_scenario(0, ["[full_attention, {type: sliding_window, window: 64}]"]), "<w>")
     built = build_components(window, fast_paths=True)
-    assert built is not None and type(built.kv_manager) is KVCacheManager
+    assert built is not None and type(built.kv_manager) is KVCacheManager and type(built.scheduler) is Scheduler
 
 
 @pytest.mark.slow
@@ -172,9 +192,9 @@ def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> No
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
-def test_identical_mamba_groups_identical_with_and_without_fast_paths(seed: int, quiet_skips: list[int]) -> None:
+def test_identical_mamba_groups_identical_with_and_without_fast_paths(seed: int, layer: LayerCounts) -> None:
     _assert_same(scenario_from_text(random_scenario(seed, REPLICA_LAYOUTS), f"<replicas {seed}>", overrides=OVERRIDES))
-    assert quiet_skips[0] > 0
+    assert layer.skips + layer.decodes > 0
 
 
 # --------------------------------------------------------------------------- decode-heavy cases
@@ -196,14 +216,16 @@ def _decode_scenario(
     system: str = "low: 40, high: 400",
     user: str = "low: 4, high: 200",
     threshold: int = 0,
+    policy: str = "fcfs",
+    max_model_len: int = 4096,
 ) -> str:
     return f"""\
 name: {name}
 seed: 7
 clock: {clock}
 cache: {{block_size: 16, num_blocks: {num_blocks}, groups: {layout}}}
-scheduler: {{max_num_seqs: {seqs}, max_num_batched_tokens: {budget}, max_model_len: 4096, prefix_policy: pr48425,
-            long_prefill_token_threshold: {threshold}}}
+scheduler: {{max_num_seqs: {seqs}, max_num_batched_tokens: {budget}, max_model_len: {max_model_len},
+            prefix_policy: pr48425, long_prefill_token_threshold: {threshold}, policy: {policy}}}
 workload:
   generator:
     arrivals: {{process: poisson, rate: {rate}}}
@@ -265,16 +287,48 @@ DECODE_CASES = {
         output="{dist: uniform, low: 20, high: 200}",
         extra="connector: {type: scripted, holds: {r3: 64, r10: 200, r20: 16, r41: 64}, load_async: true}\n",
     ),
+    # Priority preemption: the victim (latest arrival) may sit before the current request in `running`,
+    # already scheduled this step as a quiet decode; it gives its token back.
+    "priority": dict(
+        layout="[full_attention, mamba]",
+        num_blocks=110,
+        seqs=32,
+        budget=512,
+        rate=4.0,
+        output="{dist: uniform, low: 40, high: 300}",
+        policy="priority",
+    ),
+    # Long prompts chunked by the threshold (Mamba-aligned) while others decode; prefill checkpoints.
+    "chunked-prefills": dict(
+        layout="[full_attention, {type: mamba, prefill_checkpoints: true}]",
+        num_blocks=1500,
+        seqs=32,
+        budget=256,
+        rate=4.0,
+        output="{dist: uniform, low: 30, high: 200}",
+        system="low: 200, high: 900",
+        threshold=48,
+    ),
+    # Decodes running into max_model_len (length-capped there): the chunk clip at max_model_len - 1.
+    "max-model-len": dict(
+        layout="[full_attention, mamba]",
+        num_blocks=3000,
+        seqs=32,
+        budget=2048,
+        rate=4.0,
+        output="{dist: uniform, low: 100, high: 600}",
+        max_model_len=600,
+    ),
 }
 
 
 @pytest.mark.parametrize("schedule_table", ["false", "true"])
 @pytest.mark.parametrize("case", _tiered(sorted(DECODE_CASES), fast=1))
-def test_decode_heavy_cases_identical(case: str, schedule_table: str, quiet_skips: list[int]) -> None:
+def test_decode_heavy_cases_identical(case: str, schedule_table: str, layer: LayerCounts) -> None:
     text = _decode_scenario(case, **DECODE_CASES[case])
     overrides = ["outputs.plots=false", f"outputs.schedule_table={schedule_table}"]
     tables = _assert_same(scenario_from_text(text, f"<{case}>", overrides=overrides))
-    assert quiet_skips[0] > 0, "no allocate_slots call was skipped: the case does not exercise the layer"
+    assert layer.decodes > 100, "hardly any quiet decode: the case does not exercise the layer"
     summary = json.loads(tables["summary"])
     assert summary["status"] == "complete"
     if schedule_table == "true":
@@ -282,10 +336,10 @@ def test_decode_heavy_cases_identical(case: str, schedule_table: str, quiet_skip
 
 
 @pytest.mark.slow
-def test_demo_pressure_identical_on_the_time_clock(quiet_skips: list[int]) -> None:
+def test_demo_pressure_identical_on_the_time_clock(layer: LayerCounts) -> None:
     """The step-time model reads the batch totals (Nemotron-H 8B on H100, time clock)."""
     _assert_same(load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", OVERRIDES))
-    assert quiet_skips[0] > 0
+    assert layer.decodes > 0
 
 
 #: Layouts with align-mode Mamba, where a what-if checkpoint placement applies (sim.core.policy.checkpoint).
@@ -299,11 +353,11 @@ PLACEMENT_LAYOUTS = [
 @pytest.mark.parametrize("placement", ["branch_points", "every_block"])
 @pytest.mark.parametrize("seed", _tiered(range(6), fast=1))
 def test_checkpoint_placements_identical_with_and_without_fast_paths(
-    seed: int, placement: str, quiet_skips: list[int]
+    seed: int, placement: str, layer: LayerCounts
 ) -> None:
     """A placement ends prefill chunks at extra Mamba states and keeps them cached: the quiet horizons
     must still only skip calls that change nothing."""
     overrides = [*OVERRIDES, f"cache.mamba_checkpoint_policy={placement}"]
     text = random_scenario(seed, PLACEMENT_LAYOUTS)
     _assert_same(scenario_from_text(text, f"<placement {placement} {seed}>", overrides=overrides))
-    assert quiet_skips[0] > 0
+    assert layer.skips + layer.decodes > 0

@@ -10,8 +10,12 @@ contract.
 * :class:`~sim.accel.quiet.QuietKVCacheManager`: quiet horizons around
   ``allocate_slots`` (most running-loop calls give a request a few more tokens
   inside blocks it already holds; the per-group steps then change nothing).
+* :class:`~sim.accel.decodes.QuietDecodeScheduler`: the running loop schedules a
+  decode inside its quiet horizon without the chunk computation and the
+  ``allocate_slots`` call (built together with the manager above).
 """
 
+from sim.accel.decodes import QuietDecodeScheduler
 from sim.accel.quiet import QuietHorizons, QuietKVCacheManager, quiet_horizon
 
-__all__ = ["QuietHorizons", "QuietKVCacheManager", "quiet_horizon"]
+__all__ = ["QuietDecodeScheduler", "QuietHorizons", "QuietKVCacheManager", "quiet_horizon"]

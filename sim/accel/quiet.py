@@ -78,14 +78,21 @@ def quiet_horizon(manager: SingleTypeKVCacheManager, request_id: str) -> tuple[i
 
 
 class QuietHorizon:
-    """One request's horizon: valid while its first group's table is ``table``."""
+    """One request's horizon: valid while its first group's table is ``table``.
 
-    __slots__ = ("table", "max_main_tokens", "max_processed_tokens")
+    ``max_decode_computed``: the largest ``num_computed_tokens`` at which a one-token
+    ``allocate_slots`` call is inside the horizon (``computed + 1 <= max_main_tokens`` and
+    ``computed <= max_processed_tokens``): the bound :class:`~sim.accel.decodes.QuietDecodeScheduler`
+    checks.
+    """
+
+    __slots__ = ("table", "max_main_tokens", "max_processed_tokens", "max_decode_computed")
 
     def __init__(self, table: list[KVCacheBlock], max_main_tokens: int, max_processed_tokens: int) -> None:
         self.table = table
         self.max_main_tokens = max_main_tokens
         self.max_processed_tokens = max_processed_tokens
+        self.max_decode_computed = min(max_main_tokens - 1, max_processed_tokens)
 
 
 class QuietHorizons:
@@ -112,18 +119,20 @@ class QuietHorizons:
         self.max_model_len = max_model_len
         self.max_tokens = max_tokens
         self._watermark = watermark_blocks > 0
-        self._first_tables: dict[str, list[KVCacheBlock]] = groups[0].req_to_blocks
-        self._horizons: dict[str, QuietHorizon] = {}
+        #: The first group's table of each request (the horizons' validity check).
+        self.first_tables: dict[str, list[KVCacheBlock]] = groups[0].req_to_blocks
+        #: request id -> its horizon (read-only outside this class).
+        self.horizons: dict[str, QuietHorizon] = {}
 
     def get(self, request_id: str) -> QuietHorizon | None:
-        return self._horizons.get(request_id)
+        return self.horizons.get(request_id)
 
     def drop(self, request_id: str) -> None:
-        self._horizons.pop(request_id, None)
+        self.horizons.pop(request_id, None)
 
     def note(self, request_id: str) -> None:
         """After a full ``allocate_slots``: store the minimum of every group's bounds (or none)."""
-        first = self._first_tables.get(request_id)
+        first = self.first_tables.get(request_id)
         if first is None:
             return
         max_main = max_processed = NO_BOUND
@@ -135,7 +144,7 @@ class QuietHorizons:
                 max_main = bounds[0]
             if bounds[1] < max_processed:
                 max_processed = bounds[1]
-        self._horizons[request_id] = QuietHorizon(first, max_main, max_processed)
+        self.horizons[request_id] = QuietHorizon(first, max_main, max_processed)
 
     def covers(self, request: Request, num_new_tokens: int) -> bool:
         """A plain ``allocate_slots(request, num_new_tokens)`` is a proven no-op now.
@@ -143,7 +152,7 @@ class QuietHorizons:
         Checks the table is the one the horizon was noted for, and (under a
         watermark) that the request is not a WAITING/PREEMPTED admission.
         """
-        horizon = self._horizons.get(request.request_id)
+        horizon = self.horizons.get(request.request_id)
         if horizon is None or not 0 < num_new_tokens <= self.max_tokens:
             return False
         computed = request.num_computed_tokens
@@ -152,7 +161,7 @@ class QuietHorizons:
         return (
             computed + num_new_tokens <= horizon.max_main_tokens
             and computed - request.num_in_flight_tokens <= horizon.max_processed_tokens
-            and self._first_tables.get(request.request_id) is horizon.table
+            and self.first_tables.get(request.request_id) is horizon.table
             and not (self._watermark and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
         )
 

@@ -440,40 +440,53 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]) -> int:
+        """vLLM's running loop: the requests of ``running`` in order, while the token budget lasts."""
         req_index = 0
         running = self.running
-        allocate_slots = self.kv.allocate_slots
-        scheduled_running = out.scheduled_running_reqs
-        num_scheduled = out.num_scheduled_tokens
-        finished_error = RequestStatus.FINISHED_ERROR
         while req_index < len(running) and budget > 0:
-            request = running[req_index]
-            n = self._running_tokens(request, budget, threshold)
-            if n <= 0:
-                # vLLM `continue`s here (not FCFS-strict): later requests may still run.
-                req_index += 1
-                continue
-            rid = request.request_id
-            try:
-                new_blocks = allocate_slots(request, n)
-            except (AssertionError, ValueError) as exc:
-                new_blocks = self._allocation_crash(request, exc)
-            if new_blocks is None:  # (a crash also lands here: it returns no blocks)
-                new_blocks, req_index, budget = self._preempt_for(
-                    request, n, req_index, budget, out, preempted, allocate_slots
-                )
-                if request.status is finished_error:
-                    continue  # on_crash="record": it left `running`, the next one is at req_index
-                if new_blocks is None:
-                    if self.priority and request.status is RequestStatus.PREEMPTED:
-                        # It preempted itself; the higher-priority ones after it may still fit.
-                        continue
-                    break
-            scheduled_running.append(request)
-            num_scheduled[rid] = n
-            budget -= n
-            req_index += 1
+            req_index, budget, go_on = self._schedule_running_request(
+                running[req_index], req_index, budget, threshold, out, preempted
+            )
+            if not go_on:
+                break
         return budget
+
+    def _schedule_running_request(
+        self,
+        request: Request,
+        req_index: int,
+        budget: int,
+        threshold: int,
+        out: SchedulerOutput,
+        preempted: list[Request],
+    ) -> tuple[int, int, bool]:
+        """One pass of the running loop for ``request`` (at ``running[req_index]``).
+
+        Returns ``(req_index, budget, go_on)``: where the loop goes next, the
+        budget left, and False when the loop stops (the request does not fit
+        and did not preempt itself).
+        """
+        n = self._running_tokens(request, budget, threshold)
+        if n <= 0:
+            # vLLM `continue`s here (not FCFS-strict): later requests may still run.
+            return req_index + 1, budget, True
+        allocate_slots = self.kv.allocate_slots
+        try:
+            new_blocks = allocate_slots(request, n)
+        except (AssertionError, ValueError) as exc:
+            new_blocks = self._allocation_crash(request, exc)
+        if new_blocks is None:  # (a crash also lands here: it returns no blocks)
+            new_blocks, req_index, budget = self._preempt_for(
+                request, n, req_index, budget, out, preempted, allocate_slots
+            )
+            if request.status is RequestStatus.FINISHED_ERROR:
+                return req_index, budget, True  # on_crash="record": it left `running`, the next one is at req_index
+            if new_blocks is None:
+                # Under priority it may have preempted itself; the higher-priority ones after it may still fit.
+                return req_index, budget, self.priority and request.status is RequestStatus.PREEMPTED
+        out.scheduled_running_reqs.append(request)
+        out.num_scheduled_tokens[request.request_id] = n
+        return req_index + 1, budget - n, True
 
     def _running_tokens(self, request: Request, budget: int, threshold: int) -> int:
         """The running loop's chunk for ``request``: what it still needs, clipped by the

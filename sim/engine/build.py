@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from sim.accel import QuietKVCacheManager
+from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.connector.protocol import Connector
@@ -397,10 +397,12 @@ def build_components(
     Everything that can be refused is checked before anything stateful is
     built: the cache layout, the workload, the sizing, the policy, the
     connector, the step-time model and the eviction policy. ``fast_paths``
-    chooses, once, the KV-cache manager: the speed layer's
-    :class:`~sim.accel.QuietKVCacheManager` where it supports the layout, else
-    (or with ``fast_paths`` False) the plain :class:`KVCacheManager`; the
-    tables are identical (tests/test_fastpath_differential.py).
+    chooses, once, the KV-cache manager and the scheduler: the speed layer's
+    :class:`~sim.accel.QuietKVCacheManager` and
+    :class:`~sim.accel.QuietDecodeScheduler` where the manager supports the
+    layout, else (or with ``fast_paths`` False) the plain
+    :class:`KVCacheManager` and :class:`Scheduler`; the tables are identical
+    (tests/test_fastpath_differential.py).
     """
     config = _check_block_limit(build_kv_cache_config(scenario))
     rngs = run_rngs(scenario.seed)
@@ -430,7 +432,9 @@ def build_components(
         eviction_context=eviction_context,
     )
     recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table))
-    scheduler = Scheduler(
+    # The speed layer's scheduler goes with its manager (it reads the manager's quiet horizons).
+    scheduler_cls = QuietDecodeScheduler if isinstance(kv_manager, QuietKVCacheManager) else Scheduler
+    scheduler = scheduler_cls(
         scheduler_config,
         kv_manager,
         connector=connector,

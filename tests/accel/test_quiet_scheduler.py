@@ -17,14 +17,18 @@ import numpy as np
 import pytest
 from support.scheduler import Harness, req
 
+from sim.accel import QuietDecodeScheduler
 from sim.accel.quiet import QuietHorizons
 from sim.core.request import RequestStatus
 
 
-def _run(fast: bool, seed: int, groups: tuple[str, ...]) -> tuple[Harness, list[tuple[int, ...]]]:
+def _run(
+    fast: bool, seed: int, groups: tuple[str, ...], sched_policy: str = "fcfs"
+) -> tuple[Harness, list[tuple[int, ...]]]:
     rng = np.random.default_rng(seed)
     h = Harness(
         groups=groups,
+        sched_policy=sched_policy,
         num_blocks=70,
         max_num_batched_tokens=int(rng.integers(40, 120)),
         max_num_seqs=16,
@@ -55,9 +59,10 @@ def _run(fast: bool, seed: int, groups: tuple[str, ...]) -> tuple[Harness, list[
     return h, totals
 
 
+@pytest.mark.parametrize("sched_policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("groups", [("full_attention",), ("full_attention", "mamba"), ("mamba", "full_attention")])
-def test_scheduler_over_quiet_manager_matches_the_plain_core(groups, monkeypatch):
-    skipped = 0
+def test_scheduler_over_quiet_manager_matches_the_plain_core(groups, sched_policy, monkeypatch):
+    skipped = decodes = 0
     covers = QuietHorizons.covers
 
     def counting(self, request, num_new_tokens):
@@ -68,11 +73,15 @@ def test_scheduler_over_quiet_manager_matches_the_plain_core(groups, monkeypatch
 
     monkeypatch.setattr(QuietHorizons, "covers", counting)
     for seed in range(3):
-        fast, fast_totals = _run(True, seed, groups)
-        plain, plain_totals = _run(False, seed, groups)
+        fast, fast_totals = _run(True, seed, groups, sched_policy)
+        plain, plain_totals = _run(False, seed, groups, sched_policy)
+        assert isinstance(fast.sched, QuietDecodeScheduler) and not isinstance(plain.sched, QuietDecodeScheduler)
+        decodes += fast.sched.num_quiet_decodes
         assert fast.schedule_rows() == plain.schedule_rows(), seed
         assert fast.admission_rows() == plain.admission_rows(), seed
         assert fast_totals == plain_totals, seed
         assert fast.finished == plain.finished, seed
         assert fast.sched.num_preemptions == plain.sched.num_preemptions, seed
-    assert skipped > 100
+    # The layer ran: decodes scheduled without the calls (and, with full attention only, other calls skipped).
+    assert decodes > 100
+    assert skipped > 10 or "mamba" in groups

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.accel import QuietKVCacheManager
+from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.connector.context import ConnectorContext, GroupLayout
 from sim.core.kv.eviction import EvictionContext
 from sim.core.kv.manager import KVCacheManager
@@ -46,7 +46,7 @@ class Harness:
         )
         if checkpoint_policy is not None:  # as the engine builds it: a what-if placement needs a policy pool
             eviction_policy = eviction_policy_for_placement(eviction_policy)
-        # The plain core by default; ``fast_paths`` builds the speed layer's manager where it applies.
+        # The plain core by default; ``fast_paths`` builds the speed layer's manager and scheduler where they apply.
         fast = fast_paths and QuietKVCacheManager.supports(self.kv_cfg)
         self.kv = (QuietKVCacheManager if fast else KVCacheManager)(
             self.kv_cfg,
@@ -66,7 +66,7 @@ class Harness:
                 )
             )
         self.connector = connector
-        self.sched = Scheduler(
+        self.sched = (QuietDecodeScheduler if fast else Scheduler)(
             SchedulerConfig(policy=sched_policy, **sched),
             self.kv,
             connector,

@@ -1,0 +1,86 @@
+"""Quiet decodes: the running loop's decodes that need neither a chunk computation nor ``allocate_slots``.
+
+On a long replay most passes of vLLM's running loop are decodes (one new
+token, all others computed) inside the request's quiet horizon
+(:mod:`sim.accel.quiet`): their chunk is one token and their
+``allocate_slots`` call changes nothing. :class:`QuietDecodeScheduler` checks
+that with one bound per request (:attr:`QuietHorizon.max_decode_computed
+<sim.accel.quiet.QuietHorizon.max_decode_computed>`) and schedules such a
+request directly; every other request takes the core's pass
+(:meth:`Scheduler._schedule_running_request`).
+
+What it keeps: every step's ``SchedulerOutput`` and every ``Request`` are the
+ones the core builds (the request is scheduled in the same place of
+``scheduled_running_reqs`` and ``num_scheduled_tokens`` with the same one
+token, and ``_update_after_schedule`` / ``update_from_output`` are the core's).
+Only the two calls whose answer is known are skipped. Chosen once by the
+engine's build, together with :class:`~sim.accel.quiet.QuietKVCacheManager`;
+``tests/test_fastpath_differential.py`` is the contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.accel.quiet import QuietKVCacheManager
+from sim.core.interfaces import SchedulerKVManager
+from sim.core.request import Request
+from sim.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+
+class QuietDecodeScheduler(Scheduler):
+    """:class:`Scheduler` whose running loop schedules quiet decodes without the per-request calls.
+
+    A request at ``running[i]`` is a *quiet decode* when it has a quiet horizon,
+    every token but the last computed (``num_computed_tokens == num_tokens - 1``;
+    after a prefill that is a decode, else the prompt's last token) and
+    ``num_computed_tokens <= max_decode_computed``. Then, in the core's pass,
+    ``_running_tokens`` gives 1: the threshold cannot clip one token, the loop
+    runs only while the budget is positive, ``computed + 1 < max_model_len``
+    (a request stops once ``num_tokens`` reaches ``max_model_len``), and the
+    Mamba split keeps a one-token chunk that ends at ``num_tokens`` (its stops
+    must lie strictly inside the chunk, and it ends at or past the prefill end).
+    The manager drops a horizon before anything that could change the request's
+    tables (free, skip, cache, a full allocation), so a stored one is current and
+    ``allocate_slots(request, 1)`` returns no block and changes nothing. The
+    pass then only schedules the one token: that is all this loop does for it.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv_manager: SchedulerKVManager, *args: Any, **options: Any) -> None:
+        """As :class:`Scheduler`; ``kv_manager`` must be the speed layer's manager (its horizons are read here)."""
+        if not isinstance(kv_manager, QuietKVCacheManager):
+            raise TypeError(f"QuietDecodeScheduler needs a QuietKVCacheManager, got {type(kv_manager).__name__}")
+        super().__init__(config, kv_manager, *args, **options)
+        self.quiet = kv_manager.quiet
+        #: Running-loop passes scheduled here without ``_running_tokens`` and ``allocate_slots`` (tests count them).
+        self.num_quiet_decodes = 0
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]) -> int:
+        """The core's running loop, with quiet decodes scheduled in place (class docstring)."""
+        running = self.running
+        horizon_of = self.quiet.horizons.get
+        scheduled = out.scheduled_running_reqs
+        num_scheduled = out.num_scheduled_tokens
+        req_index = quiet = 0
+        while req_index < len(running) and budget > 0:
+            request = running[req_index]
+            rid = request.request_id
+            horizon = horizon_of(rid)
+            if horizon is not None:
+                computed = request.num_computed_tokens
+                if computed <= horizon.max_decode_computed and computed + 1 == (
+                    request.num_prompt_tokens + request.num_output_tokens
+                ):
+                    scheduled.append(request)
+                    num_scheduled[rid] = 1
+                    budget -= 1
+                    req_index += 1
+                    quiet += 1
+                    continue
+            req_index, budget, go_on = self._schedule_running_request(
+                request, req_index, budget, threshold, out, preempted
+            )
+            if not go_on:
+                break
+        self.num_quiet_decodes += quiet
+        return budget
