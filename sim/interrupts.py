@@ -47,11 +47,27 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-#: How many deferred sections are open (0: signals raise at once), the held signal, the notice to print.
-_state: dict[str, Any] = {"depth": 0, "pending": [], "notice": None}
+#: How many deferred sections are open (0: signals raise at once), the held signal, the notice to print,
+#: every signal the handler has taken (in order).
+_state: dict[str, Any] = {"depth": 0, "pending": [], "notice": None, "taken": []}
+
+
+def signals_taken() -> int:
+    """How many SIGINT/SIGTERM the handler has taken in this process so far."""
+    return len(_state["taken"])
+
+
+def reraise_since(count: int) -> None:
+    """Raise :class:`Interrupted` for the latest signal if one was taken since :func:`signals_taken` was
+    ``count``: a caller that runs commands in-process (each turning a signal into its exit code, 130) stops
+    too, instead of going on with the next command."""
+    taken: list[int] = _state["taken"]
+    if len(taken) > count:
+        raise Interrupted(taken[-1])
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
+    _state["taken"].append(signum)
     if _state["depth"] == 0:
         raise Interrupted(signum)
     pending: list[int] = _state["pending"]

@@ -118,6 +118,12 @@ def cases(bundles: dict[str, Path]) -> list[Case]:
             force_runs=True,
         ),
         Case(
+            "fuzz --e2e -o",
+            lambda w: ["fuzz", "--e2e", "--count", "1", "--seed", "2", "-o", w / "fz"],
+            lambda w: w / "fz" / "summary.json",
+            force_runs=True,
+        ),
+        Case(
             "divergence-table --write",
             lambda w: ["divergence-table", "--write", w / "divergence.md"],
             lambda w: w / "divergence.md",
@@ -137,6 +143,7 @@ NAMES = [
     "golden regenerate",
     "sweep -o",
     "fuzz -o",
+    "fuzz --e2e -o",
     "divergence-table --write",
 ]
 

@@ -22,11 +22,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("sim/sweep/runner.py", "unlink"): "a failed run's error.txt, proven hybridsim's (stamped) by _check_ours first",
     ("sim/verify/vllm_side.py", "shutil.rmtree"): "removes its own tempfile.mkdtemp folder",
     ("sim/verify/vllm_side.py", "open"): "vLLM's config.json in its own tempfile.mkdtemp folder",
-    # Landed after the writer (09:05): own rules, not yet routed through write_file (follow-up, issue 36).
-    ("sim/e2e/driver.py", "mkdir"): "fuzz --e2e: its temporary work folders and OUT; to move to write_file",
-    ("sim/e2e/driver.py", "write_text"): "fuzz --e2e: work files and OUT's failure reports; to move to write_file",
-    ("sim/e2e/driver.py", "shutil.copyfile"): "fuzz --e2e: a failing scenario copied to OUT; to move to write_file",
-    ("sim/e2e/driver.py", "shutil.rmtree"): "fuzz --e2e: removes its own temporary work folder",
 }
 
 _PATH_METHODS = {"write_text", "write_bytes", "mkdir", "unlink", "rmdir", "symlink_to", "savefig"}

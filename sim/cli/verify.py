@@ -62,7 +62,8 @@ def fuzz(
     vllm_version: Optional[str] = typer.Option(
         None,
         "--vllm-version",
-        help="The release the scenarios are for: 0.33 or 0.34 (default: the installed one with --vllm, else 0.34).",
+        help="The release the scenarios are for: 0.33 or 0.34 (default: the installed one with --vllm or --e2e, "
+        "else 0.34).",
     ),
     out: Optional[Path] = typer.Option(
         None,
@@ -76,15 +77,15 @@ def fuzz(
     from sim.config.vllm_versions import SUPPORTED
     from sim.verify.run import fuzz_command
 
-    if e2e:
-        from sim.e2e.driver import fuzz_e2e
-
-        figures = fuzz_e2e(seed, count, out or Path("results") / f"fuzz-e2e-{seed}", typer.echo)
-        raise typer.Exit(ExitCode.DIFF if figures.failed else ExitCode.OK)
-
     if vllm_version is not None and vllm_version not in SUPPORTED:
         typer.echo(
             f"error: --vllm-version: {vllm_version!r} is not a release hybridsim mirrors (valid: {', '.join(SUPPORTED)})"
         )
         raise typer.Exit(ExitCode.BAD_INPUT)
+    if e2e:
+        from sim.e2e.driver import fuzz_e2e
+
+        out_dir = out or Path("results") / f"fuzz-e2e-{seed}"
+        figures = fuzz_e2e(seed, count, out_dir, typer.echo, vllm_version=vllm_version, force=force)
+        raise typer.Exit(ExitCode.DIFF if figures.failed else ExitCode.OK)
     raise typer.Exit(_verify_exit(fuzz_command(seed, count, use_vllm, out, typer.echo, vllm_version, force=force)))

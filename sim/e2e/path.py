@@ -32,6 +32,7 @@ from typer.testing import CliRunner, Result
 
 from sim.cli.app import app
 from sim.cli.exit_codes import RUN_STATUS_EXIT, ExitCode
+from sim.interrupts import reraise_since, signals_taken
 
 
 @dataclass
@@ -70,8 +71,12 @@ class _Cli:
         self.runner = CliRunner(env={"COLUMNS": "200"})
 
     def __call__(self, *args: str | Path) -> tuple[list[str], Result]:
+        """Run one command; a SIGINT/SIGTERM that it took (and turned into exit 130) stops the walk too."""
         argv = [str(a) for a in args]
-        return argv, self.runner.invoke(app, argv, prog_name="hybridsim")
+        before = signals_taken()
+        result = self.runner.invoke(app, argv, prog_name="hybridsim")
+        reraise_since(before)
+        return argv, result
 
 
 def _output(result: Result) -> str:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from support.cli import invoke
 from support.registries import BUILTIN_NAMES
 
 from sim.config.load import scenario_from_text
@@ -69,6 +74,91 @@ def test_a_failed_check_is_written_out_as_a_scenario_and_the_command(tmp_path: P
     assert yaml.safe_load((folder / "scenario.yaml").read_text())["name"] == "e2e-5-0"
     assert "$ hybridsim show" in (folder / "failure.txt").read_text()
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["failed"] == 2
+
+
+def _failing_walk(seen: list) -> object:
+    def failing_walk(scenario: Path, work: Path, rng, vllm: bool) -> Walk:
+        seen.append((yaml.safe_load(scenario.read_text())["vllm_version"], vllm))
+        return Walk(status="complete", checks=["run"], failures=[Failure(["run", str(scenario)], 1, "run: exit 1")])
+
+    return failing_walk
+
+
+def test_failures_go_through_the_output_writer(tmp_path: Path, monkeypatch) -> None:
+    """OUT's files are hybridsim's own: a rerun replaces them (the trace, which cannot carry a stamp, because
+    it is byte-identical); a user's file is refused, and with force kept aside; a link as OUT is refused."""
+    from sim.trace.output import OutputPathError
+
+    monkeypatch.setattr(driver, "walk", _failing_walk([]))
+    out = tmp_path / "out"
+    run = lambda **kw: driver.fuzz_e2e(5, 1, out, lambda line: None, start=6, use_vllm=False, **kw)  # noqa: E731
+    run()
+    folder = out / "e2e-5-6"
+    assert sorted(p.name for p in folder.iterdir()) == ["failure.txt", "pytest.txt", "scenario.yaml", "trace.jsonl"]
+    run()  # the same seed into the same OUT: no --force needed
+    trace = folder / "trace.jsonl"
+    trace.write_text(trace.read_text() + "\n")  # edited by the user: no longer provably ours
+    with pytest.raises(OutputPathError, match="did not write"):
+        run()
+    assert trace.read_text().endswith("\n\n")
+    lines: list[str] = []
+    driver.fuzz_e2e(5, 1, out, lines.append, start=6, use_vllm=False, force=True)
+    assert (folder / "trace.jsonl.old").read_text().endswith("\n\n")
+    assert any(line.startswith("warning:") and "trace.jsonl.old" in line for line in lines)
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(OutputPathError, match="symbolic link"):
+        driver.fuzz_e2e(5, 1, tmp_path / "link", lambda line: None, use_vllm=False)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_scenarios_are_for_the_release_asked_and_vllm_checks_only_on_that_release(monkeypatch, tmp_path) -> None:
+    from sim.verify import vllm_side
+
+    seen: list = []
+    monkeypatch.setattr(driver, "walk", _failing_walk(seen))
+    driver.fuzz_e2e(5, 3, tmp_path / "a", lambda line: None, use_vllm=False, vllm_version="0.33")
+    assert seen == [("0.33", False)] * 3
+    seen.clear()
+    monkeypatch.setattr(vllm_side, "installed_release", lambda: "0.34")
+    monkeypatch.setattr(vllm_side, "vllm_version", lambda: "0.34.0")
+    lines: list[str] = []
+    driver.fuzz_e2e(5, 2, tmp_path / "b", lines.append, use_vllm=True, vllm_version="0.33")
+    assert seen == [("0.33", False)] * 2  # vLLM 0.34 cannot verify a 0.33 scenario: its checks are skipped
+    assert lines[0].startswith("warning:") and "vLLM 0.34.0 is installed" in lines[0]
+    seen.clear()
+    driver.fuzz_e2e(5, 2, tmp_path / "c", lambda line: None, use_vllm=True)
+    assert seen == [("0.34", True)] * 2  # default: the installed release, checked against it
+
+
+def test_a_signal_stops_the_whole_fuzz_with_its_figures_written(tmp_path: Path, monkeypatch) -> None:
+    """SIGTERM lands inside one of the walk's in-process commands (the run, paused at its first step), which
+    turns it into its exit code 130: the fuzz stops too (it went on with the next check before), exits 130
+    and writes the figures so far, marked interrupted."""
+    monkeypatch.setattr(driver, "_vllm_installed", lambda: False)
+    monkeypatch.setenv("HYBRIDSIM_TEST_PAUSE", "run:8")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    walking = threading.Event()
+
+    def kill_once_walking() -> None:  # the first scenario's work folder is there: its run comes next
+        while not walking.wait(0.05):
+            if list(tmp_path.glob("hybridsim-e2e-5-0-*/scenario.yaml")):
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGTERM)
+                walking.set()
+
+    killer = threading.Thread(target=kill_once_walking, daemon=True)
+    killer.start()
+    try:
+        res = invoke("fuzz", "--e2e", "--seed", "5", "--count", "2", "-o", tmp_path / "out")
+    finally:
+        walking.set()
+        killer.join()
+    assert res.exit_code == 130, res.output
+    assert res.stderr.splitlines()[-1].startswith("error: interrupted (SIGTERM)"), res.stderr
+    assert (tmp_path / "out" / "summary.json").is_file(), res.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["scenarios"] == 0 and summary["failed"] == 0
 
 
 #: The CI walk: a fixed seed and count (about a minute of CPU on 2 cores without vLLM; vLLM adds verify,
