@@ -27,12 +27,26 @@ Invariants:
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 from typing import Final, Sequence, Union, cast
 
 import numpy as np
 
 OUTPUT_STREAM_PREFIX = "\x00out:"
+
+#: A run's trace block ids: packed int64, or a tuple of ints when one is outside int64 (:func:`packed_ids`).
+BlockIds = Union["array[int]", tuple[int, ...]]
+
+
+def packed_ids(ids: Sequence[int]) -> BlockIds:
+    """``ids`` as a packed int64 array, or as a tuple if one of them does not fit 64 bits."""
+    if type(ids) is array and ids.typecode == "q":
+        return ids
+    try:
+        return array("q", ids)
+    except OverflowError:
+        return tuple(ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +79,7 @@ class IdsSegment:
         return isinstance(other, IdsSegment) and np.array_equal(self.ids, other.ids)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class StreamBlocksSegment:
     """Consecutive blocks of distinct streams, one object for a whole run of trace hash blocks.
 
@@ -73,22 +87,32 @@ class StreamBlocksSegment:
     except the last, which holds the first ``length - (len(ids) - 1) * block``
     (between 1 and ``block``). The tokens, and so the canonical block bytes, are
     exactly those of the ``StreamSegment`` per block that :meth:`pieces` returns.
+
+    ``ids`` is stored as a packed int64 ``array('q')`` (8 bytes an id, not a Python int each: a 1M-request
+    trace holds about 25M of them), or as a tuple when some id does not fit 64 bits; the choice depends on
+    the values only, so equal ids give equal segments. Indexing either gives Python ints.
     """
 
     prefix: str
-    ids: tuple[int, ...]
+    ids: BlockIds
     block: int
     length: int
 
-    def __init__(self, prefix: str, ids: tuple[int, ...], block: int, length: int) -> None:
+    def __init__(self, prefix: str, ids: Sequence[int], block: int, length: int) -> None:
         # Written out: the dataclass keeps an __init__ the class defines (it validates the ids against the length).
         n = len(ids)
         if block < 1 or n < 1 or not (n - 1) * block < length <= n * block:
             raise ValueError(f"blocks {prefix!r}: {n} ids of {block} tokens cannot hold {length} tokens")
         object.__setattr__(self, "prefix", prefix)  # frozen: the generated __init__ sets fields so too
-        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "ids", packed_ids(ids))
         object.__setattr__(self, "block", block)
         object.__setattr__(self, "length", length)
+
+    def __hash__(self) -> int:
+        return hash((self.prefix, tuple(self.ids), self.block, self.length))
+
+    def __repr__(self) -> str:
+        return f"StreamBlocksSegment(prefix={self.prefix!r}, ids={tuple(self.ids)!r}, block={self.block}, length={self.length})"
 
     def pieces(self) -> tuple[StreamSegment, ...]:
         """The same tokens as one ``StreamSegment`` per block."""

@@ -2,6 +2,7 @@
 
 import random
 import struct
+from array import array
 
 import numpy as np
 import pytest
@@ -151,8 +152,19 @@ def test_blocks_segment_written_init_keeps_the_dataclass():
         StreamBlocksSegment("mc:", (4, 9), 512, 600)
     )
     assert run != StreamBlocksSegment("mc:", (4, 9), 512, 601)
-    assert dataclasses.astuple(run) == ("mc:", (4, 9), 512, 600)
+    assert dataclasses.astuple(run) == ("mc:", array("q", [4, 9]), 512, 600)
     assert repr(run) == "StreamBlocksSegment(prefix='mc:', ids=(4, 9), block=512, length=600)"
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.length = 1  # type: ignore[misc]
     assert dataclasses.replace(run, length=1024) == StreamBlocksSegment("mc:", (4, 9), 512, 1024)
+
+
+def test_blocks_segment_packs_ids_into_int64():
+    """Trace ids are held as 8 bytes each (a 1M-line trace has ~25M of them), not as Python ints; an id
+    outside int64 keeps the tuple, and the tokens are the same either way."""
+    run = StreamBlocksSegment("mc:", [4, 2**63 - 1], 512, 600)
+    assert type(run.ids) is array and run.ids.itemsize == 8 and list(run.ids) == [4, 2**63 - 1]
+    big = StreamBlocksSegment("mc:", [4, 2**64], 512, 600)
+    assert big.ids == (4, 2**64) and big.pieces()[1] == StreamSegment(f"mc:{2**64}", 0, 88)
+    assert block_content([big], 0, 600) == block_content(list(big.pieces()), 0, 600)
+    assert hash(run) != hash(big) and run != big

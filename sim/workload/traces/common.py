@@ -171,8 +171,8 @@ def expand_hash_blocks(
             f"{loc}: {len(hash_ids)} hash_ids for input_length {input_length}; expected "
             f"ceil({input_length}/{trace_block}) = {expected}"
         )
-    ids = tuple(hash_ids)
-    for h in ids:
+    for h in hash_ids:
         if type(h) is not int:  # JSON gives exact ints; a bool or float is refused
             raise WorkloadError(f"{loc}: 'hash_ids' must hold integers, got {h!r}")
-    return (StreamBlocksSegment(prefix, ids, trace_block, input_length),)
+    # The segment packs the ids into int64 (8 bytes each): the parsed list and its ints are dropped with the line.
+    return (StreamBlocksSegment(prefix, hash_ids, trace_block, input_length),)
