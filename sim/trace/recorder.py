@@ -17,7 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol, Sequence
+from array import array
+from typing import Callable, Mapping, Protocol, Sequence, Union
 
 
 def kv_event_columns() -> list[str]:
@@ -126,17 +127,79 @@ class Columns:
         return len(self.data[self.names[0]]) if self.names else 0
 
 
+#: A packed column: a typed ``array`` while every value fits it, else (from the first value that does not)
+#: a plain list.
+PackedColumn = Union["array[int]", list]
+
+
+def _extend_packed(column: PackedColumn, values: Sequence) -> PackedColumn:
+    """``column`` with ``values`` appended: packed while they fit its type, else the column as a list (kept so)."""
+    if isinstance(column, list):
+        column.extend(values)
+        return column
+    n = len(column)
+    try:
+        column.extend(values)  # type: ignore[arg-type]
+        return column
+    except (TypeError, OverflowError):  # None, a float, or a value beyond the type: the exotic path
+        del column[n:]  # array.extend appends up to the bad value
+        out = column.tolist()
+        out.extend(values)
+        return out
+
+
+class _Codes(dict):
+    """Distinct strings -> their code (0, 1, ... in order of first sight); a new string gets the next code."""
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class CodedStrings:
+    """A column of strings drawn from few distinct values (an event's kind or cause), one code per row:
+    a byte while there are at most 256 distinct values, then 4 bytes. ``values[codes[i]]`` is row ``i``."""
+
+    __slots__ = ("codes", "values", "_index")
+
+    def __init__(self) -> None:
+        self.codes: array[int] = array("B")
+        self.values: list[str] = []
+        self._index = _Codes()
+
+    def extend(self, items: Sequence[str]) -> None:
+        n = len(self.codes)
+        try:
+            self.codes.extend(map(self._index.__getitem__, items))
+        except OverflowError:  # the 257th distinct value: widen the codes
+            del self.codes[n:]
+            self.codes = array("I", self.codes)
+            self.codes.extend(map(self._index.__getitem__, items))
+        if len(self._index) > len(self.values):
+            self.values = list(self._index)  # in code order (dicts keep insertion order)
+
+    def tolist(self) -> list[str]:
+        return list(map(self.values.__getitem__, self.codes))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+
 class KVEventTable:
-    """The ``kv_events`` table: the six event fields as one list each, the clock stamps as runs.
+    """The ``kv_events`` table: the six event fields packed per column, the clock stamps as runs.
 
     Invariants: rows are only appended, one non-empty event log at a time
     (:meth:`append_log`), so row ``i`` has ``seq == i`` and ``seq`` is not
     stored; log ``r`` is run ``r``: ``run_lengths[r] > 0`` consecutive rows,
-    all stamped ``run_steps[r]`` / ``run_times[r]``. The six field lists have
-    ``len(self) == sum(run_lengths)`` entries each. :attr:`data` is the nine
-    columns as lists, in :attr:`names` order (a fresh copy, as
-    :class:`Columns` holds them); ``sim.trace.tables`` expands the runs with
-    NumPy instead.
+    all stamped ``run_steps[r]`` / ``run_times[r]``. The six field columns have
+    ``len(self) == sum(run_lengths)`` entries each. They are packed, as a long
+    run records about 35 events per request: ``group`` and ``block_id`` int32
+    and ``block_hash`` uint64 arrays (a column turns into a list at the first
+    value its type cannot hold, e.g. a missing hash), ``kind`` and ``cause``
+    one code a row (:class:`CodedStrings`), ``request_id`` a list of the
+    requests' own id strings. :attr:`data` is the nine columns as lists, in
+    :attr:`names` order (as :class:`Columns` holds them); ``sim.trace.schema``
+    reads the packed columns directly instead.
     """
 
     __slots__ = (
@@ -154,12 +217,12 @@ class KVEventTable:
 
     def __init__(self) -> None:
         self.names = kv_event_columns()
-        self.kind: list[str] = []
-        self.group: list[int] = []
-        self.block_id: list[int] = []
-        self.block_hash: list[int] = []
+        self.kind = CodedStrings()
+        self.group: PackedColumn = array("i")
+        self.block_id: PackedColumn = array("i")
+        self.block_hash: PackedColumn = array("Q")
         self.request_id: list[str] = []
-        self.cause: list[str] = []
+        self.cause = CodedStrings()
         self.run_steps: list[int] = []
         self.run_times: list[float] = []
         self.run_lengths: list[int] = []
@@ -170,9 +233,9 @@ class KVEventTable:
         self.run_times.append(time_s)
         self.run_lengths.append(len(log))
         self.kind.extend(log.kind)
-        self.group.extend(log.group)
-        self.block_id.extend(log.block_id)
-        self.block_hash.extend(log.block_hash)
+        self.group = _extend_packed(self.group, log.group)
+        self.block_id = _extend_packed(self.block_id, log.block_id)
+        self.block_hash = _extend_packed(self.block_hash, log.block_hash)
         self.request_id.extend(log.request_id)
         self.cause.extend(log.cause)
 
@@ -188,12 +251,12 @@ class KVEventTable:
             "seq": list(range(len(self.kind))),
             "step": step,
             "time_s": time_s,
-            "kind": list(self.kind),
+            "kind": self.kind.tolist(),
             "group": list(self.group),
             "block_id": list(self.block_id),
             "block_hash": list(self.block_hash),
             "request_id": list(self.request_id),
-            "cause": list(self.cause),
+            "cause": self.cause.tolist(),
         }
 
     def __len__(self) -> int:

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from sim.trace.recorder import (
+    CodedStrings,
     Columns,
     KVEventTable,
     Recorder,
@@ -300,16 +301,26 @@ def _hex_column(values: Sequence[int | None]) -> pa.Array:
     """64-bit hashes (ints, None for none) as 16-digit hex strings (``""`` for none), in one vectorized
     pass: the big-endian bytes through a byte -> two-digit table. A value outside ``[0, 2**64)`` raises."""
     n = len(values)
+    if isinstance(values, np.ndarray) and values.dtype == np.uint64:  # packed by the recorder: all valid
+        words, valid = values, np.ones(n, dtype=bool)
+    else:
+        words, valid = _hash_words(values)
+    text = _HEX_PAIRS[words.astype(">u8").view(np.uint8)]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.where(valid, 16, 0), out=offsets[1:])
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
+
+
+def _hash_words(values: Sequence[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Python hashes (None for none) as uint64 words of the present ones and the validity of each row."""
+    n = len(values)
     try:  # array.array packs ints in C, refusing None, floats, strs, negatives and ints of 2**64 or more
         words = np.frombuffer(c_array("Q", values), dtype=np.uint64)  # type: ignore[type-var]
         valid = np.ones(n, dtype=bool)
     except TypeError:  # events without a hash (None) among them
         valid = np.fromiter(map(operator.is_not, values, itertools.repeat(None)), dtype=bool, count=n)
         words = np.frombuffer(c_array("Q", filter(functools.partial(operator.is_not, None), values)), np.uint64)  # type: ignore[type-var]
-    text = _HEX_PAIRS[words.astype(">u8").view(np.uint8)]
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.where(valid, 16, 0), out=offsets[1:])
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
+    return words, valid
 
 
 def _numbers(values: Sequence[object] | np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -348,7 +359,10 @@ _NUMPY_DTYPES: dict[str, np.dtype] = {
 
 
 def _arrow_column(values: Sequence[object] | np.ndarray, dtype: str) -> pa.Array:
-    """One recorded column as an Arrow array of its schema dtype (a bad value raises)."""
+    """One recorded column as an Arrow array of its schema dtype (a bad value raises); an Arrow array (a
+    column decoded already) is taken as it is."""
+    if isinstance(values, pa.Array):
+        return values
     if dtype == HASH_DTYPE:
         return _hex_column(values)  # type: ignore[arg-type]
     if dtype == _STR:
@@ -410,25 +424,39 @@ def sort_order(keys: Sequence[tuple[Sequence[object] | np.ndarray, str]]) -> np.
 
 
 def _reordered(values: Sequence[object] | np.ndarray, perm: np.ndarray) -> Sequence[object] | np.ndarray:
-    if isinstance(values, np.ndarray):
-        return values[perm]
+    if isinstance(values, (np.ndarray, pa.Array)):
+        return values[perm] if isinstance(values, np.ndarray) else values.take(from_numpy(perm, pa.int64()))
     return list(map(values.__getitem__, perm.tolist()))
 
 
-def _kv_event_columns(events: KVEventTable) -> dict[str, Sequence[object] | np.ndarray]:
+def _packed(column: Sequence[object], dtype: type) -> Sequence[object] | np.ndarray:
+    """A recorder's packed column as a NumPy array over its buffer (no copy); a list stays a list."""
+    if isinstance(column, c_array):
+        return np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype)
+    return column
+
+
+def _decoded(column: CodedStrings) -> pa.Array:
+    """A coded string column as the Arrow string array of its rows (the distinct values taken by code)."""
+    codes = np.frombuffer(column.codes, dtype=np.uint8 if column.codes.typecode == "B" else np.uint32)
+    return string_array(column.values).take(from_numpy(codes.astype(np.int32), pa.int32()))
+
+
+def _kv_event_columns(events: KVEventTable) -> dict[str, Sequence[object] | np.ndarray | pa.Array]:
     """The ``kv_events`` columns: ``seq`` and the clock stamps expanded from the runs with NumPy
-    (``np.arange`` / ``np.repeat``: a run holds the values its rows do), the event fields as recorded."""
+    (``np.arange`` / ``np.repeat``: a run holds the values its rows do), the packed event fields read
+    through their buffers (the coded strings decoded by Arrow), the request ids as recorded."""
     lengths = np.asarray(events.run_lengths, dtype=np.int64)
     return {
         "seq": np.arange(len(events), dtype=np.int64),
         "step": np.repeat(np.asarray(events.run_steps, dtype=np.int64), lengths),
         "time_s": np.repeat(np.asarray(events.run_times, dtype=np.float64), lengths),
-        "kind": events.kind,
-        "group": events.group,
-        "block_id": events.block_id,
-        "block_hash": events.block_hash,
+        "kind": _decoded(events.kind),
+        "group": _packed(events.group, np.int32),
+        "block_id": _packed(events.block_id, np.int32),
+        "block_hash": _packed(events.block_hash, np.uint64),
         "request_id": events.request_id,
-        "cause": events.cause,
+        "cause": _decoded(events.cause),
     }
 
 

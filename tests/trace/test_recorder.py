@@ -104,3 +104,25 @@ def test_positional_step_rows_equal_keyword_ones():
     by_name.record_step(**STEP, blocks_per_group=(10, 11), cached_per_group=(20, 21), extra={"offload_bytes": 3})
     by_position.record_step(*STEP.values(), (10, 11), (20, 21), {"offload_bytes": 3})
     assert _rows(by_name.steps) == _rows(by_position.steps)
+
+
+def test_kv_events_are_packed_and_any_value_still_fits():
+    """A long run records ~35 events per request, so the event fields are packed (int32 ids, uint64
+    hashes, a byte-code per kind and cause); a value a packed column cannot hold (a missing hash, an id
+    beyond int32, a 257th cause) is kept exactly, and the Arrow table is the same as from plain lists."""
+    from array import array
+
+    from sim.trace.schema import arrow_table, table_from_recorded
+
+    rec = Recorder(num_groups=1)
+    packed = [KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("removed", -1, -1, 0, "r1", "evict_lru")]
+    rec.record_kv_event_log(event_log(*packed))
+    table = rec.kv_events
+    assert type(table.block_hash) is array and table.block_hash.itemsize == 8
+    assert type(table.block_id) is array and table.block_id.itemsize == 4 and table.kind.codes.itemsize == 1
+    exotic = [KVEvent("stored", 0, 2**40, None, "r2", f"cause{i}") for i in range(300)]  # type: ignore[arg-type]
+    rec.record_kv_event_log(event_log(*exotic))
+    assert type(table.block_hash) is list and type(table.block_id) is list and table.cause.codes.itemsize == 4
+    rows = _rows(table)
+    assert [{k: r[k] for k in KVEvent._fields} for r in rows] == [ev._asdict() for ev in packed + exotic]
+    assert table_from_recorded("kv_events", table).equals(arrow_table("kv_events", table.data))
