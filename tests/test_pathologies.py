@@ -275,3 +275,46 @@ def test_45407_vllm_0_22_1_split_assertion_kills_the_engine_at_the_first_externa
         ("a1", "first", 10, 1632, 0, "ok", 1632),
         ("b", "first", 25, 0, 1632, "crash", 0),
     ]
+
+
+# ------------------------------------------------------------------ Dynamo #12197
+PD_NEMOTRON_MAMBA_GROUPS = 6  # nemotron-h-8b: groups g0..g5 are Mamba, g6 full attention (block 1040)
+
+
+@pytest.mark.parametrize(
+    "overrides, local, external, fa_pulled",
+    [
+        # NIXL declares divergent hybrid hits: the decode reuses its attention prefix, the pull ships the state.
+        ((), (0, 2080, 3120), (3199, 1119, 379), 4 + 2 + 1),
+        # A connector without the capability: no decode-side reuse, each request pulls its whole prefill.
+        (("scheduler.prefix_policy=reconciled",), (0, 0, 0), (3199, 3199, 3499), 4 + 4 + 4),
+    ],
+)
+def test_12197_decode_prefix_hit_against_a_nixl_pull(overrides, local, external, fa_pulled):
+    result = _run("pd-decode-prefix-hit.yaml", *overrides)
+    _all_ok(result)
+    first = result.admissions[result.admissions["kind"] == "first"]
+    assert list(first["request_id"]) == ["t1", "s1", "t2"]
+    # The decode's own cache: the attention blocks t1 pulled (2 shared with s1, all 3 full ones with t2); no
+    # Mamba state at a block boundary (the pulled state sits at prompt - 1).
+    assert [int(v) for v in first["hit_g6"]] == [0, 2080, 3120]
+    assert all(int(v) == 0 for g in range(PD_NEMOTRON_MAMBA_GROUPS) for v in first[f"hit_g{g}"])
+    assert tuple(int(v) for v in first["local_tokens"]) == local
+    assert tuple(int(v) for v in first["external_tokens"]) == external
+    metrics = result.summary["connector_metrics"]
+    # One state slot per Mamba group and load (NIXL pairs only the state-bearing slot), the attention tail.
+    assert metrics["blocks_pulled"] == [3] * PD_NEMOTRON_MAMBA_GROUPS + [fa_pulled]
+    assert (metrics["loads"], metrics["refilled_local_tokens"]) == (3, 0)
+
+
+@pytest.mark.parametrize(
+    "connector",
+    [
+        "{type: scripted, matched_tokens: {t1: 3199, s1: 1119, t2: 379}, load_async: true, "
+        "supports_divergent_local_hybrid_hits: true}",
+        "{type: scripted, matched_tokens: {t1: 3199, s1: 3199, t2: 3499}, load_async: true}",
+    ],
+)
+def test_12197_stand_in_verifies_against_the_installed_vllm(vllm, connector):
+    """NIXL's answers, asynchronously, with t1 arriving when the proxy hands it over (step 1)."""
+    _verify("pd-decode-prefix-hit.yaml", vllm, f"connector={connector}", "workload.requests.0.at=1")
