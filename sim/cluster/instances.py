@@ -15,7 +15,9 @@ _POOL_SIZE_KEYS = ("num_blocks", "kv_memory_gb")
 
 def instance_scenarios(scenario: Scenario) -> list[Scenario]:
     """One scenario per instance, without ``cluster``; instance 0 of a cluster without overrides is the
-    scenario itself (so a one-instance cluster runs exactly as the plain scenario)."""
+    scenario itself (so a one-instance cluster runs exactly as the plain scenario). With ``cluster.tier``
+    each instance's connector is the offload connector with the tier's options (the cluster then gives it
+    the shared store, :mod:`sim.cluster.tier`)."""
     cluster = scenario.cluster
     assert cluster is not None
     base = scenario.model_dump(mode="json", exclude={"cluster"})
@@ -29,6 +31,8 @@ def instance_scenarios(scenario: Scenario) -> list[Scenario]:
                     merged.pop(key, None)
             merged.update(overrides)
             data[section] = merged
+        if cluster.tier is not None:  # every instance's connector is the offload connector on the shared tier
+            data["connector"] = {"type": "offload", **cluster.tier.connector_options()}
         try:
             out.append(Scenario.model_validate(data))
         except ValidationError as exc:

@@ -29,9 +29,11 @@ from simpy.events import URGENT
 
 from sim.cluster.instances import instance_scenarios
 from sim.cluster.router import InstanceState, Router, create_router
+from sim.cluster.tier import InstancePort, SharedTier, check_tier
 from sim.cluster.view import KVCacheView
 from sim.config.scenario import Scenario
 from sim.config.yamlio import ScenarioError
+from sim.connector.offload import OffloadConnector
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
 from sim.engine.actions import build_actions
@@ -161,6 +163,8 @@ class ClusterRecord:
     message: str
     crash: dict[str, Any] | None
     simulated_s: float
+    #: The shared KV tier (``cluster.tier``), or ``None``.
+    tier: SharedTier | None = None
 
 
 class ClusterRun:
@@ -173,8 +177,10 @@ class ClusterRun:
         instances: list[Instance],
         feed: ArrivalFeed,
         rejected: list[Request],
+        tier: SharedTier | None = None,
     ) -> None:
         self.scenario = scenario
+        self.tier = tier
         self.env = env
         self.instances = instances
         self.feed = feed
@@ -260,6 +266,7 @@ class ClusterRun:
             message=message,
             crash=crash,
             simulated_s=float(self.env.now),
+            tier=self.tier,
         )
 
 
@@ -268,12 +275,24 @@ def check_cluster(scenario: Scenario, workload: tuple[list[Request], list[Reques
     instances' scenarios. ``workload``: the requests already drawn (else each instance's check draws them)."""
     cluster = scenario.cluster
     assert cluster is not None
+    if cluster.tier is not None and scenario.connector.type != "none":
+        raise ScenarioError(
+            f"cluster.tier: every instance's connector is the shared tier's; remove connector "
+            f"(connector.type: {scenario.connector.type!r}; valid with a tier: none)"
+        )
     scenarios = instance_scenarios(scenario)
     layout = _layout(scenarios[0])
     for i, s in enumerate(scenarios[1:], start=1):
         if _layout(s) != layout:
             raise ScenarioError(f"cluster.instances.{i}: changes the cache layout; every instance shares the model's")
     _router(scenario)
+    if cluster.tier is not None:
+        from sim.engine.build import build_kv_cache_config
+
+        try:
+            check_tier(cluster.tier, build_kv_cache_config(scenarios[0]))
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
     for i, s in enumerate(scenarios):
         try:
             build_components(s, dry_run=True, workload=workload)
@@ -324,11 +343,30 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
     feed.sessions = sessions
     if sessions is not None:
         sessions.release = feed.submit
+    tier = _shared_tier(scenario, instances, env)
     for instance, rng in zip(instances, connector_rngs):
         instance.loop = _instance_loop(env, instance, rng, options, feed)
+    if tier is not None:
+        connector = instances[0].components.connector
+        assert isinstance(connector, OffloadConnector)
+        tier.chunk_tokens = connector.C
     for request in sorted(sessions.initial if sessions else requests, key=lambda r: r.arrival_time):
         feed.submit(request)
-    return ClusterRun(scenario, env, instances, feed, rejected)
+    return ClusterRun(scenario, env, instances, feed, rejected, tier)
+
+
+def _shared_tier(scenario: Scenario, instances: list[Instance], env: simpy.Environment) -> SharedTier | None:
+    """The cluster's shared KV tier, handed to every instance's (offload) connector before it is bound."""
+    cluster = scenario.cluster
+    assert cluster is not None
+    if cluster.tier is None:
+        return None
+    tier = SharedTier(cluster.tier, instances[0].components.group_kinds, lambda: float(env.now))
+    for instance in instances:
+        connector = instance.components.connector
+        assert isinstance(connector, OffloadConnector), "instance_scenarios gives each instance the offload connector"
+        connector.backend = InstancePort(tier, instance.index)
+    return tier
 
 
 def _connector_rngs(seed: int, count: int) -> list[np.random.Generator]:

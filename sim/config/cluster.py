@@ -12,9 +12,18 @@ keys an instance may change (its cache size and eviction policy, its scheduler, 
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StrictBool,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 #: Most instances a cluster may have (each is a whole engine in this process).
 MAX_INSTANCES = 64
@@ -36,6 +45,54 @@ INSTANCE_KEYS: dict[str, tuple[str, ...]] = {
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+#: A positive, finite rate or size with a documented ceiling (GB, GB/s).
+_Positive = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+
+
+class TierSection(_Strict):
+    """``cluster.tier``: a KV store every instance shares (LMCache-like; :mod:`sim.cluster.tier`).
+
+    Every instance's connector is then the offload connector (:mod:`sim.connector.offload`) on this one
+    store: what one instance stores, another instance's lookup finds. FA chunks and Mamba states are
+    separate objects with their own sizes and LRU positions, so the tier can hold a prefix's FA chunks
+    and not the Mamba state at their end.
+    """
+
+    #: Size of the store in GB (1e9 bytes), over all groups.
+    capacity_gb: _Positive
+    #: Bandwidth from the store to the instances (loads), GB/s, shared by every load in flight.
+    read_gbps: _Positive = 25.0
+    #: Bandwidth from the instances to the store (stores), GB/s, shared by every store in flight.
+    write_gbps: _Positive = 25.0
+    #: Base latency of one transfer to or from the store, microseconds.
+    latency_us: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] = 20.0
+    #: At most this many transfers in flight per direction (the rest wait FIFO); null: processor sharing.
+    concurrency: PositiveInt | None = None
+    #: ``clock: steps``: a transfer completes this many of the instance's steps after it started.
+    transfer_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 1
+    #: Tokens per stored object (a multiple of the scheduler block size); null: LMCache's 256 rounded up.
+    chunk_tokens: PositiveInt | None = None
+    #: When an instance writes: ``on_compute`` (each step's completed chunks) or ``on_finish``.
+    store: Literal["on_compute", "on_finish"] = "on_compute"
+    #: Eviction order of the store (least recently used object first).
+    eviction: Literal["lru"] = "lru"
+    #: ``shared`` (one budget, the LRU object of any group goes first) or a fraction of the capacity per group.
+    group_capacity: Union[Literal["shared"], list[Annotated[float, Field(gt=0, le=1)]]] = "shared"
+
+    def connector_options(self) -> dict[str, Any]:
+        """The offload connector's options for one instance on this tier (links and storage come from the tier)."""
+        return {
+            "capacity_gb": self.capacity_gb,
+            "store": self.store,
+            "chunk_tokens": self.chunk_tokens,
+            "bandwidth_gbps": self.read_gbps,
+            "latency_us": self.latency_us,
+            "concurrency": self.concurrency,
+            "transfer_steps": self.transfer_steps,
+            "group_capacity": self.group_capacity,
+        }
 
 
 class InstanceSpec(_Strict):
@@ -87,6 +144,8 @@ class ClusterSection(_Strict):
     #: written back as the count when no instance has an override.
     instances: list[InstanceSpec] = Field(default_factory=lambda: [InstanceSpec(), InstanceSpec()])
     router: RouterSection = Field(default_factory=RouterSection)
+    #: A KV store shared by every instance; ``None``: each instance's connector is its own.
+    tier: TierSection | None = None
 
     @field_validator("instances", mode="before")
     @classmethod

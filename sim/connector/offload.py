@@ -57,10 +57,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 from sim.connector.base import KVConnector
-from sim.connector.context import ConnectorContext, GroupLayout, LinkSpec, block_table
+from sim.connector.context import ConnectorContext, GroupLayout, Link, LinkSpec, TransferService, block_table
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
@@ -79,6 +79,17 @@ class _Entry:
     nbytes: int
     stamp: int
     pins: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LookupRecord:
+    """One answer of the tier for a request: computed tokens ``local``, the deepest end the request could
+    take (``bound``, before the groups tighten it), each group's own end and the hit end (0: none)."""
+
+    local: int
+    bound: int
+    group_ends: tuple[int, ...]
+    end: int
 
 
 @dataclass
@@ -149,8 +160,9 @@ class OffloadTier:
                 best = (found[1].stamp, g, found[0])
         return None if best is None else (best[1], best[2])
 
-    def insert(self, group: int, key: int, nbytes: int, request_id: str) -> bool:
-        """Store one entry, evicting LRU entries to make room; False if it cannot fit."""
+    def insert(self, group: int, key: int, nbytes: int, request_id: str, source: int = -1) -> bool:
+        """Store one entry, evicting LRU entries to make room; False if it cannot fit. ``source``: the
+        instance storing it (-1: the only one)."""
         if key in self.lru[group]:
             self.touch(group, key)
             return True
@@ -161,17 +173,56 @@ class OffloadTier:
             victim = self._victim(group)
             if victim is None:
                 return False
-            self.remove(victim[0], victim[1], request_id, "evict_lru")
+            self.remove(victim[0], victim[1], request_id, "evict_lru", source)
         self.lru[group][key] = _Entry(nbytes, self._stamp())
         self.used[group] += nbytes
-        self.events.append(KVEvent("stored", group, -1, key, request_id, "offload_store"))
+        self.log("stored", group, key, nbytes, request_id, "offload_store", source)
         return True
 
-    def remove(self, group: int, key: int, request_id: str = "", cause: str = "evict_lru") -> None:
+    def remove(self, group: int, key: int, request_id: str = "", cause: str = "evict_lru", source: int = -1) -> None:
         entry = self.lru[group].pop(key)
         self.used[group] -= entry.nbytes
         self.evictions[group] += 1
-        self.events.append(KVEvent("removed", group, -1, key, request_id, cause))
+        self.log("removed", group, key, entry.nbytes, request_id, cause, source)
+
+    def loaded(self, keys: Sequence[tuple[int, int]], request_id: str, source: int = -1) -> None:
+        """A load of ``keys`` (``(group, key)``, pinned until now) completed for ``source``."""
+
+    def admitted(self, record: "LookupRecord", source: int = -1) -> None:
+        """An admission used the tier's answer ``record`` (its last lookup for the request)."""
+
+    def log(self, kind: str, group: int, key: int, nbytes: int, request_id: str, cause: str, source: int) -> None:
+        """Record one change of the tier: here a ``kv_events`` row of the instance (block id -1)."""
+        self.events.append(KVEvent(kind, group, -1, key, request_id, cause))
+
+
+class TierBackend(Protocol):
+    """Where an offload connector's tier and links come from (default: its own tier behind one PCIe link;
+    :class:`sim.cluster.tier.SharedTier` hands every instance the one store of a cluster)."""
+
+    #: The instance this connector serves (-1: the only one), passed to the tier with every change.
+    source: int
+
+    def storage(self, num_groups: int, capacity_bytes: int, shares: Sequence[float] | None) -> OffloadTier:
+        """The tier the connector stores to and loads from."""
+        ...
+
+    def links(self, transfers: TransferService, name: str, spec: LinkSpec) -> tuple[Link, Link]:
+        """``(load link, store link)``; ``spec`` is the connector's own link options."""
+        ...
+
+
+class OwnTier:
+    """The default backend: a tier of the connector's own, loads and stores sharing one link."""
+
+    source = -1
+
+    def storage(self, num_groups: int, capacity_bytes: int, shares: Sequence[float] | None) -> OffloadTier:
+        return OffloadTier(num_groups, capacity_bytes, shares)
+
+    def links(self, transfers: TransferService, name: str, spec: LinkSpec) -> tuple[Link, Link]:
+        link = transfers.make_link(f"{name}.pcie", spec)
+        return link, link
 
 
 class OffloadConnector(KVConnector):
@@ -218,6 +269,9 @@ class OffloadConnector(KVConnector):
         self.group_capacity = group_capacity
         self._reqs: dict[str, _ReqState] = {}
         self._last_local: dict[str, int] = {}
+        #: The last lookup of each request not yet admitted (reported to the tier at admission).
+        self._unadmitted: dict[str, LookupRecord] = {}
+        self.backend: TierBackend = OwnTier()
         self._recving: set[str] = set()
         self._sending: set[str] = set()
         self._loads_in_flight = 0
@@ -252,11 +306,11 @@ class OffloadConnector(KVConnector):
             raise ValueError(
                 f"connector.group_capacity: {len(shares)} fractions given for {ctx.num_groups} KV-cache groups"
             )
-        self.tier = OffloadTier(ctx.num_groups, self.capacity_bytes, shares)
+        self.tier = self.backend.storage(ctx.num_groups, self.capacity_bytes, shares)
         #: GPU-block equivalents of one tier entry per group (a chunk; one state for Mamba).
         self.entry_blocks = [1 if g.kind == "mamba" else chunk // g.block_size for g in ctx.groups]
         self.hit_tokens_per_group = [0] * ctx.num_groups
-        self.link = ctx.transfers.make_link(f"{self.name}.pcie", self.link_spec)
+        self.link, self.store_link = self.backend.links(ctx.transfers, self.name, self.link_spec)
 
     # ------------------------------------------------------------------ keys
     def _num_keyed_chunks(self, request: Request) -> int:
@@ -324,6 +378,8 @@ class OffloadConnector(KVConnector):
         for g, e in enumerate(independent):
             self.hit_tokens_per_group[g] += max(0, e - num_computed_tokens)
         self._last_local[request.request_id] = num_computed_tokens
+        bound = self._upper_bound(request)
+        self._unadmitted[request.request_id] = LookupRecord(num_computed_tokens, bound, tuple(independent), end)
         return ext, ext > 0
 
     def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
@@ -352,6 +408,9 @@ class OffloadConnector(KVConnector):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         state = self._state(request)
+        record = self._unadmitted.pop(request.request_id, None)
+        if record is not None:
+            self.tier.admitted(record, self.backend.source)
         if num_external_tokens <= 0:
             return
         rid = request.request_id
@@ -376,6 +435,7 @@ class OffloadConnector(KVConnector):
         self.counters["load_tokens"] += num_external_tokens
 
         def done() -> None:
+            self.tier.loaded(keys, rid, self.backend.source)
             for g, k in keys:
                 self.tier.pin(g, k, -1)
             state.loading = False
@@ -441,7 +501,7 @@ class OffloadConnector(KVConnector):
             self._stores_in_flight -= 1
             state.pending_stores -= 1
             for g, key, size in entries:
-                if self.tier.insert(g, key, size, rid):
+                if self.tier.insert(g, key, size, rid, self.backend.source):
                     self.counters["bytes_stored"] += size
                 else:
                     self.counters["store_rejected"] += 1
@@ -449,13 +509,14 @@ class OffloadConnector(KVConnector):
                 self._sending.add(rid)
                 self._reqs.pop(rid, None)
 
-        self.link.submit(nbytes, done)
+        self.store_link.submit(nbytes, done)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
         rid = request.request_id
         self._last_local.pop(rid, None)
+        self._unadmitted.pop(rid, None)
         state = self._state(request)
         # on_finish reads the block table; on_compute offers what the last step completed.
         entries = self._offer(state, request.num_computed_tokens, block_ids if self.store == "on_finish" else None)
@@ -491,6 +552,8 @@ class OffloadConnector(KVConnector):
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
         out["transfer_time"] = self.link.stats.busy_time
+        if self.store_link is not self.link:
+            out["transfer_time"] += self.store_link.stats.busy_time
         for g in range(self.ctx.num_groups):
             out[f"hit_tokens_g{g}"] = self.hit_tokens_per_group[g]
             out[f"tier_blocks_g{g}"] = self._tier_blocks(g)

@@ -124,6 +124,32 @@ class TransferLink:
                     t.on_done()
 
 
+class SharedLinkPort:
+    """One engine's way onto a :class:`TransferLink` shared by several engines on one SimPy clock.
+
+    Transfers share the link's bandwidth with every other engine's; ``stats`` counts only this engine's.
+    Invariant: ``on_done`` runs before ``on_complete`` (the engine's wake-up), as on an engine's own link.
+    """
+
+    def __init__(self, shared: TransferLink, on_complete: Callable[[], None]) -> None:
+        self.shared = shared
+        self.on_complete = on_complete
+        self.stats = LinkStats()
+
+    def submit(self, nbytes: int, on_done: Callable[[], None], slowdown: float = 1.0) -> None:
+        self.stats.submitted += 1
+        start = self.shared.env.now
+
+        def done() -> None:
+            self.stats.completed += 1
+            self.stats.bytes_moved += nbytes
+            self.stats.busy_time += self.shared.env.now - start
+            on_done()
+            self.on_complete()
+
+        self.shared.submit(nbytes, done, slowdown)
+
+
 class EngineTransferService(TransferService, Protocol):
     """A transfer service as the engine loop drives it (both clocks implement every member)."""
 
@@ -150,7 +176,7 @@ class SimPyTransferService:
 
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
-        self.links: dict[str, TransferLink] = {}
+        self.links: dict[str, TransferLink | SharedLinkPort] = {}
         #: Called after any transfer completes (set by the engine to wake an idle engine loop).
         self.on_complete: Callable[[], None] | None = None
 
@@ -160,6 +186,15 @@ class SimPyTransferService:
         link = TransferLink(self.env, spec, name, on_complete=self._completed)
         self.links[name] = link
         return link
+
+    def attach(self, name: str, shared: TransferLink) -> "SharedLinkPort":
+        """This engine's port onto ``shared``, a link other engines use too (a cluster's shared KV tier):
+        its transfers count as this service's (``pending``) and wake this engine when they complete."""
+        if name in self.links:
+            raise ValueError(f"transfer link {name!r} already exists")
+        port = SharedLinkPort(shared, self._completed)
+        self.links[name] = port
+        return port
 
     def _completed(self) -> None:
         if self.on_complete is not None:

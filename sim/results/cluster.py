@@ -6,7 +6,9 @@ Every table is the instances' tables stacked, with an ``instance`` column last (
 stopped). Rows come in instance order (-1 first), each instance's rows in its own table order; ``seq`` of
 ``kv_events`` and ``step`` count per instance. ``summary.json`` holds the cluster's totals under the usual
 keys (computed from the stacked tables with the one-instance definitions), a ``cluster`` section (instance
-count, router, requests routed per instance) and ``instances``: each instance's own summary.
+count, router, requests routed per instance) and ``instances``: each instance's own summary. With a shared KV
+tier (``cluster.tier``) the result also has the ``tier_events`` table (:func:`tier_events`) and ``summary.json``
+a ``tier`` section (:meth:`sim.cluster.tier.SharedTier.summary`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Any
 import pandas as pd
 
 from sim.cluster.run import ClusterRecord
+from sim.cluster.tier import SharedTier
 from sim.results.finalize import RunResult, finalize
 from sim.results.metrics import run_summary
 from sim.trace.bundle import LoadedResult
+from sim.trace.schema import hash_to_hex
 from sim.trace.tables import TABLE_NAMES, tables_from_recorder
 
 #: Summary keys copied from an instance's summary into ``instances[i]`` (its scalars and per-group lists).
@@ -86,6 +90,8 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
     if record.crash is not None:
         crashed = results[record.crash["instance"]]
         crash_detail = dict(crashed.crash_detail or {}, instance=record.crash["instance"])
+    if record.tier is not None:
+        summary["tier"] = record.tier.summary()
     return RunResult(
         summary=summary,
         tables=tables,
@@ -95,6 +101,46 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
         scenario=scenario,
         crash_detail=crash_detail,
         session_tables={},
+        tier_tables={} if record.tier is None else {"tier_events": tier_events(record.tier)},
+    )
+
+
+#: ``tier_events`` columns in order (docs/cluster.md): one row per object stored into, removed from or loaded
+#: from the shared tier, in the order it happened.
+TIER_EVENT_COLUMNS = (
+    "seq",
+    "time",
+    "instance",
+    "kind",
+    "group",
+    "group_kind",
+    "block_hash",
+    "bytes",
+    "request_id",
+    "cause",
+)
+
+
+def tier_events(tier: SharedTier) -> pd.DataFrame:
+    """The shared tier's events as a table: ``seq`` from 0, ``time`` when the change took effect (a store's
+    completion, a load's completion), ``instance`` whose transfer caused it, ``block_hash`` the object's
+    chunk-end hash (16 hex digits), ``bytes`` the object's size."""
+    rows = tier.log_rows
+    kinds = tier.group_kinds
+    return pd.DataFrame(
+        {
+            "seq": pd.array(range(len(rows)), dtype="int64"),
+            "time": pd.array([e.time for e in rows], dtype="float64"),
+            "instance": pd.array([e.instance for e in rows], dtype="int64"),
+            "kind": pd.array([e.kind for e in rows], dtype="str"),
+            "group": pd.array([e.group for e in rows], dtype="int64"),
+            "group_kind": pd.array([kinds[e.group] for e in rows], dtype="str"),
+            "block_hash": pd.array([hash_to_hex(e.key) for e in rows], dtype="str"),
+            "bytes": pd.array([e.nbytes for e in rows], dtype="int64"),
+            "request_id": pd.array([e.request_id for e in rows], dtype="str"),
+            "cause": pd.array([e.cause for e in rows], dtype="str"),
+        },
+        columns=list(TIER_EVENT_COLUMNS),
     )
 
 

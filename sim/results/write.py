@@ -4,7 +4,7 @@ The bundle is ``scenario.resolved.yaml``, ``summary.json`` (``partial: true``
 unless the run completed or crashed the way the scenario asked) and the
 tables, written by :func:`sim.trace.bundle.write_result` (which owns how a
 bundle is put on disk), and with ``workload.sessions`` the ``sessions/turns``
-and ``sessions/sessions`` tables. A crash also writes ``crash.json`` and a replay
+and ``sessions/sessions`` tables; with ``cluster.tier`` the ``tier/tier_events`` table. A crash also writes ``crash.json`` and a replay
 bundle (``replay/replay.yaml`` + ``replay/crash.json``, the scenario cut at the crash step by
 :mod:`sim.results.replay_cut`) that ``hybridsim replay`` reproduces; ``crash.json`` names the ``explain``,
 ``replay``, ``shrink`` and ``export vllm-test`` commands for it. If the replay cannot be derived the bundle is
@@ -21,7 +21,7 @@ from sim.config import resolved_yaml
 from sim.config.scenario import Scenario
 from sim.results.finalize import RunResult
 from sim.results.replay_cut import replay_scenario
-from sim.trace.bundle import write_result, write_session_tables
+from sim.trace.bundle import SESSIONS_DIR, TIER_DIR, write_result, write_side_tables
 from sim.trace.output import write_file
 
 
@@ -91,7 +91,9 @@ def write_bundle(
         if crash is not None:
             _write_crash(stage, result, scenario, crash, out)
         if result.session_tables:
-            write_session_tables(result.session_tables, stage, scenario.outputs.tables_format)
+            write_side_tables(SESSIONS_DIR, result.session_tables, stage, scenario.outputs.tables_format)
+        if result.tier_tables:
+            write_side_tables(TIER_DIR, result.tier_tables, stage, scenario.outputs.tables_format)
         if draw is not None:
             result.plots = [out / p.relative_to(stage) for p in draw(result, stage / "plots")]
 

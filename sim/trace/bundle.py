@@ -271,6 +271,8 @@ class LoadedResult:
     #: With ``workload.sessions``: the ``turns`` and ``sessions`` DataFrames (``sim.results.sessions``),
     #: written under ``sessions/`` in the bundle.
     session_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    #: With ``cluster.tier``: the ``tier_events`` DataFrame (docs/cluster.md), written under ``tier/``.
+    tier_tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     @property
     def kv_events(self) -> pd.DataFrame:
@@ -353,34 +355,39 @@ def load_result(path: str | Path, *, verify: bool = True) -> LoadedResult:
         if file is not None:
             tables[name] = read_table(name, file)
     result = LoadedResult.from_tables(tables, summary=summary, scenario_yaml=scenario_yaml)
-    result.session_tables = _read_session_tables(directory / SESSIONS_DIR)
+    result.session_tables = _read_side_tables(directory, SESSIONS_DIR)
+    result.tier_tables = _read_side_tables(directory, TIER_DIR)
     result.path = directory
     return result
 
 
-#: The bundle folder holding the session tables (``turns``, ``sessions``) of a ``workload.sessions`` run.
+#: Side tables: a bundle folder and the tables it may hold, written only by runs that have them. ``sessions``:
+#: the session tables (``turns``, ``sessions``) of a ``workload.sessions`` run; ``tier``: the shared KV tier's
+#: ``tier_events`` of a ``cluster.tier`` run (docs/cluster.md).
+SIDE_TABLES: dict[str, tuple[str, ...]] = {"sessions": ("turns", "sessions"), "tier": ("tier_events",)}
 SESSIONS_DIR = "sessions"
-SESSION_TABLE_NAMES = ("turns", "sessions")
+TIER_DIR = "tier"
 
 
-def write_session_tables(tables: Mapping[str, pd.DataFrame], stage: Path, fmt: TablesFormat) -> None:
-    """The session tables into ``stage/sessions/`` (called while the bundle is staged, so they are in its
-    manifest); same frames, same bytes."""
-    unknown = sorted(set(tables) - set(SESSION_TABLE_NAMES))
+def write_side_tables(folder: str, tables: Mapping[str, pd.DataFrame], stage: Path, fmt: TablesFormat) -> None:
+    """Side tables into ``stage/<folder>/`` (called while the bundle is staged, so they are in its manifest);
+    same frames, same bytes."""
+    names = SIDE_TABLES[folder]
+    unknown = sorted(set(tables) - set(names))
     if unknown:
-        raise ValueError(f"unknown session tables {unknown}; valid: {', '.join(SESSION_TABLE_NAMES)}")
-    folder = stage / SESSIONS_DIR
-    for name in SESSION_TABLE_NAMES:
+        raise ValueError(f"unknown {folder} tables {unknown}; valid: {', '.join(names)}")
+    for name in names:
         if name in tables:
-            write_table(tables[name].reset_index(drop=True), folder / f"{name}.{fmt}", fmt)
+            write_table(tables[name].reset_index(drop=True), stage / folder / f"{name}.{fmt}", fmt)
 
 
-def _read_session_tables(folder: Path) -> dict[str, pd.DataFrame]:
+def _read_side_tables(directory: Path, folder: str) -> dict[str, pd.DataFrame]:
     import pandas as pd
 
     out: dict[str, pd.DataFrame] = {}
-    for name in SESSION_TABLE_NAMES if folder.is_dir() else ():
-        file = find_table_file(folder, name)
+    path = directory / folder
+    for name in SIDE_TABLES[folder] if path.is_dir() else ():
+        file = find_table_file(path, name)
         if file is None:
             continue
         if file.suffix == ".parquet":

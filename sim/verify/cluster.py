@@ -7,7 +7,9 @@ through vLLM's scheduler, and its decision trace is compared with the instance's
 The router itself is hybridsim's (vLLM has none): what is verified is that every engine decides as vLLM does
 given its arrivals.
 
-Not verifiable: what a one-instance scenario cannot verify, and a cluster that crashed (the crash stops every
+Not verifiable: what a one-instance scenario cannot verify, a shared tier (``cluster.tier``: its answers
+depend on every instance's stores, and the harness replays only the none and scripted connectors), and a
+cluster that crashed (the crash stops every
 instance at once, which no single vLLM engine does; verify the crashing instance through its replay bundle).
 """
 
@@ -37,6 +39,13 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             "outputs": scenario.outputs.model_copy(update={"schedule_table": True, "plots": False}),
         }
     )
+    if scenario.cluster.tier is not None:
+        return Verdict(
+            scenario.name,
+            VerifyStatus.NOT_VERIFIABLE,
+            "cluster.tier: the shared tier's answers depend on every instance's stores, and the harness replays "
+            "only the none and scripted connectors (verify the cluster without cluster.tier)",
+        )
     instances = instance_scenarios(run)
     for i, instance in enumerate(instances):
         reason = not_verifiable_reason(instance)

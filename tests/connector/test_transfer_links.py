@@ -66,3 +66,29 @@ def test_duplicate_link_name_and_bad_spec_are_refused():
         LinkSpec(0.0, 0.0)
     with pytest.raises(ValueError, match="concurrency"):
         LinkSpec(1.0, 0.0, concurrency=0)
+
+
+def test_shared_link_ports_share_bandwidth_and_wake_their_own_engine():
+    """Two engines' ports onto one link: their transfers share its bandwidth, each service sees only its own
+    transfers as pending, and a completion wakes only the engine that submitted it (after ``on_done``)."""
+    from sim.engine.transfer import TransferLink
+
+    env = simpy.Environment()
+    shared = TransferLink(env, LinkSpec(1e9, 0.0), "tier.read")
+    services = [SimPyTransferService(env), SimPyTransferService(env)]
+    log = []
+    for i, svc in enumerate(services):
+        svc.on_complete = lambda i=i: log.append(("wake", i, env.now))
+    ports = [svc.attach("tier.read", shared) for svc in services]
+    ports[0].submit(1_000_000, lambda: log.append(("done", 0, env.now)))
+    ports[1].submit(2_000_000, lambda: log.append(("done", 1, env.now)))
+    assert services[0].pending() and services[1].pending()
+    env.run(until=0.0025)
+    # Both at 0.5 GB/s until port 0's 1 MB is done at 2 ms; port 1 then alone: 1 MB more at 1 GB/s -> 3 ms.
+    assert log == [("done", 0, pytest.approx(0.002)), ("wake", 0, pytest.approx(0.002))]
+    assert not services[0].pending() and services[1].pending()
+    env.run()
+    assert log[2:] == [("done", 1, pytest.approx(0.003)), ("wake", 1, pytest.approx(0.003))]
+    assert ports[1].stats.bytes_moved == 2_000_000 and shared.stats.bytes_moved == 3_000_000
+    with pytest.raises(ValueError, match="already exists"):
+        services[0].attach("tier.read", shared)
