@@ -1,5 +1,5 @@
-"""``python -m sim`` runs the ``hybridsim`` command line."""
+"""``python -m sim`` runs the ``hybridsim`` command line (the same entry as the console script)."""
 
-from sim.cli import main
+from sim.entry import main
 
 main()

@@ -132,6 +132,19 @@ def test_second_signal_while_finishing_aborts_and_keeps_the_old_bundle(old_bundl
     assert snapshot(out) == before and no_stage_left(out)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_the_command_line_starts_exits_130_and_keeps_the_old_bundle(old_bundle, sig) -> None:
+    """While the interpreter imports the command line (about a second), before any command: exit 130 with one
+    line (it was 143 and silent for SIGTERM, a traceback for SIGINT); nothing written, the old bundle intact."""
+    out, before = old_bundle
+    proc = start(out, "start:30")
+    proc.send_signal(sig)
+    code, err = finish(proc)
+    assert code == 130, err
+    assert err.splitlines() == [f"error: interrupted ({sig.name}) while starting; nothing was written"], err
+    assert snapshot(out) == before and no_stage_left(out)
+
+
 def test_sigkill_before_the_swap_keeps_the_old_bundle(old_bundle) -> None:
     out, before = old_bundle
     proc = start(out, "swap:30")

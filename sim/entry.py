@@ -1,0 +1,36 @@
+"""The ``hybridsim`` console script and ``python -m sim``: SIGINT/SIGTERM handled from hybridsim's first line.
+
+Importing the command line (typer, rich, the command modules) takes about half a second to a few seconds on a
+loaded machine. Without a handler a SIGTERM in that time killed the process by the default action (exit 143,
+no message; SIGINT printed a traceback). This module imports only :mod:`sim.interrupts` (standard library)
+before it installs the one handler, and imports the command line under it. A signal while starting up exits
+130 with one line (``error: interrupted (SIGTERM) while starting; nothing was written``): no command has
+begun, so every output, an existing bundle included, is as it was. From the command on, its own handling
+(:func:`sim.cli.errors.handles_errors`) takes over under the same handler: there is no moment without one.
+
+Left unguarded: the interpreter's own start-up before this module runs (tens of milliseconds), and typer's
+argument parsing (milliseconds; click turns a signal there into ``Aborted!``, exit 1).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sim.interrupts import interrupts_raise, pause_point
+
+#: ``sim.cli.exit_codes.ExitCode.INTERRUPTED``: importing it here would load the whole command line first
+#: (tests/test_entry.py keeps the two equal).
+INTERRUPTED = 130
+
+
+def main() -> None:
+    """Run the ``hybridsim`` command line with the signal handler installed before it is imported."""
+    try:
+        with interrupts_raise():
+            pause_point("start")  # the start-up window, for tests/trace/test_atomic.py
+            from sim.cli import main as cli_main
+
+            cli_main()
+    except KeyboardInterrupt as exc:
+        sys.stderr.write(f"error: {exc or 'interrupted'} while starting; nothing was written\n")
+        sys.exit(INTERRUPTED)

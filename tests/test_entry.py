@@ -1,0 +1,34 @@
+"""The console-script entry (sim.entry): the signal handler is in place before the command line is imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from sim import entry
+from sim.cli.exit_codes import ExitCode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_console_script_and_python_m_sim_go_through_the_entry() -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    assert scripts["hybridsim"] == "sim.entry:main"
+    assert "from sim.entry import main" in (ROOT / "sim" / "__main__.py").read_text(encoding="utf-8")
+
+
+def test_importing_the_entry_loads_no_part_of_the_command_line() -> None:
+    """Whatever the entry imports runs before the handler exists: only the standard library and sim.interrupts."""
+    probe = (
+        "import sys, sim.entry; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'typer', 'click', 'rich', 'numpy', 'pandas'} "
+        "or (m.startswith('sim.') and m not in {'sim.entry', 'sim.interrupts'})))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_start_up_exit_code_is_the_cli_s() -> None:
+    assert entry.INTERRUPTED == ExitCode.INTERRUPTED
