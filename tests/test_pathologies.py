@@ -318,3 +318,29 @@ def test_12197_decode_prefix_hit_against_a_nixl_pull(overrides, local, external,
 def test_12197_stand_in_verifies_against_the_installed_vllm(vllm, connector):
     """NIXL's answers, asynchronously, with t1 arriving when the proxy hands it over (step 1)."""
     _verify("pd-decode-prefix-hit.yaml", vllm, f"connector={connector}", "workload.requests.0.at=1")
+
+
+@pytest.mark.parametrize("what_if", [False, True])
+def test_45407_shared_tier_hit_on_a_second_instance(what_if):
+    """Instance 0 fills the shared tier; instance 1's first request hits it. 0.22.1's rule crashes instance 1."""
+    overrides = ["scheduler.assert_no_external_kv_in_mamba_split=true"] if what_if else []
+    result = _run("external-kv-not-verified-cluster.yaml", *overrides)
+    cols = ["instance", "request_id", "kind", "step", "local_tokens", "external_tokens", "outcome"]
+    rows = [tuple(row) for row in result.admissions[cols].itertuples(index=False)]
+    if what_if:
+        assert result.summary["crash"] == {
+            "step": 10,
+            "time_s": 10.0,
+            "request_id": "b",
+            "reason": NOT_VERIFIED,
+            "instance": 1,
+        }
+        assert rows == [(0, "a0", "first", 0, 0, 0, "ok"), (1, "b", "first", 10, 0, 1632, "crash")]
+        return
+    _all_ok(result)
+    assert sorted(rows) == [
+        (0, "a0", "first", 0, 0, 0, "ok"),
+        (0, "a1", "first", 20, 1632, 0, "ok"),
+        (1, "b", "after_async_load", 11, 0, 0, "ok"),
+        (1, "b", "first", 10, 0, 1632, "ok"),
+    ]
