@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sim.config.cluster import PDLinkSection
 from sim.config.scenario import Scenario
 from sim.config.yamlio import ScenarioError
 
@@ -17,7 +18,9 @@ def instance_scenarios(scenario: Scenario) -> list[Scenario]:
     """One scenario per instance, without ``cluster``; instance 0 of a cluster without overrides is the
     scenario itself (so a one-instance cluster runs exactly as the plain scenario). With ``cluster.tier``
     each instance's connector is the offload connector with the tier's options (the cluster then gives it
-    the shared store, :mod:`sim.cluster.tier`)."""
+    the shared store, :mod:`sim.cluster.tier`); a ``decode`` instance's is the ``remote`` connector with
+    ``cluster.pd``'s link, a ``prefill`` instance's the ``remote`` connector prefilling nothing remotely (the
+    cluster then wires both to its P/D proxy, :mod:`sim.cluster.pd`)."""
     cluster = scenario.cluster
     assert cluster is not None
     base = scenario.model_dump(mode="json", exclude={"cluster"})
@@ -33,6 +36,10 @@ def instance_scenarios(scenario: Scenario) -> list[Scenario]:
             data[section] = merged
         if cluster.tier is not None:  # every instance's connector is the offload connector on the shared tier
             data["connector"] = {"type": "offload", **cluster.tier.connector_options()}
+        elif spec.role == "decode":  # NIXL's decode side, pulling from the prefill instances (sim.cluster.pd)
+            data["connector"] = {"type": "remote", **(cluster.pd or PDLinkSection()).connector_options()}
+        elif spec.role == "prefill":  # NIXL's prefill side: no request of its own is prefilled elsewhere
+            data["connector"] = {"type": "remote", "requests": []}
         try:
             out.append(Scenario.model_validate(data))
         except ValidationError as exc:

@@ -28,12 +28,14 @@ import simpy
 from simpy.events import URGENT
 
 from sim.cluster.instances import instance_scenarios
+from sim.cluster.pd import DecodePort, Disaggregation, PrefillPort
 from sim.cluster.router import InstanceState, Router, create_router
 from sim.cluster.tier import InstancePort, SharedTier, check_tier
 from sim.cluster.view import KVCacheView
 from sim.config.scenario import Scenario
 from sim.config.yamlio import ScenarioError
 from sim.connector.offload import OffloadConnector
+from sim.connector.remote import RemoteConnector
 from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
 from sim.engine.actions import build_actions
@@ -77,6 +79,28 @@ class Instance:
         return float(self.components.kv_manager.usage)
 
 
+@dataclass
+class _Numbered:
+    """An instance as one router of a subset sees it (a P/D cluster's prefill or decode instances):
+    ``index`` is its position in the subset."""
+
+    instance: Instance
+    index: int
+
+    @property
+    def view(self) -> KVCacheView:
+        return self.instance.view
+
+    def queued(self) -> int:
+        return self.instance.queued()
+
+    def load(self) -> float:
+        return self.instance.load()
+
+    def kv_usage(self) -> float:
+        return self.instance.kv_usage()
+
+
 class ArrivalFeed:
     """Routes each request at its arrival time (see the module docstring).
 
@@ -99,6 +123,11 @@ class ArrivalFeed:
         self.sessions: SessionDriver | None = None
         #: Submitted requests not routed yet, by id, in submission order.
         self._pending: dict[str, Request] = {}
+        #: A P/D cluster: the proxy, the router of the prefill instances and both subsets (instance indices).
+        self.pd: Disaggregation | None = None
+        self.prefill_router: Router | None = None
+        self.prefill_ids: list[int] = []
+        self.decode_ids: list[int] = list(range(len(instances)))
 
     def submit(self, request: Request) -> None:
         """Route ``request`` at its ``arrival_time`` (not in the past)."""
@@ -118,7 +147,7 @@ class ArrivalFeed:
 
     def may_route(self) -> bool:
         """Whether a request may still be routed: one is pending, or a running one may release a turn."""
-        if self._pending:
+        if self._pending or (self.pd is not None and self.pd.busy()):
             return True
         if self.sessions is None:
             return False
@@ -137,17 +166,33 @@ class ArrivalFeed:
         now = float(self.env.now)
         for instance in self.instances:
             instance.view.advance(now)
-        states: list[InstanceState] = list(self.instances)
-        index = self.router.choose(request, states, self.instances[0].components.kv_cache_config)
-        if not 0 <= index < len(self.instances):
-            raise ValueError(f"cluster.router.policy: the router chose instance {index} of {len(self.instances)}")
+        index = self._choose(self.router, request, self.decode_ids)
+        if self.pd is not None:
+            assert self.prefill_router is not None
+            self.pd.start(request, self._choose(self.prefill_router, request, self.prefill_ids), index)
+        self.hand(index, request)
+        if not self.may_route():
+            self.wake_all()
+
+    def hand(self, index: int, request: Request) -> None:
+        """Give ``request`` to instance ``index`` now."""
         instance = self.instances[index]
         instance.routed.append(request)
         assert instance.loop is not None
         instance.loop.release(request)
         instance.loop.wake()
-        if not self.may_route():
-            self.wake_all()
+
+    def _choose(self, router: Router, request: Request, ids: list[int]) -> int:
+        """The instance ``router`` picks among ``ids`` (every instance, or a P/D cluster's subset)."""
+        states: list[InstanceState]
+        if len(ids) == len(self.instances):
+            states = list(self.instances)
+        else:
+            states = [_Numbered(self.instances[i], n) for n, i in enumerate(ids)]
+        pick = router.choose(request, states, self.instances[0].components.kv_cache_config)
+        if not 0 <= pick < len(states):
+            raise ValueError(f"cluster.router.policy: the router chose instance {pick} of {len(states)}")
+        return ids[pick]
 
 
 @dataclass
@@ -165,6 +210,8 @@ class ClusterRecord:
     simulated_s: float
     #: The shared KV tier (``cluster.tier``), or ``None``.
     tier: SharedTier | None = None
+    #: A P/D cluster's proxy, or ``None``.
+    pd: Disaggregation | None = None
 
 
 class ClusterRun:
@@ -267,6 +314,7 @@ class ClusterRun:
             crash=crash,
             simulated_s=float(self.env.now),
             tier=self.tier,
+            pd=self.feed.pd,
         )
 
 
@@ -279,6 +327,11 @@ def check_cluster(scenario: Scenario, workload: tuple[list[Request], list[Reques
         raise ScenarioError(
             f"cluster.tier: every instance's connector is the shared tier's; remove connector "
             f"(connector.type: {scenario.connector.type!r}; valid with a tier: none)"
+        )
+    if cluster.disaggregated and scenario.connector.type != "none":
+        raise ScenarioError(
+            f"cluster.instances: prefill and decode instances use the P/D connector (NIXL-like); remove connector "
+            f"(connector.type: {scenario.connector.type!r}; valid with P/D: none)"
         )
     scenarios = instance_scenarios(scenario)
     layout = _layout(scenarios[0])
@@ -344,6 +397,7 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
     if sessions is not None:
         sessions.release = feed.submit
     tier = _shared_tier(scenario, instances, env)
+    _disaggregate(scenario, instances, feed)
     for instance, rng in zip(instances, connector_rngs):
         instance.loop = _instance_loop(env, instance, rng, options, feed)
     if tier is not None:
@@ -353,6 +407,34 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
     for request in sorted(sessions.initial if sessions else requests, key=lambda r: r.arrival_time):
         feed.submit(request)
     return ClusterRun(scenario, env, instances, feed, rejected, tier)
+
+
+def _disaggregate(scenario: Scenario, instances: list[Instance], feed: ArrivalFeed) -> None:
+    """Wire a P/D cluster's proxy (:mod:`sim.cluster.pd`) into the feed and every instance's ``remote``
+    connector, before they are bound."""
+    cluster = scenario.cluster
+    assert cluster is not None
+    if not cluster.disaggregated:
+        return
+    roles = [spec.role for spec in cluster.instance_specs()]
+    feed.prefill_ids = [i for i, role in enumerate(roles) if role == "prefill"]
+    feed.decode_ids = [i for i, role in enumerate(roles) if role == "decode"]
+    feed.prefill_router = _router(scenario)
+
+    def wake(index: int) -> None:
+        loop = instances[index].loop
+        assert loop is not None
+        loop.wake()
+
+    pd = Disaggregation(release=feed.hand, wake=wake, on_idle=feed.wake_all)
+    feed.pd = pd
+    for instance, role in zip(instances, roles):
+        connector = instance.components.connector
+        assert isinstance(connector, RemoteConnector), "instance_scenarios gives P/D instances the remote connector"
+        if role == "decode":
+            connector.prefill_side = DecodePort(pd)
+        else:
+            connector.producer = PrefillPort(pd, instance.index)
 
 
 def _shared_tier(scenario: Scenario, instances: list[Instance], env: simpy.Environment) -> SharedTier | None:

@@ -95,9 +95,15 @@ class TierSection(_Strict):
         }
 
 
+#: What an instance serves: whole requests (``both``), only prompts (``prefill``) or the rest (``decode``).
+Role = Literal["both", "prefill", "decode"]
+
+
 class InstanceSpec(_Strict):
     """One instance's overrides of the scenario (``cluster.instances: [{cache: {num_blocks: 800}}, ...]``)."""
 
+    #: ``prefill`` and ``decode`` instances split each request (:mod:`sim.cluster.pd`); ``both`` runs it whole.
+    role: Role = "both"
     cache: dict[str, Any] = Field(default_factory=dict)
     scheduler: dict[str, Any] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
@@ -116,6 +122,10 @@ class InstanceSpec(_Strict):
     def overrides(self) -> dict[str, dict[str, Any]]:
         """The non-empty sections, as a partial scenario mapping."""
         return {s: dict(getattr(self, s)) for s in INSTANCE_KEYS if getattr(self, s)}
+
+    def is_plain(self) -> bool:
+        """No override and the default role."""
+        return self.role == "both" and not self.overrides()
 
 
 class RouterSection(_Strict):
@@ -137,6 +147,28 @@ class RouterSection(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class PDLinkSection(_Strict):
+    """``cluster.pd``: the link a decode instance pulls a request's KV over from a prefill instance (NIXL-like)."""
+
+    #: The decode instance's network bandwidth, GB/s, shared by its pulls in flight.
+    bandwidth_gbps: _Positive = 25.0
+    #: Base latency of one pull (RDMA read plus NIXL's notification), microseconds.
+    latency_us: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] = 20.0
+    #: At most this many pulls in flight per decode instance (the rest wait FIFO); null: processor sharing.
+    concurrency: PositiveInt | None = None
+    #: ``clock: steps``: a pull completes this many of the decode instance's steps after it started.
+    transfer_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 1
+
+    def connector_options(self) -> dict[str, Any]:
+        """The ``remote`` connector's options of a decode instance."""
+        return {
+            "bandwidth_gbps": self.bandwidth_gbps,
+            "latency_us": self.latency_us,
+            "concurrency": self.concurrency,
+            "transfer_steps": self.transfer_steps,
+        }
+
+
 class ClusterSection(_Strict):
     """``cluster:``: how many instances (or each one's overrides) and the router."""
 
@@ -146,6 +178,9 @@ class ClusterSection(_Strict):
     router: RouterSection = Field(default_factory=RouterSection)
     #: A KV store shared by every instance; ``None``: each instance's connector is its own.
     tier: TierSection | None = None
+    #: The prefill-to-decode KV link of a cluster with ``prefill`` and ``decode`` instances (``None``: the
+    #: defaults of :class:`PDLinkSection`).
+    pd: PDLinkSection | None = None
 
     @field_validator("instances", mode="before")
     @classmethod
@@ -160,9 +195,35 @@ class ClusterSection(_Strict):
 
     @field_serializer("instances")
     def _as_count_when_plain(self, instances: list[InstanceSpec]) -> int | list[dict[str, Any]]:
-        if not any(spec.overrides() for spec in instances):
+        if all(spec.is_plain() for spec in instances):
             return len(instances)
         return [spec.model_dump() for spec in instances]
+
+    @model_validator(mode="after")
+    def _roles(self) -> "ClusterSection":
+        """Either every instance runs whole requests, or there are prefill and decode instances and no other."""
+        roles = [spec.role for spec in self.instances]
+        if set(roles) == {"both"}:
+            if self.pd is not None:
+                raise ValueError("@pd: the P/D link needs prefill and decode instances (cluster.instances[*].role)")
+            return self
+        for i, role in enumerate(roles):
+            if role == "both":
+                raise ValueError(
+                    f"@instances.{i}.role: a cluster with prefill or decode instances has only those "
+                    "(give every instance role: prefill or role: decode)"
+                )
+        for needed in ("prefill", "decode"):
+            if needed not in roles:
+                raise ValueError(f"@instances: a P/D cluster needs at least one {needed} instance (roles: {roles})")
+        if self.tier is not None:
+            raise ValueError("@tier: a shared tier with prefill/decode instances is not modelled (drop one of them)")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode run on different instances."""
+        return any(spec.role != "both" for spec in self.instances)
 
     def instance_specs(self) -> list[InstanceSpec]:
         """One spec per instance."""

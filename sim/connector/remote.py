@@ -70,7 +70,7 @@ see docs/connectors.md, "#46453 with the remote connector".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
@@ -86,6 +86,31 @@ DEFAULT_PREFILL_TOKENS_PER_S = 20_000.0
 #: Router hop plus the prefill instance's scheduling and first-step overhead.
 DEFAULT_PREFILL_OVERHEAD_MS = 5.0
 GB = 1e9
+
+
+class PrefillSide(Protocol):
+    """Where a remote-prefilled request's prefill runs, when it is not the latency model (a cluster's
+    prefill instances, :mod:`sim.cluster.pd`)."""
+
+    def submit(self, request: Request, remote_tokens: int, done: Callable[[], None]) -> None:
+        """Prefill ``request`` remotely; ``done()`` once, when its KV can be pulled (maybe at once)."""
+        ...
+
+    def pulled(self, request: Request) -> None:
+        """The decode side pulled ``request``'s KV, or will pull none: the prefill side may free it."""
+        ...
+
+
+class Producer(Protocol):
+    """NIXL's prefill (producer) side on a cluster's prefill instance (:mod:`sim.cluster.pd`)."""
+
+    def hold(self, request: Request) -> bool:
+        """``request`` finished here: True keeps its blocks until a decode instance pulled them."""
+        ...
+
+    def released(self) -> set[str]:
+        """Held requests whose blocks may be freed now (``finished_sending``)."""
+        ...
 
 
 @dataclass
@@ -124,6 +149,10 @@ class RemoteConnector(KVConnector):
         self.remote_requests = None if requests is None else set(requests)
         self._remote: dict[str, _Remote] = {}
         self._recving: set[str] = set()
+        #: A cluster's prefill instances instead of the latency model (decode instances), or ``None``.
+        self.prefill_side: PrefillSide | None = None
+        #: A cluster's P/D proxy on a prefill instance (NIXL's producer side), or ``None``.
+        self.producer: Producer | None = None
         self.counters: dict[str, int] = {
             "queries": 0,
             "hit_tokens": 0,
@@ -170,7 +199,10 @@ class RemoteConnector(KVConnector):
             remote.prefill_done = True
             hand_over(request)
 
-        self.prefill.submit(remote.remote_tokens, done)
+        if self.prefill_side is not None:
+            self.prefill_side.submit(request, remote.remote_tokens, done)
+        else:
+            self.prefill.submit(remote.remote_tokens, done)
         return True
 
     def _answer(self, request: Request) -> _Remote | None:
@@ -243,6 +275,8 @@ class RemoteConnector(KVConnector):
             return
         remote.consumed = True  # NIXL: params["do_remote_prefill"] = False, one transfer per request
         if num_external_tokens <= 0:
+            if self.prefill_side is not None:
+                self.prefill_side.pulled(request)
             return
         table = block_table(blocks)
         unhashed: list[list[int]] = []
@@ -271,19 +305,24 @@ class RemoteConnector(KVConnector):
             self._loads_in_flight -= 1
             self.counters["bytes_loaded"] += nbytes
             self._recving.add(rid)
+            if self.prefill_side is not None:
+                self.prefill_side.pulled(request)
 
         self.network.submit(nbytes, done)
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
-        """Decode side, no bidirectional transfer: free at once (NIXL ``request_finished``)."""
+        """Decode side, no bidirectional transfer: free at once (NIXL ``request_finished``). A cluster's
+        prefill instance (``producer``) keeps the blocks until the decode instance pulled them."""
         self._remote.pop(request.request_id, None)
+        if self.producer is not None and self.producer.hold(request):
+            return True, None
         return False, None
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         recving, self._recving = self._recving, set()
-        return recving, set()
+        return recving, self.producer.released() if self.producer is not None else set()
 
     def metrics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.cluster.pd import PREFILL_LEG_SUFFIX
 from sim.cluster.run import ClusterRecord
 from sim.cluster.tier import SharedTier
 from sim.results.finalize import RunResult, finalize
@@ -53,7 +54,7 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
         tables[name] = _stack(frames)
     first = record.instances[0]
     summary = run_summary(
-        tables,
+        _client_view(tables) if record.pd is not None else tables,
         group_kinds=first.group_kinds,
         slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
         slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,
@@ -92,6 +93,8 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
         crash_detail = dict(crashed.crash_detail or {}, instance=record.crash["instance"])
     if record.tier is not None:
         summary["tier"] = record.tier.summary()
+    if record.pd is not None:
+        summary["pd"] = _pd_summary(record, tables)
     return RunResult(
         summary=summary,
         tables=tables,
@@ -142,6 +145,50 @@ def tier_events(tier: SharedTier) -> pd.DataFrame:
         },
         columns=list(TIER_EVENT_COLUMNS),
     )
+
+
+def _is_leg(table: pd.DataFrame) -> pd.Series:
+    return table["request_id"].str.endswith(PREFILL_LEG_SUFFIX)
+
+
+def _client_view(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """A P/D cluster's tables as the clients see them: without the prefill legs' requests and admissions
+    (each request's latency and hits are its decode instance's row: TTFT from the client's arrival)."""
+    out = dict(tables)
+    for name in ("requests", "admissions"):
+        out[name] = tables[name].loc[~_is_leg(tables[name])].reset_index(drop=True)
+    return out
+
+
+def _pd_summary(record: ClusterRecord, tables: dict[str, pd.DataFrame]) -> dict[str, Any]:
+    """``summary.json``'s ``pd`` section: the instances by role, the prefill legs (their local prefix hits,
+    their time to the prefill's one token) and the decode instances' pulls."""
+    cluster = record.scenario.cluster
+    assert cluster is not None and record.pd is not None
+    roles = [spec.role for spec in cluster.instance_specs()]
+    requests, admissions = tables["requests"], tables["admissions"]
+    legs = requests.loc[_is_leg(requests)]
+    leg_admissions = admissions.loc[_is_leg(admissions)]
+    prompt = int(leg_admissions["prompt_tokens"].sum())
+    local = int(leg_admissions["local_tokens"].sum())
+    prefill_s = (legs["first_token_s"] - legs["arrival_s"]).dropna()
+    pulls = {"loads": 0, "bytes_loaded": 0, "transfer_time": 0.0}
+    for run, role in zip(record.instances, roles):
+        if role == "decode" and run.connector_metrics:
+            for key in pulls:
+                pulls[key] += run.connector_metrics.get(key, 0)
+    return {
+        "prefill_instances": [i for i, r in enumerate(roles) if r == "prefill"],
+        "decode_instances": [i for i, r in enumerate(roles) if r == "decode"],
+        "prefills": record.pd.prefills,
+        "prefill_local_hit_tokens": local,
+        "prefill_local_hit_rate": local / prompt if prompt else None,
+        "prefill_s_p50": float(prefill_s.quantile(0.5)) if len(prefill_s) else None,
+        "pulls": pulls["loads"],
+        "bytes_pulled": pulls["bytes_loaded"],
+        "pulled_tokens": int(requests.loc[~_is_leg(requests), "external_hit_tokens"].sum()),
+        "pull_time_mean": pulls["transfer_time"] / pulls["loads"] if pulls["loads"] else None,
+    }
 
 
 def _instance_summary(index: int, summary: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,8 @@ The router itself is hybridsim's (vLLM has none): what is verified is that every
 given its arrivals.
 
 Not verifiable: what a one-instance scenario cannot verify, a shared tier (``cluster.tier``: its answers
-depend on every instance's stores, and the harness replays only the none and scripted connectors), and a
-cluster that crashed (the crash stops every
+depend on every instance's stores, and the harness replays only the none and scripted connectors), prefill and
+decode instances (for the same reason), and a cluster that crashed (the crash stops every
 instance at once, which no single vLLM engine does; verify the crashing instance through its replay bundle).
 """
 
@@ -45,6 +45,14 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             VerifyStatus.NOT_VERIFIABLE,
             "cluster.tier: the shared tier's answers depend on every instance's stores, and the harness replays "
             "only the none and scripted connectors (verify the cluster without cluster.tier)",
+        )
+    if scenario.cluster.disaggregated:
+        return Verdict(
+            scenario.name,
+            VerifyStatus.NOT_VERIFIABLE,
+            "cluster.instances: prefill/decode roles: a decode instance's arrivals wait on another engine's "
+            "prefill and its connector pulls what that engine computed; the harness replays only the none and "
+            "scripted connectors (verify the colocated cluster)",
         )
     instances = instance_scenarios(run)
     for i, instance in enumerate(instances):
