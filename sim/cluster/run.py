@@ -28,7 +28,7 @@ import simpy
 from simpy.events import URGENT
 
 from sim.cluster.instances import instance_scenarios
-from sim.cluster.pd import DecodePort, Disaggregation, PrefillPort
+from sim.cluster.pd import PREFILL_LEG_SUFFIX, DecodePort, Disaggregation, PrefillPort
 from sim.cluster.router import InstanceState, Router, create_router
 from sim.cluster.tier import InstancePort, SharedTier, check_tier
 from sim.cluster.view import KVCacheView
@@ -377,6 +377,13 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
     cluster = scenario.cluster
     assert cluster is not None
     requests, rejected = scenario_workload(instance_scenarios(scenario)[0])
+    if cluster.disaggregated:
+        for request in requests:
+            if request.request_id.endswith(PREFILL_LEG_SUFFIX):
+                raise ScenarioError(
+                    f"workload: request id {request.request_id!r} ends with {PREFILL_LEG_SUFFIX!r}, which a P/D "
+                    "cluster gives the prefill legs; rename it"
+                )
     scenarios = check_cluster(scenario, (requests, []))
     env = simpy.Environment()
     connector_rngs = _connector_rngs(scenario.seed, len(scenarios))

@@ -199,3 +199,8 @@ def test_verify_refuses_a_pd_cluster_in_one_line() -> None:
     verdict = verify_cluster(scenario_from_text(ONE))
     assert verdict.status is VerifyStatus.NOT_VERIFIABLE and verdict.reason.startswith("cluster.instances:")
     assert "\n" not in verdict.reason
+
+
+def test_a_request_id_that_looks_like_a_leg_is_refused() -> None:
+    with pytest.raises(ScenarioError, match="request id 'a@prefill' ends with '@prefill'"):
+        _run(ONE.replace("{id: a,", "{id: a@prefill,"))
