@@ -49,6 +49,10 @@ class _Strict(BaseModel):
 
 #: A positive, finite rate or size with a documented ceiling (GB, GB/s).
 _Positive = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+#: A link's base latency, microseconds.
+_LatencyUs = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+#: ``clock: steps``: a transfer's length in the engine's steps.
+_Steps = Annotated[int, Field(ge=0, le=1_000_000)]
 
 
 class TierSection(_Strict):
@@ -67,11 +71,11 @@ class TierSection(_Strict):
     #: Bandwidth from the instances to the store (stores), GB/s, shared by every store in flight.
     write_gbps: _Positive = 25.0
     #: Base latency of one transfer to or from the store, microseconds.
-    latency_us: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] = 20.0
+    latency_us: _LatencyUs = 20.0
     #: At most this many transfers in flight per direction (the rest wait FIFO); null: processor sharing.
     concurrency: PositiveInt | None = None
     #: ``clock: steps``: a transfer completes this many of the instance's steps after it started.
-    transfer_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 1
+    transfer_steps: _Steps = 1
     #: Tokens per stored object (a multiple of the scheduler block size); null: LMCache's 256 rounded up.
     chunk_tokens: PositiveInt | None = None
     #: When an instance writes: ``on_compute`` (each step's completed chunks) or ``on_finish``.
@@ -153,11 +157,11 @@ class PDLinkSection(_Strict):
     #: The decode instance's network bandwidth, GB/s, shared by its pulls in flight.
     bandwidth_gbps: _Positive = 25.0
     #: Base latency of one pull (RDMA read plus NIXL's notification), microseconds.
-    latency_us: Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)] = 20.0
+    latency_us: _LatencyUs = 20.0
     #: At most this many pulls in flight per decode instance (the rest wait FIFO); null: processor sharing.
     concurrency: PositiveInt | None = None
     #: ``clock: steps``: a pull completes this many of the decode instance's steps after it started.
-    transfer_steps: Annotated[int, Field(ge=0, le=1_000_000)] = 1
+    transfer_steps: _Steps = 1
 
     def connector_options(self) -> dict[str, Any]:
         """The ``remote`` connector's options of a decode instance."""
