@@ -1,0 +1,88 @@
+"""Memory held per request (issue 36, class 7): a 1M-line trace must fit a bounded address space, so what a
+run keeps for each request and each KV event is bounded here, measured with tracemalloc.
+
+* Build: a Mooncake request's trace hash ids are packed int64 inside its ``StreamBlocksSegment`` (8 bytes an id;
+  as a tuple of Python ints they cost 36-44 bytes each, about 1.1 KB for a 25-block prompt).
+* Execute: a run records about 35 ``kv_events`` rows per request; the recorder packs them (int32 group and block
+  id, uint64 hash, a byte-code for kind and cause, a pointer to the request's own id), about 26 bytes a row
+  where Python lists of ints held about 90.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import tracemalloc
+from pathlib import Path
+
+from sim.core.kv.pool import KVEventLog
+from sim.trace.recorder import Recorder
+from sim.workload.traces.mooncake import read_mooncake
+
+
+def _traced(build):
+    """``(result, bytes the result holds)``: traced memory left allocated by ``build()``."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = build()
+        gc.collect()
+        return result, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def _mooncake_lines(path: Path, conversations: int, turns: int) -> int:
+    """Conversations whose turns extend the previous turn's hash ids (as the Mooncake trace does): 6 to 45 blocks."""
+    rng = random.Random(7)
+    next_id = 0
+    n = 0
+    with path.open("w") as fh:
+        for c in range(conversations):
+            ids: list[int] = []
+            for t in range(turns):
+                for _ in range(rng.randint(6, 9)):
+                    ids.append(next_id)
+                    next_id += 1
+                length = len(ids) * 512 - rng.randint(0, 511)
+                fh.write(
+                    json.dumps(
+                        {"timestamp": 1000 * (c + t), "input_length": length, "output_length": 50, "hash_ids": ids}
+                    )
+                    + "\n"
+                )
+                n += 1
+    return n
+
+
+def test_a_mooncake_request_holds_its_hash_ids_packed(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    n = _mooncake_lines(trace, conversations=400, turns=5)
+    requests, held = _traced(lambda: [d.to_request() for d in read_mooncake(trace)])
+    blocks = sum(len(r.prompt[0].ids) for r in requests) / n
+    assert 20 < blocks < 30  # like the Mooncake conversation trace: about 25 blocks a request
+    # Request, its id, segment, metadata and hash list are about 0.6 KB; the ids as Python ints would add 1.1 KB.
+    assert held / n < 1000, f"{held / n:.0f} bytes per request"
+
+
+def test_kv_events_are_recorded_in_a_few_bytes_a_row() -> None:
+    rows = 200_000
+    ids = [f"mc{i}" for i in range(rows // 35 + 1)]
+    rng = random.Random(3)
+    hashes = [rng.getrandbits(64) for _ in range(rows)]
+
+    def record() -> Recorder:
+        rec = Recorder(num_groups=2)
+        for start in range(0, rows, 50):  # one log a step, as the engine records them
+            log = KVEventLog()
+            for i in range(start, start + 50):
+                log.append("stored" if i % 2 else "removed", i % 2, 1000 + i % 40_000, hashes[i], ids[i // 35], "cache")
+            rec.set_clock(start, start * 0.01)
+            rec.record_kv_event_log(log)
+        return rec
+
+    rec, held = _traced(record)
+    assert len(rec.kv_events) == rows
+    assert held / rows < 40, f"{held / rows:.1f} bytes per kv_events row"
