@@ -19,7 +19,7 @@ from sim.engine.run import RunRecord
 from sim.results.metrics import MambaPlacementLimits, add_ideal_hit_rate, run_summary
 from sim.trace.bundle import LoadedResult
 from sim.trace.recorder import Recorder
-from sim.trace.schema import ArrowTables, arrow_tables_from_recorder
+from sim.trace.schema import recorded_tables
 
 #: Statuses whose tables are complete (every other status writes ``partial: true``).
 COMPLETE_STATUSES: tuple[str, ...] = ("complete", "crashed")
@@ -70,11 +70,11 @@ def _crash_detail(recorder: Recorder, crash: dict[str, Any]) -> dict[str, Any]:
 def finalize(record: RunRecord) -> RunResult:
     """The tables and the summary of a finished run (no file is written)."""
     scenario = record.scenario
-    # Arrow tables of the declared schemas; the summary reads their columns, pandas sees them only on
-    # access (RunResult.tables).
-    tables = ArrowTables(arrow_tables_from_recorder(record.recorder))
+    # Arrow tables of the declared schemas (kv_events kept packed until asked for or written a row group
+    # at a time); the summary reads their columns, pandas sees them only on access (RunResult.tables).
+    tables = recorded_tables(record.recorder)
     summary = run_summary(
-        tables.arrow,
+        tables,
         group_kinds=record.group_kinds,
         slo_ttft_s=scenario.slo.ttft_s if scenario.slo else None,
         slo_tpot_s=scenario.slo.tpot_s if scenario.slo else None,

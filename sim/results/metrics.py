@@ -45,7 +45,8 @@ import numpy as np
 import pyarrow as pa
 
 from sim.trace.bundle import LoadedResult, ResultSource, tables_of
-from sim.trace.schema import ArrowTables, infer_num_groups, numpy_of
+from sim.trace.recorder import KVEventTable
+from sim.trace.schema import ArrowTables, coded_array, infer_num_groups, numpy_of
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -141,6 +142,31 @@ class _ArrowColumns(Mapping[str, ColumnArray]):
         return self.table.num_columns
 
 
+class _PackedKVColumns(Mapping[str, ColumnArray]):
+    """The recorder's packed ``kv_events`` (:class:`~sim.trace.recorder.KVEventTable`) read as columns
+    without making it an Arrow table: ``group`` as a NumPy array, ``kind`` and ``cause`` as dictionary
+    arrays of their codes (:func:`_coded` takes them as they are). Only the columns the summary reads."""
+
+    _NAMES = ("kind", "group", "cause")
+
+    def __init__(self, events: KVEventTable) -> None:
+        self.events = events
+
+    def __getitem__(self, name: str) -> ColumnArray:
+        events = self.events
+        if name == "group":
+            return np.asarray(events.group, dtype=np.int64)
+        if name in ("kind", "cause"):
+            return coded_array(events.kind if name == "kind" else events.cause)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._NAMES)
+
+    def __len__(self) -> int:
+        return len(self._NAMES)
+
+
 def _num_rows(table: TableColumns) -> int:
     if isinstance(table, _FrameColumns):
         return len(table.frame)
@@ -156,7 +182,13 @@ def _columns_of(
     pandas), a mapping of tables of arrays is taken as is, DataFrames are read column by column."""
     source = tables.tables if isinstance(tables, LoadedResult) else tables
     if isinstance(source, ArrowTables):
-        source = source.arrow
+        events = source.recorded_kv_events
+        return {
+            name: _PackedKVColumns(events)
+            if name == "kv_events" and events is not None
+            else _ArrowColumns(source.table(name))
+            for name in source
+        }
     if isinstance(source, Mapping) and source and all(isinstance(t, pa.Table) for t in source.values()):
         return {name: _ArrowColumns(table) for name, table in source.items()}
     if isinstance(source, Mapping) and source and all(isinstance(t, Mapping) for t in source.values()):
@@ -168,6 +200,10 @@ def _coded(values: ColumnArray) -> tuple[np.ndarray, np.ndarray]:
     """``(codes, uniques)`` of a string column, to count many subsets of it without filtering tables: the
     values numbered in order of first appearance, as ``pandas.factorize`` numbers them; NA is code -1.
     (Dict lookups in C: pyarrow's dictionary_encode would import pyarrow.compute, about a tenth of a second.)"""
+    if isinstance(values, pa.DictionaryArray) and not values.null_count:  # codes already (distinct values)
+        uniques = np.empty(len(values.dictionary), dtype=object)
+        uniques[:] = values.dictionary.to_pylist()
+        return numpy_of(values.indices).astype(np.int64), uniques
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         items = values.to_pylist()
     elif isinstance(values, np.ndarray) or type(values).__module__.startswith("pandas"):

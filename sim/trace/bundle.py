@@ -32,7 +32,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Literal, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal, Mapping, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -111,28 +111,39 @@ def _arrow_table(df: pd.DataFrame) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def write_table(table: pa.Table | pd.DataFrame, path: Path, fmt: TablesFormat, *, force: bool = False) -> None:
-    """Write one normalized table (an Arrow table of ``sim.trace.schema``, or a DataFrame) through
+#: How a bundle's Parquet tables are written (pyarrow options; the row groups are given by ``write_table``).
+_PARQUET_OPTIONS: dict = dict(
+    compression="zstd", version="2.6", use_dictionary=True, write_statistics=True, store_schema=False
+)
+
+
+def write_table(
+    table: pa.Table | pd.DataFrame | Iterator[pa.Table], path: Path, fmt: TablesFormat, *, force: bool = False
+) -> None:
+    """Write one normalized table (an Arrow table of ``sim.trace.schema``, consecutive parts of one such
+    as :meth:`~sim.trace.schema.ArrowTables.batches` gives, or a DataFrame) through
     :func:`sim.trace.output.write_file` (a fresh temporary file renamed into place; a link at ``path``
-    refused); same table, same bytes. Parquet is written by pyarrow as it is; CSV through pandas (the one
-    CSV writer)."""
+    refused); same table, same bytes, whole or in parts of :data:`~sim.trace.schema.ROW_GROUP_ROWS` rows
+    (a Parquet row group each). Parquet is written by pyarrow as it is; CSV through pandas (the one CSV
+    writer, given the parts joined)."""
     from sim.trace.output import write_file
+    from sim.trace.schema import ROW_GROUP_ROWS
+
+    parts = table if isinstance(table, Iterator) else None
 
     def parquet(fh: BinaryIO) -> None:
-        pq.write_table(
-            table if isinstance(table, pa.Table) else _arrow_table(table),
-            fh,
-            compression="zstd",
-            version="2.6",
-            use_dictionary=True,
-            write_statistics=True,
-            store_schema=False,
-        )
+        pieces = iter([table if isinstance(table, pa.Table) else _arrow_table(table)] if parts is None else parts)
+        first = next(pieces)
+        with pq.ParquetWriter(fh, first.schema, **_PARQUET_OPTIONS) as writer:
+            writer.write_table(first, row_group_size=ROW_GROUP_ROWS)
+            for piece in pieces:
+                writer.write_table(piece, row_group_size=ROW_GROUP_ROWS)
 
     def csv(fh: BinaryIO) -> None:
         from sim.trace.tables import frame_from_arrow
 
-        frame = frame_from_arrow(table) if isinstance(table, pa.Table) else table
+        whole = pa.concat_tables(list(parts)) if parts is not None else table  # type: ignore[arg-type]
+        frame = frame_from_arrow(whole) if isinstance(whole, pa.Table) else whole
         neutralise_frame(frame).to_csv(fh, index=False, lineterminator="\n", na_rep="", encoding="utf-8")
 
     if fmt not in TABLE_FORMATS:
@@ -237,13 +248,15 @@ def write_result(
                 continue
             path = _inside(directory, f"{name}.{tables_format}")
             if isinstance(tables, ArrowTables):
-                table: pa.Table | pd.DataFrame = tables.arrow[name]
+                write_table(tables.batches(name), path, tables_format)
+                rows = tables.num_rows(name)
             else:
                 from sim.trace.tables import normalize_table
 
                 table = normalize_table(name, tables[name])
-            write_table(table, path, tables_format)
-            stage.record_table(name, path, len(table))
+                write_table(table, path, tables_format)
+                rows = len(table)
+            stage.record_table(name, path, rows)
         if extras is not None:
             extras(directory)
         stage.finish()

@@ -429,41 +429,65 @@ def _reordered(values: Sequence[object] | np.ndarray, perm: np.ndarray) -> Seque
     return list(map(values.__getitem__, perm.tolist()))
 
 
-def _packed(column: Sequence[object], dtype: type) -> Sequence[object] | np.ndarray:
-    """A recorder's packed column as a NumPy array over its buffer (no copy); a list stays a list."""
+#: Rows per Parquet row group of a bundle's tables (pyarrow's default since 15, given explicitly so a table
+#: written whole and one written a group at a time (:meth:`ArrowTables.batches`) are the same bytes).
+ROW_GROUP_ROWS = 1 << 20
+
+
+def _packed(column: Sequence[object], dtype: type, lo: int, hi: int) -> Sequence[object] | np.ndarray:
+    """Rows ``lo:hi`` of a recorder's packed column as a NumPy array over its buffer (no copy); a list's as
+    a list."""
     if isinstance(column, c_array):
-        return np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype)
-    return column
+        return np.frombuffer(column, dtype=dtype)[lo:hi] if len(column) else np.zeros(0, dtype)
+    return column[lo:hi]
 
 
-def _decoded(column: CodedStrings) -> pa.Array:
-    """A coded string column as the Arrow string array of its rows (the distinct values taken by code)."""
-    codes = np.frombuffer(column.codes, dtype=np.uint8 if column.codes.typecode == "B" else np.uint32)
-    return string_array(column.values).take(from_numpy(codes.astype(np.int32), pa.int32()))
+def coded_array(column: CodedStrings, lo: int = 0, hi: int | None = None) -> pa.DictionaryArray:
+    """Rows ``lo:hi`` of a recorder's coded string column as an Arrow dictionary array (its codes over its
+    distinct values), without a string per row."""
+    codes = np.frombuffer(column.codes, dtype=np.uint8 if column.codes.typecode == "B" else np.uint32)[lo:hi]
+    return pa.DictionaryArray.from_arrays(from_numpy(codes.astype(np.int32), pa.int32()), string_array(column.values))
 
 
-def _kv_event_columns(events: KVEventTable) -> dict[str, Sequence[object] | np.ndarray | pa.Array]:
-    """The ``kv_events`` columns: ``seq`` and the clock stamps expanded from the runs with NumPy
-    (``np.arange`` / ``np.repeat``: a run holds the values its rows do), the packed event fields read
-    through their buffers (the coded strings decoded by Arrow), the request ids as recorded."""
+def _decoded(column: CodedStrings, lo: int, hi: int) -> pa.Array:
+    """Rows ``lo:hi`` of a coded string column as an Arrow string array (the distinct values taken by code)."""
+    coded = coded_array(column, lo, hi)
+    return coded.dictionary.take(coded.indices)
+
+
+def _kv_event_columns(events: KVEventTable, lo: int, hi: int) -> dict[str, Sequence[object] | np.ndarray | pa.Array]:
+    """Rows ``lo:hi`` of the ``kv_events`` columns: ``seq`` and the clock stamps expanded from the runs
+    with NumPy (``np.arange`` / ``np.repeat``: a run holds the values its rows do), the packed event fields
+    read through their buffers (the coded strings decoded by Arrow), the request ids as recorded."""
     lengths = np.asarray(events.run_lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    first, last = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends - lengths, hi, side="left")
+    counts = np.minimum(ends[first:last], hi) - np.maximum(ends[first:last] - lengths[first:last], lo)
     return {
-        "seq": np.arange(len(events), dtype=np.int64),
-        "step": np.repeat(np.asarray(events.run_steps, dtype=np.int64), lengths),
-        "time_s": np.repeat(np.asarray(events.run_times, dtype=np.float64), lengths),
-        "kind": _decoded(events.kind),
-        "group": _packed(events.group, np.int32),
-        "block_id": _packed(events.block_id, np.int32),
-        "block_hash": _packed(events.block_hash, np.uint64),
-        "request_id": events.request_id,
-        "cause": _decoded(events.cause),
+        "seq": np.arange(lo, hi, dtype=np.int64),
+        "step": np.repeat(np.asarray(events.run_steps[first:last], dtype=np.int64), counts),
+        "time_s": np.repeat(np.asarray(events.run_times[first:last], dtype=np.float64), counts),
+        "kind": _decoded(events.kind, lo, hi),
+        "group": _packed(events.group, np.int32, lo, hi),
+        "block_id": _packed(events.block_id, np.int32, lo, hi),
+        "block_hash": _packed(events.block_hash, np.uint64, lo, hi),
+        "request_id": events.request_id[lo:hi],
+        "cause": _decoded(events.cause, lo, hi),
     }
+
+
+def kv_event_batches(events: KVEventTable, rows: int = ROW_GROUP_ROWS) -> Iterator[pa.Table]:
+    """The ``kv_events`` table ``rows`` rows at a time, in order (at least one table, maybe empty): the
+    rows of :func:`table_from_recorded`, without ever holding the whole table as Arrow."""
+    n = len(events)
+    for lo in range(0, max(n, 1), rows):
+        yield arrow_table("kv_events", _kv_event_columns(events, lo, min(lo + rows, n)))
 
 
 def table_from_recorded(table: str, columns: Columns | KVEventTable) -> pa.Table:
     """One recorder table as its Arrow table."""
     if isinstance(columns, KVEventTable):
-        return arrow_table(table, _kv_event_columns(columns))
+        return arrow_table(table, _kv_event_columns(columns, 0, len(columns)))
     return arrow_table(table, {name: columns.data[name] for name in columns.names})
 
 
@@ -479,28 +503,81 @@ def arrow_tables_from_recorder(recorder: Recorder) -> dict[str, pa.Table]:
     return {name: table_from_recorded(name, recorded[name]) for name in TABLE_NAMES}
 
 
+def recorded_tables(recorder: Recorder) -> ArrowTables:
+    """A run's tables: four as Arrow tables, ``kv_events`` as the recorder packed it (:class:`ArrowTables`
+    makes it Arrow on demand, or the writer a row group at a time)."""
+    recorded: dict[str, Columns] = {
+        "admissions": recorder.admissions,
+        "requests": recorder.requests,
+        "schedule": recorder.schedule,
+        "steps": recorder.steps,
+    }
+    return ArrowTables(
+        {name: table_from_recorded(name, columns) for name, columns in recorded.items()}, kv_events=recorder.kv_events
+    )
+
+
 class ArrowTables(Mapping[str, "pd.DataFrame"]):
     """A run's Arrow tables, seen as pandas DataFrames: each is converted on first access and kept
     (:func:`sim.trace.tables.frame_from_arrow`), so a run that only writes its bundle never imports pandas.
-    :attr:`arrow` holds the tables themselves."""
 
-    def __init__(self, arrow: Mapping[str, pa.Table]) -> None:
-        self.arrow = dict(arrow)
+    ``kv_events`` may be given as the recorder's packed table instead (``kv_events=``; a long run records
+    about 35 rows per request, and its Arrow table is about 100 bytes a row): it is made an Arrow table only
+    when :attr:`arrow` or the DataFrame is asked for; the bundle writer takes it :meth:`batches` at a time.
+    """
+
+    def __init__(self, arrow: Mapping[str, pa.Table], *, kv_events: KVEventTable | None = None) -> None:
+        self._arrow = dict(arrow)
+        #: The packed ``kv_events`` not yet made an Arrow table (``None`` once made, or if given as a table).
+        self._kv_events = kv_events
+        self._names = [
+            name for name in TABLE_NAMES if name in self._arrow or (name == "kv_events" and kv_events is not None)
+        ]
+        self._names += [name for name in self._arrow if name not in self._names]
         self._frames: dict[str, pd.DataFrame] = {}
+
+    @property
+    def arrow(self) -> dict[str, pa.Table]:
+        """Every table as Arrow, in :data:`TABLE_NAMES` order."""
+        return {name: self.table(name) for name in self._names}
+
+    def table(self, name: str) -> pa.Table:
+        """One table as Arrow (the packed ``kv_events`` made whole and kept)."""
+        if name == "kv_events" and self._kv_events is not None:
+            self._arrow[name] = table_from_recorded(name, self._kv_events)
+            self._kv_events = None
+        return self._arrow[name]
+
+    @property
+    def recorded_kv_events(self) -> KVEventTable | None:
+        """The recorder's packed ``kv_events``, while it has not been made an Arrow table."""
+        return self._kv_events
+
+    def num_rows(self, name: str) -> int:
+        if name == "kv_events" and self._kv_events is not None:
+            return len(self._kv_events)
+        return int(self._arrow[name].num_rows)
+
+    def batches(self, name: str) -> Iterator[pa.Table]:
+        """One table as consecutive Arrow tables of at most :data:`ROW_GROUP_ROWS` rows (the packed
+        ``kv_events`` converted one at a time; another table whole)."""
+        if name == "kv_events" and self._kv_events is not None:
+            return kv_event_batches(self._kv_events)
+        return iter([self._arrow[name]])
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         frame = self._frames.get(name)
         if frame is None:
             from sim.trace.tables import frame_from_arrow
 
-            frame = self._frames[name] = frame_from_arrow(self.arrow[name])
+            frame = self._frames[name] = frame_from_arrow(self.table(name))
         return frame
 
     def __contains__(self, name: object) -> bool:
-        return name in self.arrow
+        return name in self._names
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.arrow)
+        return iter(self._names)
 
     def __len__(self) -> int:
-        return len(self.arrow)
+        return len(self._names)

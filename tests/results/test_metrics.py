@@ -227,6 +227,31 @@ def test_counts_equal_the_pandas_definitions_on_random_tables(tables, kinds):
         }
         assert got == want
         assert list(got["by_policy"]) == list(want["by_policy"])  # the same key order in summary.json
+        # A run's summary reads kv_events as the recorder packed it (never made an Arrow table): same counts.
+        assert _summary_of_packed(t, kinds)["evictions"] == want["evictions"]
+
+
+def _summary_of_packed(t, kinds):
+    from sim.core.kv.pool import KVEvent
+    from sim.trace.recorder import KVEventTable
+    from sim.trace.schema import TABLE_NAMES, ArrowTables, arrow_table, hex_to_hash
+    from tests.support.kv import event_log
+
+    kv = t["kv_events"]
+    events = KVEventTable()
+    if len(kv):
+        rows = zip(kv["kind"], kv["group"], kv["block_id"], kv["block_hash"], kv["request_id"], kv["cause"])
+        log = event_log(*[KVEvent(k, int(g), int(b), hex_to_hash(h) or 0, r, c) for k, g, b, h, r, c in rows])
+        events.append_log(log, 0, 0.0)
+    arrow = {
+        name: arrow_table(name, {c: t[name][c].tolist() for c in t[name].columns})
+        for name in TABLE_NAMES
+        if name != "kv_events"
+    }
+    tables = ArrowTables(arrow, kv_events=events)
+    summary = run_summary(tables, group_kinds=kinds)
+    assert tables.recorded_kv_events is events  # the summary did not make it an Arrow table
+    return summary
 
 
 def _pandas_request_reference(req, slo_ttft_s, slo_tpot_s):
