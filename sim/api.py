@@ -138,9 +138,16 @@ def explain_bundle(bundle: str | Path, request_id: str, attempt: int | None = No
     scenario_file = directory / "scenario.resolved.yaml"
     if not scenario_file.is_file():
         raise ExplainError(f"{directory}: scenario.resolved.yaml is missing (needed for the request's blocks)")
+    from dataclasses import replace
+
     from sim.results.cluster import instance_of, select_instance
 
     instance = instance_of(result, request_id)
     if instance is not None:  # a cluster bundle: the request's own engine's tables
         result = select_instance(result, instance)
-    return explain(result, explain_inputs(load_scenario(scenario_file), request_id), request_id, attempt)
+    story = explain(result, explain_inputs(load_scenario(scenario_file), request_id), request_id, attempt)
+    if instance is not None:
+        cluster = result.summary.get("cluster") or {}
+        aware = " with group_aware" if cluster.get("group_aware") else ""
+        story = replace(story, instance=instance, router=f"{cluster.get('router', '?')}{aware}")
+    return story

@@ -6,7 +6,7 @@ Pure formatting over ``summary.json`` dicts (no tables, no plotting). Invariants
   more than the tolerance, relative to the baseline's magnitude (``|v - v0| > tol * |v0|``; with a zero
   baseline, any non-zero value differs); a text metric differs when the texts differ. Differing rows carry
   each run's ratio to the baseline (``None`` where the baseline is 0 or a value is missing).
-- Rows appear in a fixed order; a metric no run has is left out, so the table only grows with what the
+- Rows appear in a fixed order (a cluster's rows, then per instance, after the run-wide ones); a metric no run has is left out, so the table only grows with what the
   runs report (group types, outcomes and connector figures vary by run).
 - Every output format (table, markdown, csv, json) renders the same :class:`Comparison`; csv and json carry
   the raw values (seconds, fractions, counts), the table and markdown carry formatted cells.
@@ -21,7 +21,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
-from sim.analysis.report import bytes_text, format_value, kind_hit_rate, lookup
+from sim.analysis.report import (
+    INSTANCE_FIGURES,
+    bytes_text,
+    format_value,
+    instance_value,
+    kind_hit_rate,
+    lookup,
+    num_instances,
+)
 from sim.trace.csvcell import neutralise_row
 
 #: ``hybridsim compare --format`` choices.
@@ -78,6 +86,13 @@ TAIL: Sequence[Metric] = (
 
 CRASH = Metric("crash", "crash.reason", "text")
 
+#: A cluster's own rows (then one block of :data:`~sim.analysis.report.INSTANCE_FIGURES` rows per instance).
+CLUSTER: Sequence[Metric] = (
+    Metric("instances", "cluster.instances"),
+    Metric("router", "cluster.router", "text"),
+    Metric("router group_aware", "cluster.group_aware", "text"),
+)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -124,6 +139,12 @@ def _metrics(summaries: Sequence[Mapping[str, Any]]) -> list[tuple[Metric, list[
                 (lookup(s, section) or {}).get(key, 0) if lookup(s, section) is not None else None for s in summaries
             ]
             add(Metric(f"{noun} {key}", f"{section}.{key}"), values)
+    for m in CLUSTER:
+        add(m, [lookup(s, m.path) for s in summaries])
+    for i in range(max(num_instances(s) for s in summaries)):
+        for label, path, unit in INSTANCE_FIGURES:
+            metric = Metric(f"instance {i} {label}", f"instances.{i}.{path}", unit)  # type: ignore[arg-type]
+            add(metric, [instance_value(s, i, path) for s in summaries])
     add(CRASH, [lookup(s, CRASH.path) for s in summaries])
     return out
 

@@ -149,6 +149,9 @@ class Explanation:
     best_valid_source: str
     lookup_known: bool
     notes: list[str] = field(default_factory=list)
+    #: A cluster bundle: the instance the request was routed to, and the router (``None``: one instance).
+    instance: int | None = None
+    router: str = ""
 
     def fields(self) -> dict[str, str]:
         """The text fields, label -> value, in print order (what tests pin)."""
@@ -156,6 +159,8 @@ class Explanation:
             "admission": f"{self.request_id} attempt {self.attempt} of {self.attempts}, step {self.step}, "
             f"kind {self.kind}, prompt {self.prompt_tokens} tokens",
         }
+        if self.instance is not None:
+            out["instance"] = f"{self.instance} (routed by {self.router}; the hits and blocks below are its own)"
         for g in self.groups:
             out[f"g{g.index} {g.kind}"] = _group_line(g, self.lookup_known)
         out["policy"] = _policy_line(self)

@@ -649,6 +649,112 @@ def plot_hit_rate_by_turn(
     return save_figure(fig, path)
 
 
+# ---------------------------------------------------------------- clusters
+
+
+def instance_indices(result: ResultSource) -> list[int]:
+    """The instances of a cluster result (from the ``steps`` table's ``instance`` column); ``[]`` for a
+    one-instance run."""
+    steps = tables_of(result)["steps"]
+    if "instance" not in steps.columns:
+        return []
+    n = summary_of(result).get("cluster", {}).get("instances")
+    return list(range(int(n))) if isinstance(n, int) else sorted(int(i) for i in steps["instance"].unique())
+
+
+def plot_instances(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
+    """A cluster's per-instance panel: per instance (one row each, one time axis) the free blocks of its
+    pool and the cached blocks of its full-attention and Mamba (or second) group per step."""
+    t = tables_of(result)
+    steps = t["steps"]
+    n = infer_num_groups(steps.columns)
+    kinds = _kinds(result, group_kinds, n)
+    indices = instance_indices(result) or [0]
+    fig, axes = _figure(len(indices), 1, width=11.0, height=1.7 * len(indices) + 1.3, sharex=True, legend_right=2.8)
+    fig.suptitle("KV-cache blocks per instance")
+    if steps.empty:
+        _empty(axes[0, 0], "no steps recorded")
+        return save_figure(fig, path)
+    xcol, xlabel = _time_axis(result, steps)
+    pair = _divergence_groups(kinds, n) or (0,)
+    routed = summary_of(result).get("cluster", {}).get("routed") or []
+    by_instance = steps.groupby("instance", sort=True) if "instance" in steps.columns else [(0, steps)]
+    frames = {int(i): frame for i, frame in by_instance}
+    for ax, index in zip(axes[:, 0], indices):
+        frame = frames.get(index)
+        title = f"instance {index}" + (f": {routed[index]} requests routed" if index < len(routed) else "")
+        ax.set_title(title, loc="left", fontsize=10)
+        if frame is None or frame.empty:
+            _empty(ax, "no steps")
+            continue
+        ax.step(frame[xcol], frame["free_blocks"], where="post", color="#7f7f7f", label="free blocks")
+        for g, colour in zip(pair, ("#9467bd", "#17becf")):
+            ax.step(
+                frame[xcol], frame[f"cached_g{g}"], where="post", color=colour, label=f"cached {_group_label(g, kinds)}"
+            )
+        _finish_panel(ax)
+    axes[-1, 0].set_xlabel(xlabel)
+    return save_figure(fig, path)
+
+
+def plot_router(result: ResultSource, path: str | Path) -> Path:
+    """A cluster's router panel: per instance the usable (local) and full-attention-only hit rates, the
+    requests routed there, the share of the full-attention prefix found there that was usable (local over
+    FA hit rate: 100 % when every FA hit had its Mamba state), and the queued requests (running + waiting)
+    per step."""
+    summary = summary_of(result)
+    instances = summary.get("instances") or []
+    steps = tables_of(result)["steps"]
+    fig, axes = _figure(2, 2, width=12.0, height=7.5, categorical_x=True)
+    router = summary.get("cluster", {}).get("router", "?")
+    aware = " (group_aware)" if summary.get("cluster", {}).get("group_aware") else ""
+    fig.suptitle(f"Router: {router}{aware}, {len(instances)} instances")
+    hits, routed_ax, usable_ax, load_ax = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
+    if not instances:
+        for ax in axes.flat:
+            _empty(ax, "not a cluster run")
+        return save_figure(fig, path)
+    labels = [str(s.get("instance", i)) for i, s in enumerate(instances)]
+    x = np.arange(len(labels))
+    local = np.array([float(s.get("cache", {}).get("local_rate") or 0.0) for s in instances])
+    fa = np.array([float(s.get("cache", {}).get("full_attention_hit_rate") or 0.0) for s in instances])
+    hits.bar(x - 0.2, 100 * fa, 0.4, label="full attention only", color="#9467bd")
+    hits.bar(x + 0.2, 100 * local, 0.4, label="usable (local)", color="#2ca02c")
+    hits.set_title("hit rate by instance", fontsize=10)
+    hits.set_ylabel("% of prompt tokens")
+    hits.legend(fontsize=8)
+    routed = summary.get("cluster", {}).get("routed") or [0] * len(labels)
+    bars = routed_ax.bar(x, routed, color="#1f77b4")
+    routed_ax.bar_label(bars, fontsize=8)
+    routed_ax.set_title("requests routed", fontsize=10)
+    routed_ax.set_ylabel("requests")
+    share = np.divide(100 * local, 100 * fa, out=np.zeros_like(local), where=fa > 0) * 100
+    bars = usable_ax.bar(x, share, color="#ff7f0e")
+    usable_ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
+    usable_ax.set_ylim(0, 110)
+    usable_ax.set_title("full-attention prefix found there that was usable", fontsize=10)
+    usable_ax.set_ylabel("usable / FA hit (%)")
+    for ax in (hits, routed_ax, usable_ax):
+        ax.set_xticks(x, labels)
+        ax.grid(axis="y", alpha=0.3)
+    usable_ax.set_xlabel("instance")
+    load_ax.set_title("load: queued requests (running + waiting)", fontsize=10)
+    load_ax.xaxis.set_major_locator(_locator())
+    if steps.empty or "instance" not in steps.columns:
+        _empty(load_ax, "no steps recorded")
+        return save_figure(fig, path)
+    xcol, xlabel = _time_axis(result, steps)
+    for index, frame in steps.groupby("instance", sort=True):
+        load_ax.step(
+            frame[xcol], frame["running"] + frame["waiting"], where="post", linewidth=0.8, label=f"instance {index}"
+        )
+    load_ax.set_xlabel(xlabel)
+    load_ax.set_ylabel("requests")
+    load_ax.legend(fontsize=8)
+    load_ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
 #: Below this many finished requests a latency CDF says nothing (a two-request step-clock script): left out.
 MIN_REQUESTS_FOR_CDFS = 20
 
@@ -660,7 +766,14 @@ FIGURES: Mapping[str, str] = {
     "latency_cdfs": "TTFT, TPOT, E2E and queueing distributions of the finished requests",
     "outcomes": "admission outcomes: final per request, and per attempt",
     "connector": "the connector's own per-step columns (tier blocks, loads in flight)",
+    "instances": "a cluster: per instance, free blocks and the cached blocks of its FA and Mamba group per step",
+    "router": "a cluster: hit rate (usable, FA only), requests routed, usable share of the FA hit and load per instance",
 }
+
+#: The figures that read the ``steps`` table as one engine's series: a cluster draws ``instances`` instead.
+_ONE_ENGINE = ("block_usage", "connector")
+#: The figures only a cluster run has.
+_CLUSTER_ONLY = ("instances", "router")
 
 
 def plot_all(
@@ -670,7 +783,9 @@ def plot_all(
     each one left out with the reason; returns the paths written, in a fixed order (the index last).
 
     Left out: the latency CDFs below :data:`MIN_REQUESTS_FOR_CDFS` finished requests, the connector panel
-    without connector columns."""
+    without connector columns; for a cluster run (an ``instance`` column) the one-engine step series
+    (block usage, connector), drawn per instance in ``instances`` beside the ``router`` panel. A
+    one-instance run has no cluster figures."""
     if fmt not in PLOT_FORMATS:
         raise ValueError(f"plot format {fmt!r} is not one of {PLOT_FORMATS}")
     out = Path(out_dir)
@@ -683,6 +798,11 @@ def plot_all(
         )
     if not connector_columns(tables["steps"]):
         left_out["connector"] = "the run has no connector columns"
+    if "instance" in tables["steps"].columns:
+        for name in _ONE_ENGINE:
+            left_out.setdefault(name, "a cluster run: its instances' steps are drawn per instance in `instances`")
+    # A one-instance run has no cluster figures to draw or leave out.
+    names = [n for n in FIGURES if "instance" in tables["steps"].columns or n not in _CLUSTER_ONLY]
     draw: dict[str, Callable[[Path], Path]] = {
         "block_usage": lambda p: plot_block_usage(result, p, group_kinds=group_kinds),
         "divergence": lambda p: plot_divergence(result, p, group_kinds=group_kinds),
@@ -690,8 +810,10 @@ def plot_all(
         "latency_cdfs": lambda p: plot_latency_cdfs(result, p),
         "outcomes": lambda p: plot_outcomes(result, p),
         "connector": lambda p: plot_connector(result, p),
+        "instances": lambda p: plot_instances(result, p, group_kinds=group_kinds),
+        "router": lambda p: plot_router(result, p),
     }
-    paths = [draw[name](out / f"{name}.{fmt}") for name in FIGURES if name not in left_out]
+    paths = [draw[name](out / f"{name}.{fmt}") for name in names if name not in left_out]
     lines = ["# Plots", ""]
     lines += [f"- `{p.name}`: {FIGURES[p.stem]}" for p in paths]
     if left_out:

@@ -56,6 +56,9 @@ def summary_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ),
         ("engine steps", format_value(summary.get("steps"))),
     ]
+    cluster = cluster_line(summary)
+    if cluster is not None:
+        rows.append(("cluster", cluster))
     for name in ("ttft", "tpot", "e2e"):
         p50 = lookup(summary, f"latency_s.{name}.p50")
         p99 = lookup(summary, f"latency_s.{name}.p99")
@@ -185,3 +188,63 @@ def kind_hit_rate(summary: Mapping[str, Any], kind: str) -> float | None:
     rates = summary.get("cache", {}).get("hit_rate", {}) if isinstance(summary.get("cache"), Mapping) else {}
     values = [rates[f"g{i}"] for i, k in enumerate(kinds) if k == kind and f"g{i}" in rates]
     return sum(values) / len(values) if values else None
+
+
+#: The per-instance figures of a cluster run, ``(label, path in the instance's summary, unit)``: the columns
+#: of ``show``'s instance table and the per-instance rows of ``compare``. ``routed`` is read from the
+#: cluster section (``cluster.routed[i]``); every other path from ``instances[i]``.
+INSTANCE_FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("routed", "routed", ""),
+    ("finished", "requests.finished", ""),
+    ("TTFT p50", "latency_s.ttft.p50", "t"),
+    ("TTFT p95", "latency_s.ttft.p95", "t"),
+    ("local hit rate", "cache.local_rate", "%"),
+    ("FA hit rate", "cache.full_attention_hit_rate", "%"),
+    ("divergences FA-deeper", "admissions.divergences.fa_deeper", ""),
+    ("divergences mamba-deeper", "admissions.divergences.mamba_deeper", ""),
+    ("fallbacks", "admissions.fallbacks", ""),
+    ("preemptions", "requests.preemptions", ""),
+    ("evictions", "evictions.total", ""),
+)
+
+
+def instance_value(summary: Mapping[str, Any], index: int, path: str) -> Any:
+    """One :data:`INSTANCE_FIGURES` value of instance ``index`` of a cluster summary (``None`` if missing)."""
+    if path == "routed":
+        routed = lookup(summary, "cluster.routed")
+        return routed[index] if isinstance(routed, list) and index < len(routed) else None
+    instances = summary.get("instances")
+    if not isinstance(instances, list) or index >= len(instances) or not isinstance(instances[index], Mapping):
+        return None
+    return lookup(instances[index], path)
+
+
+def num_instances(summary: Mapping[str, Any]) -> int:
+    """How many instances a cluster summary has (0 for a one-instance run without a ``cluster`` section)."""
+    instances = summary.get("instances")
+    return len(instances) if isinstance(instances, list) else 0
+
+
+def cluster_line(summary: Mapping[str, Any]) -> str | None:
+    """``4 instances, router prefix_aware (group_aware)`` for a cluster summary, else ``None``."""
+    n = num_instances(summary)
+    if not n:
+        return None
+    router = lookup(summary, "cluster.router")
+    aware = " (group_aware)" if lookup(summary, "cluster.group_aware") else ""
+    delay = lookup(summary, "cluster.view_delay")
+    stale = f", view delay {format_value(delay, _time_unit(summary))}" if delay else ""
+    return f"{n} instances, router {format_value(router)}{aware}{stale}"
+
+
+def instance_table(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The heading and one row per instance of a cluster summary (no rows for a one-instance run)."""
+    unit = _time_unit(summary)
+    header = ["instance", *(label for label, _, _ in INSTANCE_FIGURES)]
+    rows = []
+    for i in range(num_instances(summary)):
+        cells = [str(i)]
+        for _, path, kind in INSTANCE_FIGURES:
+            cells.append(format_value(instance_value(summary, i, path), unit if kind == "t" else kind))
+        rows.append(cells)
+    return header, rows

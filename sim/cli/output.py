@@ -36,11 +36,12 @@ def show_progress() -> bool:
 
 
 def print_summary(summary: dict, title: str = "") -> None:
-    """The end-of-run table: latency, hits, divergence, outcomes, evictions."""
+    """The end-of-run table: latency, hits, divergence, outcomes, evictions; for a cluster, then one row
+    per instance (:func:`sim.analysis.report.instance_table`)."""
     from rich.table import Table
     from rich.text import Text
 
-    from sim.analysis.report import summary_rows
+    from sim.analysis.report import instance_table, summary_rows
 
     # Text cells, never markup: a path, name or id holding "[/]" or "[bold]" is printed as it is.
     table = Table(title=Text(terminal_text(title)) if title else None, show_header=False, box=None, pad_edge=False)
@@ -49,6 +50,14 @@ def print_summary(summary: dict, title: str = "") -> None:
     for name, value in summary_rows(summary):
         table.add_row(Text(terminal_text(name)), Text(terminal_text(value)))
     console().print(table)
+    header, rows = instance_table(summary)
+    if rows:  # a cluster: one row per instance
+        per = Table(title=Text("per instance"), show_header=True, box=None, pad_edge=False)
+        for i, name in enumerate(header):
+            per.add_column(Text(name), justify="left" if i == 0 else "right")
+        for row in rows:
+            per.add_row(*(Text(terminal_text(cell)) for cell in row))
+        console().print(per)
 
 
 def force_option(what: str = "file") -> Any:

@@ -194,3 +194,63 @@ workload:
     assert all(home[f"b{i}"] == home[f"a{i}"] for i in range(4)), home
     admissions = result.tables["admissions"].set_index("request_id")
     assert all(admissions.loc[f"b{i}", "local_tokens"] > 0 for i in range(4))
+
+
+@pytest.fixture(scope="module")
+def cluster_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A three-instance prefix_aware (group_aware) bundle with its plots."""
+    out = tmp_path_factory.mktemp("cluster") / "bundle"
+    text = _cluster("instances: 3\nrouter: {policy: prefix_aware, group_aware: true}")
+    sim.run_scenario(scenario_from_text(text.replace("outputs: {plots: false}", "outputs: {plots: true}")), out)
+    return out
+
+
+def test_show_prints_one_row_per_instance(cluster_bundle: Path) -> None:
+    from sim.analysis.report import instance_table, summary_rows
+
+    summary = sim.load_result(cluster_bundle).summary
+    header, rows = instance_table(summary)
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    routed = header.index("routed")
+    assert [int(r[routed]) for r in rows] == summary["cluster"]["routed"]
+    local = header.index("local hit rate")
+    assert [r[local] for r in rows] == [f"{100 * i['cache']['local_rate']:.1f}%" for i in summary["instances"]]
+    assert ("cluster", "3 instances, router prefix_aware (group_aware)") in summary_rows(summary)
+    assert instance_table(_run(SMALL).summary)[1] == []
+
+
+def test_compare_has_per_instance_rows(cluster_bundle: Path) -> None:
+    from sim.analysis.compare import compare
+
+    cluster = sim.load_result(cluster_bundle).summary
+    plain = _run(SMALL).summary
+    rows = {r.metric: r for r in compare({"cluster": cluster, "plain": plain}).rows}
+    assert rows["instances"].values == (3, None)
+    assert rows["router"].values == ("prefix_aware", None)
+    for i, instance in enumerate(cluster["instances"]):
+        assert rows[f"instance {i} routed"].values == (cluster["cluster"]["routed"][i], None)
+        assert rows[f"instance {i} FA hit rate"].values == (instance["cache"]["full_attention_hit_rate"], None)
+    assert "instance 3 routed" not in rows
+    assert not any(m.startswith("instance") for m in (r.metric for r in compare({"a": plain, "b": plain}).rows))
+
+
+def test_cluster_plots_draw_instances_and_router(cluster_bundle: Path, tmp_path: Path) -> None:
+    from sim.analysis.plots import plot_all
+
+    index = (cluster_bundle / "plots" / "index.md").read_text(encoding="utf-8")
+    assert (cluster_bundle / "plots" / "instances.png").is_file()
+    assert (cluster_bundle / "plots" / "router.png").is_file()
+    assert not (cluster_bundle / "plots" / "block_usage.png").exists()  # one engine's series: drawn per instance
+    assert "- `block_usage`: a cluster run" in index
+    plain = sim.run_scenario(scenario_from_text(SMALL), None)
+    names = [p.name for p in plot_all(plain, tmp_path / "plain")]
+    assert "block_usage.png" in names and "router.png" not in names
+    assert "instances" not in (tmp_path / "plain" / "index.md").read_text(encoding="utf-8")
+
+
+def test_explain_names_the_instance(cluster_bundle: Path) -> None:
+    requests = sim.load_result(cluster_bundle).tables["requests"]
+    for index in (1, 2):
+        rid = str(requests.loc[requests["instance"] == index, "request_id"].iloc[0])
+        story = sim.api.explain_bundle(cluster_bundle, rid)
+        assert story.fields()["instance"].startswith(f"{index} (routed by prefix_aware with group_aware")
