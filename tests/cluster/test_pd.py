@@ -204,3 +204,22 @@ def test_verify_refuses_a_pd_cluster_in_one_line() -> None:
 def test_a_request_id_that_looks_like_a_leg_is_refused() -> None:
     with pytest.raises(ScenarioError, match="request id 'a@prefill' ends with '@prefill'"):
         _run(ONE.replace("{id: a,", "{id: a@prefill,"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mooncake-conversation-cluster-tier.yaml", "mooncake-conversation-cluster-pd.yaml"])
+def test_the_mooncake_cluster_scenarios_run_on_a_short_slice(name: str) -> None:
+    """The docs/cluster.md scenarios, cut to their first 80 requests: every request finishes, once."""
+    from pathlib import Path
+
+    from sim.config import load_scenario
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".." / "shared" / "traces" / "mooncake_conversation_trace.jsonl").is_file():
+        pytest.skip("the shared traces live next to the repo")
+    result = sim.run_scenario(load_scenario(root / "scenarios" / name, overrides=["workload.limit=80"]), None)
+    requests = result.tables["requests"]
+    clients = requests[~requests["request_id"].str.endswith("@prefill")]
+    assert len(clients) == 80 and clients["request_id"].is_unique and set(clients["outcome"]) == {"ok"}
+    assert ("tier" in result.summary) == name.endswith("tier.yaml")
+    assert ("pd" in result.summary) == name.endswith("pd.yaml")
