@@ -223,3 +223,19 @@ def test_the_mooncake_cluster_scenarios_run_on_a_short_slice(name: str) -> None:
     assert len(clients) == 80 and clients["request_id"].is_unique and set(clients["outcome"]) == {"ok"}
     assert ("tier" in result.summary) == name.endswith("tier.yaml")
     assert ("pd" in result.summary) == name.endswith("pd.yaml")
+
+
+def test_a_run_stopped_mid_prefill_still_accounts_every_request_once() -> None:
+    """Stopped at step 8: requests whose leg had not finished are ``not_arrived`` on their decode instance,
+    requests not yet arrived are routed nowhere, and none is lost or doubled."""
+    from sim.api import RunOptions
+
+    text = PD_TIME.replace("clock: time", "clock: steps").replace("rate: 6", "rate: 0.6")
+    result = sim.run_scenario(scenario_from_text(text), None, options=RunOptions(max_steps=8))
+    assert result.summary["status"] == "stopped"
+    requests = result.tables["requests"]
+    clients = requests[~requests["request_id"].str.endswith("@prefill")]
+    assert len(clients) == 40 and clients["request_id"].is_unique
+    assert set(clients.loc[clients["instance"] >= 0, "instance"]) <= {1, 2}
+    waiting_on_a_leg = clients[(clients["instance"] >= 1) & (clients["outcome"] == "not_arrived")]
+    assert len(waiting_on_a_leg) > 0 and (clients["instance"] == -1).sum() > 0
