@@ -90,10 +90,13 @@ def _time_axis(result: ResultSource, steps: pd.DataFrame) -> tuple[str, str]:
     return "step", "engine step"
 
 
-def _empty(ax: Axes, message: str) -> None:
+def _empty(ax: Axes, message: str, *, shared_y: bool = False) -> None:
+    """``message`` in the middle of ``ax``, without ticks (``shared_y``: the y ticks belong to the panels
+    sharing the axis and stay)."""
     ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=13, color="#555555", transform=ax.transAxes)
     ax.set_xticks([])
-    ax.set_yticks([])
+    if not shared_y:
+        ax.set_yticks([])
 
 
 #: Major tick intervals per numeric axis, at most. Matplotlib's automatic count (9-10 on these axes) made
@@ -102,9 +105,25 @@ def _empty(ax: Axes, message: str) -> None:
 MAX_TICKS = 5
 
 
+class _InViewLocator(MaxNLocator):
+    """:class:`MaxNLocator` giving only the ticks inside the axis' view interval. Matplotlib builds a tick
+    (five artists) for every location a locator returns and then draws only those in view; MaxNLocator
+    returns one beyond each edge, so about a quarter of the ticks built were never drawn. The drawn
+    ticks are the same (matplotlib's own in-view test, relative tolerance 1e-10)."""
+
+    def __call__(self) -> Sequence[float]:
+        locs = super().__call__()
+        if self.axis is None:
+            return locs
+        lo, hi = sorted(self.axis.get_view_interval())
+        slack = 1e-10 * (hi - lo)
+        return [x for x in locs if lo - slack <= x <= hi + slack]
+
+
 def _locator(integer: bool = False) -> MaxNLocator:
-    """A major-tick locator with at most :data:`MAX_TICKS` intervals (``integer``: whole numbers only)."""
-    return MaxNLocator(nbins=MAX_TICKS, integer=integer)
+    """A major-tick locator with at most :data:`MAX_TICKS` intervals (``integer``: whole numbers only),
+    building only the ticks that are drawn."""
+    return _InViewLocator(nbins=MAX_TICKS, integer=integer)
 
 
 def _figure(
@@ -230,24 +249,45 @@ def series_band(steps: pd.DataFrame, prefix: str, groups: Sequence[int]) -> tupl
     return values.min(axis=1), values.max(axis=1)
 
 
+def step_change_points(*ys: np.ndarray) -> np.ndarray:
+    """The rows a post-step plot of ``ys`` (equal lengths) needs: the first, every row where one of them
+    differs from the row before, and the last (where the drawn line ends). The rows left out only extend
+    a horizontal segment, so the plot draws the same lines from about a tenth of a run's steps."""
+    n = len(ys[0])
+    keep = np.zeros(n, dtype=bool)
+    if n:
+        keep[0] = keep[-1] = True
+        for y in ys:
+            keep[1:] |= y[1:] != y[:-1]
+    return np.flatnonzero(keep)
+
+
+def _step(ax: Axes, x: np.ndarray, y: np.ndarray, **kw: Any) -> None:
+    """``ax.step(x, y, where="post")`` drawn from the change points only (:func:`step_change_points`)."""
+    rows = step_change_points(y)
+    ax.step(x[rows], y[rows], where="post", **kw)
+
+
 def _series(
     ax: Axes, steps: pd.DataFrame, xcol: str, prefix: str, groups: Sequence[int], label: str, colour: str, style: str
 ) -> None:
     lo, hi = series_band(steps, prefix, groups)
+    x = steps[xcol].to_numpy()
     if np.array_equal(lo, hi):
-        ax.step(steps[xcol], lo, where="post", label=label, color=colour, linestyle=style)
+        _step(ax, x, lo, label=label, color=colour, linestyle=style)
         return
+    rows = step_change_points(lo, hi)
     ax.fill_between(
-        steps[xcol],
-        lo,
-        hi,
+        x[rows],
+        lo[rows],
+        hi[rows],
         step="post",
         color=colour,
         alpha=0.35,
         label=f"{label} (min-max of {len(groups)})",
         linewidth=0,
     )
-    ax.step(steps[xcol], hi, where="post", color=colour, linestyle=style, linewidth=0.8)
+    _step(ax, x, hi, color=colour, linestyle=style, linewidth=0.8)
 
 
 def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
@@ -269,7 +309,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     crashes = crash_positions(result, xcol)
     span = (float(steps[xcol].min()), float(steps[xcol].max()))
     ax = axes[0, 0]
-    ax.step(steps[xcol], steps["free_blocks"], where="post", color="#7f7f7f", label="free blocks")
+    _step(ax, steps[xcol].to_numpy(), steps["free_blocks"].to_numpy(), color="#7f7f7f", label="free blocks")
     _mark_crashes(ax, crashes, True)
     ax.set_title("shared block pool", loc="left", fontsize=10)
     _finish_panel(ax)
@@ -456,16 +496,17 @@ def plot_latency_cdfs(result: ResultSource, path: str | Path) -> Path:
     """Empirical CDFs of TTFT, TPOT and E2E latency over finished requests (in steps on the step clock)."""
     per_req = request_metrics(tables_of(result)["requests"])
     done = per_req[per_req["finished"]]
-    fig, axes = _figure(1, 3, width=12.0, height=4.0)
+    # One shared fraction axis, labelled on the left panel only (fewer tick labels to draw).
+    fig, axes = _figure(1, 3, width=12.0, height=4.0, sharey=True)
     fig.suptitle(f"Latency CDFs ({len(done)} finished requests)")
+    axes[0, 0].set_ylabel("fraction of requests")
+    axes[0, 0].set_ylim(0, 1.02)
     for ax, (col, name) in zip(axes[0], _LATENCIES):
         ax.set_title(name)
         if not _ecdf(ax, done[col]):
-            _empty(ax, f"no {name} data")
+            _empty(ax, f"no {name} data", shared_y=True)
             continue
         ax.set_xlabel(f"{name} ({latency_unit(result)})")
-        ax.set_ylabel("fraction of requests")
-        ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -506,14 +547,21 @@ def outcome_counts(result: ResultSource) -> tuple[pd.Series, pd.Series]:
 
 
 def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
-    """Requests by final outcome (each once), and admission attempts by outcome in a second panel."""
+    """Requests by final outcome (each once), and admission attempts by outcome in a second panel; one
+    panel saying so when the two give the same counts (every request admitted once)."""
     final, attempts = outcome_counts(result)
-    fig, axes = _figure(1, 2, width=10.0, height=4.5, categorical_x=True)
+    same = not final.empty and final.equals(attempts)
+    panels = (
+        [(final, "requests (final outcome) = admission attempts")]
+        if same
+        else [
+            (final, "requests (final outcome)"),
+            (attempts, "admission attempts"),
+        ]
+    )
+    fig, axes = _figure(1, len(panels), width=5.5 * len(panels) - 1.0, height=4.5, categorical_x=True)
     fig.suptitle("Outcomes")
-    for ax, counts, what in (
-        (axes[0, 0], final, "requests (final outcome)"),
-        (axes[0, 1], attempts, "admission attempts"),
-    ):
+    for ax, (counts, what) in zip(axes[0], panels):
         ax.set_title(what, fontsize=10)
         if counts.empty:
             _empty(ax, f"no {what.split(' ')[0]}")
@@ -527,6 +575,16 @@ def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
         ax.set_ylabel("count")
         ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
+
+
+def single_outcome(result: ResultSource) -> str | None:
+    """Why the outcomes figure would say nothing: every request and every admission attempt ended with
+    one and the same outcome (a single bar); ``None`` when the figure shows a split."""
+    final, attempts = outcome_counts(result)
+    if len(final) != 1 or not final.equals(attempts):
+        return None
+    outcome, n = final.index[0], int(final.iloc[0])
+    return f"all {n} requests and all {n} admission attempts ended `{outcome}` (a single bar)"
 
 
 def connector_columns(steps: pd.DataFrame) -> list[str]:
@@ -545,10 +603,10 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     xcol, xlabel = _time_axis(result, steps)
     ax = axes[0, 0]
     if "conn_tier_bytes" in steps:
-        ax.step(
-            steps[xcol],
-            steps["conn_tier_bytes"].astype(float) / 1e9,
-            where="post",
+        _step(
+            ax,
+            steps[xcol].to_numpy(),
+            steps["conn_tier_bytes"].to_numpy(dtype=float) / 1e9,
             color="#8c564b",
             label="tier occupancy",
         )
@@ -558,7 +616,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     ax = axes[1, 0]
     for col, colour in (("conn_loads_in_flight", "#1f77b4"), ("conn_stores_in_flight", "#ff7f0e")):
         if col in steps:
-            ax.step(steps[xcol], steps[col], where="post", color=colour, label=col[5:].replace("_", " "))
+            _step(ax, steps[xcol].to_numpy(), steps[col].to_numpy(), color=colour, label=col[5:].replace("_", " "))
     ax.set_ylabel("transfers")
     ax.yaxis.set_major_locator(_locator(integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
@@ -763,7 +821,7 @@ FIGURES: Mapping[str, str] = {
     "block_usage": "free blocks of the shared pool; per group panel blocks in use, cached blocks, evictions per group",
     "divergence": "each admission's full-attention hit against its Mamba (or second group's) hit, by outcome",
     "eviction_raster": "one dot per evicted cache entry: time (or step) by block id, per group panel",
-    "latency_cdfs": "TTFT, TPOT, E2E and queueing distributions of the finished requests",
+    "latency_cdfs": "TTFT, TPOT and E2E latency distributions of the finished requests",
     "outcomes": "admission outcomes: final per request, and per attempt",
     "connector": "the connector's own per-step columns (tier blocks, loads in flight)",
     "instances": "a cluster: per instance, free blocks and the cached blocks of its FA and Mamba group per step",
@@ -782,8 +840,9 @@ def plot_all(
     """Every single-run figure that says something into ``out_dir``, plus ``index.md`` naming each figure and
     each one left out with the reason; returns the paths written, in a fixed order (the index last).
 
-    Left out: the latency CDFs below :data:`MIN_REQUESTS_FOR_CDFS` finished requests, the connector panel
-    without connector columns; for a cluster run (an ``instance`` column) the one-engine step series
+    Left out: the latency CDFs below :data:`MIN_REQUESTS_FOR_CDFS` finished requests, the outcomes when
+    every request and attempt has one outcome (:func:`single_outcome`), the connector panel without
+    connector columns; for a cluster run (an ``instance`` column) the one-engine step series
     (block usage, connector), drawn per instance in ``instances`` beside the ``router`` panel. A
     one-instance run has no cluster figures."""
     if fmt not in PLOT_FORMATS:
@@ -796,6 +855,9 @@ def plot_all(
         left_out["latency_cdfs"] = (
             f"{finished} finished requests (fewer than {MIN_REQUESTS_FOR_CDFS}): a distribution of so few says nothing"
         )
+    alike = single_outcome(result)
+    if alike is not None:
+        left_out["outcomes"] = alike
     if not connector_columns(tables["steps"]):
         left_out["connector"] = "the run has no connector columns"
     if "instance" in tables["steps"].columns:

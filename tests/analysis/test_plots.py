@@ -173,3 +173,95 @@ def test_connector_panel_only_with_connector_columns(tmp_path, tables):
     assert connector_columns(steps) == ["conn_tier_bytes", "conn_loads_in_flight", "conn_stores_in_flight"]
     assert plot_all(with_conn, tmp_path)[-2].name == "connector.png"
     _check_png(plot_connector(with_conn, tmp_path / "c.png"))
+
+
+# ------------------------------------------------------------ cost cuts that must not change what is shown
+
+from matplotlib.figure import Figure  # noqa: E402
+
+import sim.analysis.plots as plots_module  # noqa: E402
+from sim.analysis.plots import plot_latency_cdfs, single_outcome, step_change_points  # noqa: E402
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plot functions save, in order (they are still written)."""
+    figures: list[Figure] = []
+    save = plots_module.save_figure
+
+    def keep(fig, path, **kw):
+        figures.append(fig)
+        return save(fig, path, **kw)
+
+    monkeypatch.setattr(plots_module, "save_figure", keep)
+    return figures
+
+
+def _all_ok(tables):
+    """The hand-made run with every request and admission attempt ``ok`` (one attempt each)."""
+    requests = tables["requests"].assign(outcome="ok")
+    admissions = tables["admissions"].drop_duplicates("request_id").assign(outcome="ok")
+    return dict(tables, requests=requests, admissions=admissions)
+
+
+def test_outcomes_of_a_run_where_everything_is_ok_are_left_out_with_the_counts(tmp_path, tables):
+    result = LoadedResult.from_tables(_all_ok(tables), group_kinds=KINDS)
+    assert single_outcome(result) == "all 4 requests and all 4 admission attempts ended `ok` (a single bar)"
+    paths = plot_all(result, tmp_path)
+    assert "outcomes.png" not in [p.name for p in paths]
+    assert "- `outcomes`: all 4 requests and all 4 admission attempts ended `ok`" in (tmp_path / "index.md").read_text()
+    assert single_outcome(LoadedResult.from_tables(tables, group_kinds=KINDS)) is None
+
+
+def test_outcomes_draw_one_panel_when_requests_and_attempts_agree(tmp_path, tables, drawn):
+    agree = _all_ok(tables)
+    agree["requests"].loc[0, "outcome"] = "recompute"
+    agree["admissions"].loc[agree["admissions"]["request_id"] == "r0", "outcome"] = "recompute"
+    plot_outcomes(agree, tmp_path / "one.png")
+    plot_outcomes(tables, tmp_path / "two.png")
+    one, two = drawn
+    assert [ax.get_title() for ax in one.axes] == ["requests (final outcome) = admission attempts"]
+    assert [ax.get_title() for ax in two.axes] == ["requests (final outcome)", "admission attempts"]
+    assert sorted(t.get_text() for t in one.axes[0].texts) == ["1", "3"]  # the bar labels: the counts
+
+
+def test_step_change_points_draw_the_same_step_function():
+    rng = np.random.default_rng(3)
+    y = np.repeat(rng.integers(0, 4, 40), rng.integers(1, 6, 40))
+    z = np.repeat(rng.integers(0, 3, 30), rng.integers(1, 8, 30))[: len(y)]
+    y = y[: len(z)]
+    x = np.cumsum(rng.random(len(y)))
+    rows = step_change_points(y, z)
+    assert rows[0] == 0 and rows[-1] == len(y) - 1 and len(rows) < len(y)
+    # A post-step function: the value at any x is that of the last row at or before it.
+    probe = np.concatenate([x, (x[:-1] + x[1:]) / 2])
+    for series in (y, z):
+        full = series[np.searchsorted(x, probe, side="right") - 1]
+        kept = series[rows][np.searchsorted(x[rows], probe, side="right") - 1]
+        assert np.array_equal(full, kept)
+    assert list(step_change_points(np.array([5, 5, 5]))) == [0, 2]
+    assert list(step_change_points(np.array([], dtype=int))) == []
+
+
+def test_only_ticks_in_view_are_built(tmp_path, tables, drawn):
+    plot_divergence(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path / "d.png")
+    for axis in (drawn[0].axes[0].xaxis, drawn[0].axes[0].yaxis):
+        lo, hi = sorted(axis.get_view_interval())
+        locs = axis.get_majorticklocs()
+        assert 2 <= len(locs) <= plots_module.MAX_TICKS + 1
+        assert all(lo <= v <= hi for v in locs) and len(axis.majorTicks) == len(locs)
+
+
+def test_latency_panels_share_one_labelled_fraction_axis(tmp_path, tables, drawn):
+    no_tpot = dict(tables, requests=tables["requests"].assign(output_tokens=1))
+    plot_latency_cdfs(no_tpot, tmp_path / "l.png")
+    ttft, tpot, e2e = drawn[0].axes
+    assert [ax.get_ylabel() for ax in (ttft, tpot, e2e)] == ["fraction of requests", "", ""]
+    assert [t.get_text() for t in tpot.texts] == ["no TPOT data"]
+    # The empty TPOT panel keeps the shared ticks: the others still read 0 to 1.
+    assert list(ttft.get_yticks()) == list(e2e.get_yticks()) and ttft.get_yticks()[-1] == 1.0
+
+    def labelled(ax):
+        return [lab.get_text() for lab in ax.get_yticklabels() if lab.get_visible() and lab.get_text()]
+
+    assert labelled(ttft)[-1] == "1.00" and labelled(tpot) == labelled(e2e) == []
