@@ -97,13 +97,21 @@ class KVEventColumns(Protocol):
 
 
 class Columns:
-    """One table as a dict of equal-length lists, with a fixed column order."""
+    """One table as a dict of equal-length columns, with a fixed column order.
+
+    A column is a list, or a typed ``array`` (``packed``: name -> ``"q"`` int64 or ``"d"`` float64) for the
+    numbers the recorder itself always sets: a long run records a few rows per request in ``admissions``
+    and ``steps``, and their counts and times are mostly distinct ints and floats, 32 bytes each as Python
+    objects where a packed value takes 8. A value a packed column cannot take (None, a str, an int beyond
+    int64) raises ``TypeError``/``OverflowError`` when it is recorded; the table's schema refuses it too.
+    """
 
     __slots__ = ("names", "data", "_name_set")
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], packed: Mapping[str, str] | None = None) -> None:
         self.names = list(names)
-        self.data: dict[str, list] = {n: [] for n in self.names}
+        packed = packed or {}
+        self.data: dict[str, list | array] = {n: array(packed[n]) if n in packed else [] for n in self.names}
         self._name_set = frozenset(self.names)
 
     def append(self, row: dict) -> None:
@@ -263,6 +271,19 @@ class KVEventTable:
         return len(self.kind)
 
 
+def _packed_admission_columns(num_groups: int) -> dict[str, str]:
+    """The ``admissions`` columns :meth:`Recorder.record_admission` always fills with an int (or the time)."""
+    ints = ["step", "prompt_tokens", "local_tokens", "external_tokens", "num_computed_tokens", "tokens_lost"]
+    ints += ["lookup_seq", "claimed_boundary", "connector_asked_at", "connector_answer"]
+    ints += [f"hit_g{i}" for i in range(num_groups)]
+    return {"time_s": "d", **{name: "q" for name in ints}}
+
+
+def _packed_step_columns(num_groups: int) -> dict[str, str]:
+    """The contract ``steps`` columns (all numbers; the extension columns a connector adds stay lists)."""
+    return {name: "d" if name in ("time_s", "duration_s") else "q" for name in step_columns(num_groups)}
+
+
 class Recorder:
     """Collects the rows of every result table during one run."""
 
@@ -274,10 +295,10 @@ class Recorder:
         self.kv_events = KVEventTable()
         #: Called with each recorded batch of KV events and its time (``None``: nobody listens).
         self.kv_event_listener: Callable[[KVEventColumns, float], None] | None = None
-        self.admissions = Columns(admission_columns(num_groups))
+        self.admissions = Columns(admission_columns(num_groups), _packed_admission_columns(num_groups))
         self.requests = Columns(request_columns())
         self.schedule = Columns(schedule_columns())
-        self.steps = Columns(step_columns(num_groups))
+        self.steps = Columns(step_columns(num_groups), _packed_step_columns(num_groups))
         self._hit_names = [f"hit_g{i}" for i in range(num_groups)]
         self._group_step_names = [(f"blocks_g{i}", f"cached_g{i}") for i in range(num_groups)]
         # The hot rows append to their column lists through bound methods (the lists are never replaced).

@@ -3,6 +3,7 @@ run keeps for each request and each KV event is bounded here, measured with trac
 
 * Build: a Mooncake request's trace hash ids are packed int64 inside its ``StreamBlocksSegment`` (8 bytes an id;
   as a tuple of Python ints they cost 36-44 bytes each, about 1.1 KB for a 25-block prompt).
+* Execute: ``steps`` and ``admissions`` numbers are packed 8 bytes each (2 and 3 rows a request).
 * Execute: a run records about 35 ``kv_events`` rows per request; the recorder packs them (int32 group and block
   id, uint64 hash, a byte-code for kind and cause, a pointer to the request's own id), about 26 bytes a row
   where Python lists of ints held about 90.
@@ -86,3 +87,43 @@ def test_kv_events_are_recorded_in_a_few_bytes_a_row() -> None:
     rec, held = _traced(record)
     assert len(rec.kv_events) == rows
     assert held / rows < 40, f"{held / rows:.1f} bytes per kv_events row"
+
+
+def test_step_and_admission_rows_hold_their_numbers_packed() -> None:
+    """``steps`` (2 rows a request) and ``admissions`` (3) hold mostly distinct counts and times: 8 bytes each
+    packed, about 36 as Python objects. A Nemotron-H-like layout with 7 groups."""
+    groups, rows = 7, 20_000
+
+    def record() -> Recorder:
+        rec = Recorder(num_groups=groups)
+        for i in range(rows):
+            rec.set_clock(100_000 + i, i * 0.013)
+            big = 1_000_000 + i
+            rec.record_step(
+                i * 1e-4,
+                300 + i,
+                400 + i,
+                big,
+                big + 1,
+                big + 2,
+                [big + g for g in range(groups)],
+                [big - g for g in range(groups)],
+            )
+            rec.record_admission(
+                request_id="r",
+                prompt_tokens=big,
+                hits=[big + g for g in range(groups)],
+                local_tokens=big + 9,
+                external_tokens=0,
+                hit_diverged=False,
+                fallback=False,
+                policy="p",
+                outcome="ok",
+                lookup_seq=big * 35,
+            )
+        return rec
+
+    rec, held = _traced(record)
+    assert len(rec.steps) == len(rec.admissions) == rows
+    # 22 step and 27 admission columns: about 8 bytes a value packed (about 1.5 KB the two rows as objects).
+    assert held / rows < 600, f"{held / rows:.0f} bytes per step and admission row"
