@@ -19,9 +19,11 @@ Then, labelled as such, the in-process figures:
   decisions (``sim.verify`` decision traces, first difference);
 * ``demo-pressure`` (synthetic chat on Nemotron-H 8B under block pressure);
 * the Mooncake conversation replay (12,031 requests on Nemotron-H 8B / H100,
-  time clock) in simulated seconds per wall second ("x real time"), and its
+  time clock) in simulated seconds per wall second ("x real time"), its
   first 1,500 requests prefilled remotely (the ``remote`` connector,
-  P/D disaggregation: docs/connectors.md, "Connector calls per step");
+  P/D disaggregation: docs/connectors.md, "Connector calls per step"), and the
+  whole trace on an 8-instance cluster at 8x its arrival rate (:data:`CLUSTER8`,
+  docs/cluster.md);
 * peak resident memory of each workload.
 
 Each measurement runs in its own subprocess, so peak RSS is per workload and
@@ -56,6 +58,15 @@ TRACE_FILE = "mooncake_conversation_trace.jsonl"
 
 #: The Mooncake half-rate window: the trace's first 1,200 s, arrivals stretched 2x (2,400 simulated s).
 HALF_RATE = ["workload.time_window=[0,1200]", "workload.time_scale=2"]
+
+#: The cluster workload (issue 32): the whole trace on 8 instances behind prefix_aware (group_aware) routing,
+#: arrivals at 8x the recorded rate (one instance's share is the recorded rate: the server is saturated).
+CLUSTER8 = [
+    "workload.time_scale=0.125",
+    "cluster.instances=8",
+    "cluster.router.policy=prefix_aware",
+    "cluster.router.group_aware=true",
+]
 
 #: Whole-command targets (docs/speed.md, issue 35): CPU seconds, or x real time for the replays.
 TARGETS = {
@@ -371,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             runs.append(("mooncake-...-remote (1,500 requests)", MOONCAKE_REMOTE, overrides[:1]))
+            runs.append(("mooncake cluster: 8 instances, 8x rate", MOONCAKE, [*overrides, *CLUSTER8]))
     for name, path, overrides in runs:
         r = _spawn(["hybridsim", str(path), str(args.repeat), plain, *overrides])
         if "error" in r:

@@ -253,6 +253,66 @@ def _mooncake_overload(runs: Runs) -> str:
     )
 
 
+_MOONCAKE_HALF_FILE = "scenarios/mooncake-conversation-nemotron.yaml"
+#: The routing study (docs/cluster.md): the half-rate Mooncake replay on 4 and 8 instances, per router.
+ROUTERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("round_robin", ("cluster.router.policy=round_robin",)),
+    ("least_loaded", ("cluster.router.policy=least_loaded",)),
+    ("prefix_aware (FA only)", ("cluster.router.policy=prefix_aware",)),
+    ("prefix_aware, group_aware", ("cluster.router.policy=prefix_aware", "cluster.router.group_aware=true")),
+)
+CLUSTER_SIZES = (4, 8)
+
+
+def cluster_run(instances: int, router: tuple[str, ...]) -> RunSpec:
+    return RunSpec(_MOONCAKE_HALF_FILE, (f"cluster.instances={instances}", *router), _TRACE)
+
+
+CLUSTER_RUNS = tuple(cluster_run(n, overrides) for n in CLUSTER_SIZES for _, overrides in ROUTERS)
+#: The run whose router panel the page shows.
+CLUSTER_FIGURE_RUN = cluster_run(8, ROUTERS[-1][1])
+
+
+def per_instance(key: str) -> Callable[[Any], str]:
+    """A column of one value per instance (``instances[i].<key>``), joined with ``/``."""
+
+    def fmt(instances: Any) -> str:
+        if not isinstance(instances, list):
+            return "–"
+        return " / ".join(count(lookup(i, key)) for i in instances)
+
+    return fmt
+
+
+def _cluster_routing(runs: Runs) -> str:
+    rows = [(f"{n} × {label}", cluster_run(n, overrides)) for n in CLUSTER_SIZES for label, overrides in ROUTERS]
+    text = table(
+        runs,
+        rows,
+        [
+            Column("usable (local) hit rate", "cache.local_rate", percent),
+            Column("FA-only hit rate", "cache.full_attention_hit_rate", percent),
+            *_LATENCY,
+            Column("FA-deeper divergences", "admissions.divergences.fa_deeper", count),
+            Column("per instance", "instances", per_instance("admissions.divergences.fa_deeper")),
+            Column("#48425 fallbacks per instance", "instances", per_instance("admissions.fallbacks")),
+            Column("routed per instance", "cluster.routed", lambda v: " / ".join(map(count, v)) if v else "–"),
+        ],
+    )
+    lines = [text, ""]
+    for n in CLUSTER_SIZES:
+        base = lookup(runs.summary(cluster_run(n, ROUTERS[0][1])), "cache.local_rate")
+        aware = lookup(runs.summary(cluster_run(n, ROUTERS[-1][1])), "cache.local_rate")
+        fa_only = runs.summary(cluster_run(n, ROUTERS[2][1]))
+        ratio = "–" if not base or aware is None else f"{float(aware) / float(base):.2f}x"
+        lines.append(
+            f"- {n} instances: `prefix_aware` with `group_aware` reaches {ratio} `round_robin`'s usable local hit "
+            f"rate; FA-only `prefix_aware` finds FA prefixes on {percent(lookup(fa_only, 'cache.full_attention_hit_rate'))}"
+            f" of prompt tokens and {percent(lookup(fa_only, 'cache.local_rate'))} usable."
+        )
+    return "\n".join(lines)
+
+
 FIGURES: tuple[Figure, ...] = (
     Figure(
         "demo",
@@ -270,6 +330,14 @@ FIGURES: tuple[Figure, ...] = (
         True,
         (MOONCAKE_HALF, MOONCAKE_HALF_CLOSED, MOONCAKE_FULL, MOONCAKE_FULL_CLOSED),
         _mooncake_load,
+    ),
+    Figure(
+        "cluster-routing",
+        "docs/cluster.md",
+        True,
+        CLUSTER_RUNS,
+        _cluster_routing,
+        images=((CLUSTER_FIGURE_RUN, "router.png", "docs/images/cluster-router.png"),),
     ),
 )
 

@@ -758,8 +758,8 @@ def plot_instances(result: ResultSource, path: str | Path, *, group_kinds: Seque
 def plot_router(result: ResultSource, path: str | Path) -> Path:
     """A cluster's router panel: per instance the usable (local) and full-attention-only hit rates, the
     requests routed there, the share of the full-attention prefix found there that was usable (local over
-    FA hit rate: 100 % when every FA hit had its Mamba state), and the queued requests (running + waiting)
-    per step."""
+    FA hit rate: 100 % when every FA hit had its Mamba state), and the load: queued requests (running +
+    waiting), time-weighted over the run, and their peak."""
     summary = summary_of(result)
     instances = summary.get("instances") or []
     steps = tables_of(result)["steps"]
@@ -797,10 +797,26 @@ def plot_router(result: ResultSource, path: str | Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
     usable_ax.set_xlabel("instance")
     load_ax.set_title("load: queued requests (running + waiting)", fontsize=10)
-    load_ax.xaxis.set_major_locator(_locator())
+    load_ax.set_xticks(x, labels)
+    load_ax.set_xlabel("instance")
     if steps.empty or "instance" not in steps.columns:
         _empty(load_ax, "no steps recorded")
         return save_figure(fig, path)
+    # Time-weighted over the run (an idle instance takes no steps: it counts as empty), and the peak.
+    queued = steps["running"] + steps["waiting"]
+    span = float((steps["time_s"] + steps["duration_s"]).max() - steps["time_s"].min()) or 1.0
+    weighted = (queued * steps["duration_s"]).groupby(steps["instance"]).sum()
+    peak = queued.groupby(steps["instance"]).max()
+    index = [int(i) for i in labels]
+    mean = np.array([float(weighted.get(i, 0.0)) / span for i in index])
+    top = np.array([float(peak.get(i, 0)) for i in index])
+    load_ax.bar(x - 0.2, mean, 0.4, label="time-weighted mean", color="#1f77b4")
+    bars = load_ax.bar(x + 0.2, top, 0.4, label="peak", color="#aec7e8")
+    load_ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    load_ax.set_ylabel("requests")
+    load_ax.legend(fontsize=8, loc="upper center")
+    load_ax.grid(axis="y", alpha=0.3)
+    return save_figure(fig, path)
     xcol, xlabel = _time_axis(result, steps)
     for index, frame in steps.groupby("instance", sort=True):
         load_ax.step(
@@ -808,7 +824,7 @@ def plot_router(result: ResultSource, path: str | Path) -> Path:
         )
     load_ax.set_xlabel(xlabel)
     load_ax.set_ylabel("requests")
-    load_ax.legend(fontsize=8)
+    load_ax.legend(fontsize=8, loc="upper center")
     load_ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -825,7 +841,7 @@ FIGURES: Mapping[str, str] = {
     "outcomes": "admission outcomes: final per request, and per attempt",
     "connector": "the connector's own per-step columns (tier blocks, loads in flight)",
     "instances": "a cluster: per instance, free blocks and the cached blocks of its FA and Mamba group per step",
-    "router": "a cluster: hit rate (usable, FA only), requests routed, usable share of the FA hit and load per instance",
+    "router": "a cluster: hit rate (usable, FA only), requests routed, usable share of the FA hit and load (mean, peak) per instance",
 }
 
 #: The figures that read the ``steps`` table as one engine's series: a cluster draws ``instances`` instead.
