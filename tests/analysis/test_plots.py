@@ -265,3 +265,31 @@ def test_latency_panels_share_one_labelled_fraction_axis(tmp_path, tables, drawn
         return [lab.get_text() for lab in ax.get_yticklabels() if lab.get_visible() and lab.get_text()]
 
     assert labelled(ttft)[-1] == "1.00" and labelled(tpot) == labelled(e2e) == []
+
+
+def test_legends_fit_inside_their_figures(tmp_path, tables, drawn, monkeypatch):
+    """No cut legends (issue 34: block_usage's "...peak 152 per 0.996 s at 40% heig"), also with the
+    density's two-line eviction label and a crash entry."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    monkeypatch.setattr(plots_module, "MIN_REQUESTS_FOR_CDFS", 1)
+    kv = tables["kv_events"]
+    many = kv[kv["kind"] == "removed"].iloc[[0]].loc[lambda f: f.index.repeat(400)]
+    many = many.assign(seq=np.arange(400) + 100, time_s=np.linspace(0.0, 3.0, 400), block_id=np.arange(400) % 64)
+    busy = dict(tables, kv_events=pd.concat([kv, many], ignore_index=True))
+    result = LoadedResult.from_tables(busy, summary={"clock": "time"}, group_kinds=KINDS)
+    plot_all(result, tmp_path)
+    legends = 0
+    for fig in drawn:
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            if legend is None:
+                continue
+            legends += 1
+            box = legend.get_window_extent(renderer)
+            assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (fig.get_suptitle(), box)
+            assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (fig.get_suptitle(), box)
+    texts = [t.get_text() for fig in drawn for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("evictions: 402\nbars: per") for t in texts) and "crash" in texts, texts
+    assert legends >= 4
