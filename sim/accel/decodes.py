@@ -63,22 +63,28 @@ class QuietDecodeScheduler(Scheduler):
         num_scheduled = out.num_scheduled_tokens
         req_index = quiet = 0
         while req_index < len(running) and budget > 0:
-            request = running[req_index]
-            rid = request.request_id
-            horizon = horizon_of(rid)
-            if horizon is not None:
+            # The quiet decodes from `req_index` on, one token of the budget each (none changes `running`).
+            before = len(scheduled)
+            for request in running[req_index : req_index + budget]:
+                rid = request.request_id
+                horizon = horizon_of(rid)
+                if horizon is None:
+                    break
                 computed = request.num_computed_tokens
-                if computed <= horizon.max_decode_computed and computed + 1 == (
+                if computed > horizon.max_decode_computed or computed + 1 != (
                     request.num_prompt_tokens + request.num_output_tokens
                 ):
-                    scheduled.append(request)
-                    num_scheduled[rid] = 1
-                    budget -= 1
-                    req_index += 1
-                    quiet += 1
-                    continue
+                    break
+                scheduled.append(request)
+                num_scheduled[rid] = 1
+            taken = len(scheduled) - before
+            req_index += taken
+            budget -= taken
+            quiet += taken
+            if req_index >= len(running) or budget <= 0:
+                break
             req_index, budget, go_on = self._schedule_running_request(
-                request, req_index, budget, threshold, out, preempted
+                running[req_index], req_index, budget, threshold, out, preempted
             )
             if not go_on:
                 break
