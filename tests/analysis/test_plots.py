@@ -17,9 +17,8 @@ KINDS = ["full_attention", "mamba"]
 
 
 def _distinct_colours(path) -> int:
-    rgba = np.round(imread(path) * 255).astype(np.uint8)
-    assert rgba.shape[-1] == 4
-    return len(np.unique(np.ascontiguousarray(rgba).view(np.uint32)))
+    rgb = np.round(imread(path)[..., :3] * 255).astype(np.uint32)
+    return len(np.unique((rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]))
 
 
 def _check_png(path, min_colours=20):
@@ -293,3 +292,23 @@ def test_legends_fit_inside_their_figures(tmp_path, tables, drawn, monkeypatch):
     texts = [t.get_text() for fig in drawn for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("evictions: 402\nbars: per") for t in texts) and "crash" in texts, texts
     assert legends >= 4
+
+
+def test_png_is_savefig_s_pixels_in_rgb_when_opaque(tmp_path, tables, drawn):
+    import io
+
+    from PIL import Image
+
+    from sim.analysis.figures import save_figure
+
+    p = plot_divergence(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path / "d.png")
+    fig = drawn[0]
+    reference = io.BytesIO()
+    fig.savefig(reference, format="png", dpi=100)
+    want = np.asarray(Image.open(reference))
+    assert want.shape[-1] == 4 and (want[..., 3] == 255).all()
+    got = Image.open(p)
+    assert got.mode == "RGB" and np.array_equal(np.asarray(got), want[..., :3])
+    assert fig.get_dpi() == 100  # saving leaves the figure as it was
+    fig.set_facecolor((1, 1, 1, 0))  # see-through: the alpha channel stays
+    assert Image.open(save_figure(fig, tmp_path / "clear.png")).mode == "RGBA"
