@@ -755,77 +755,99 @@ def plot_instances(result: ResultSource, path: str | Path, *, group_kinds: Seque
     return save_figure(fig, path)
 
 
-def plot_router(result: ResultSource, path: str | Path) -> Path:
-    """A cluster's router panel: per instance the usable (local) and full-attention-only hit rates, the
-    requests routed there, the share of the full-attention prefix found there that was usable (local over
-    FA hit rate: 100 % when every FA hit had its Mamba state), and the load: queued requests (running +
-    waiting), time-weighted over the run, and their peak."""
+@dataclass(frozen=True)
+class RouterPanel:
+    """What :func:`plot_router` draws, one entry per instance in instance order."""
+
+    router: str
+    instances: list[int]
+    #: Usable (local) and full-attention-only hit rates: fractions of the prompt tokens.
+    usable: np.ndarray
+    fa_only: np.ndarray
+    routed: list[int]
+    #: ``usable / fa_only`` (0 where the instance had no FA hit): the routed-to-cached match.
+    usable_share: np.ndarray
+    #: Queued requests (running + waiting) weighted by step duration over the run's span (an idle
+    #: instance takes no steps: it counts as empty), and their peak; ``None`` without steps.
+    mean_queued: np.ndarray | None
+    peak_queued: np.ndarray | None
+
+
+def router_panel(result: ResultSource) -> RouterPanel | None:
+    """The router panel's numbers of a cluster result (``None`` for a one-instance run)."""
     summary = summary_of(result)
     instances = summary.get("instances") or []
-    steps = tables_of(result)["steps"]
-    fig, axes = _figure(2, 2, width=12.0, height=7.5, categorical_x=True)
-    router = summary.get("cluster", {}).get("router", "?")
-    aware = " (group_aware)" if summary.get("cluster", {}).get("group_aware") else ""
-    fig.suptitle(f"Router: {router}{aware}, {len(instances)} instances")
-    hits, routed_ax, usable_ax, load_ax = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
     if not instances:
+        return None
+    cluster = summary.get("cluster", {})
+    index = [int(s.get("instance", i)) for i, s in enumerate(instances)]
+    usable = np.array([float(s.get("cache", {}).get("local_rate") or 0.0) for s in instances])
+    fa = np.array([float(s.get("cache", {}).get("full_attention_hit_rate") or 0.0) for s in instances])
+    share = np.divide(usable, fa, out=np.zeros_like(usable), where=fa > 0)
+    steps = tables_of(result)["steps"]
+    mean = peak = None
+    if not steps.empty and "instance" in steps.columns:
+        queued = steps["running"] + steps["waiting"]
+        span = float((steps["time_s"] + steps["duration_s"]).max() - steps["time_s"].min()) or 1.0
+        weighted = (queued * steps["duration_s"]).groupby(steps["instance"]).sum()
+        top = queued.groupby(steps["instance"]).max()
+        mean = np.array([float(weighted.get(i, 0.0)) / span for i in index])
+        peak = np.array([float(top.get(i, 0)) for i in index])
+    aware = " (group_aware)" if cluster.get("group_aware") else ""
+    return RouterPanel(
+        router=f"{cluster.get('router', '?')}{aware}",
+        instances=index,
+        usable=usable,
+        fa_only=fa,
+        routed=list(cluster.get("routed") or [0] * len(index)),
+        usable_share=share,
+        mean_queued=mean,
+        peak_queued=peak,
+    )
+
+
+def plot_router(result: ResultSource, path: str | Path) -> Path:
+    """A cluster's router panel (:class:`RouterPanel`): per instance the usable and full-attention-only hit
+    rates, the requests routed there, the share of the FA prefix found there that was usable (100 % when
+    every FA hit had its Mamba state) and the load: queued requests, time-weighted, and their peak."""
+    panel = router_panel(result)
+    fig, axes = _figure(2, 2, width=12.0, height=7.5, categorical_x=True)
+    hits, routed_ax, usable_ax, load_ax = axes[0, 0], axes[0, 1], axes[1, 0], axes[1, 1]
+    if panel is None:
+        fig.suptitle("Router")
         for ax in axes.flat:
             _empty(ax, "not a cluster run")
         return save_figure(fig, path)
-    labels = [str(s.get("instance", i)) for i, s in enumerate(instances)]
+    fig.suptitle(f"Router: {panel.router}, {len(panel.instances)} instances")
+    labels = [str(i) for i in panel.instances]
     x = np.arange(len(labels))
-    local = np.array([float(s.get("cache", {}).get("local_rate") or 0.0) for s in instances])
-    fa = np.array([float(s.get("cache", {}).get("full_attention_hit_rate") or 0.0) for s in instances])
-    hits.bar(x - 0.2, 100 * fa, 0.4, label="full attention only", color="#9467bd")
-    hits.bar(x + 0.2, 100 * local, 0.4, label="usable (local)", color="#2ca02c")
+    hits.bar(x - 0.2, 100 * panel.fa_only, 0.4, label="full attention only", color="#9467bd")
+    hits.bar(x + 0.2, 100 * panel.usable, 0.4, label="usable (local)", color="#2ca02c")
     hits.set_title("hit rate by instance", fontsize=10)
     hits.set_ylabel("% of prompt tokens")
     hits.legend(fontsize=8)
-    routed = summary.get("cluster", {}).get("routed") or [0] * len(labels)
-    bars = routed_ax.bar(x, routed, color="#1f77b4")
-    routed_ax.bar_label(bars, fontsize=8)
+    routed_ax.bar_label(routed_ax.bar(x, panel.routed, color="#1f77b4"), fontsize=8)
     routed_ax.set_title("requests routed", fontsize=10)
     routed_ax.set_ylabel("requests")
-    share = np.divide(100 * local, 100 * fa, out=np.zeros_like(local), where=fa > 0) * 100
-    bars = usable_ax.bar(x, share, color="#ff7f0e")
-    usable_ax.bar_label(bars, fmt="%.0f%%", fontsize=8)
+    usable_ax.bar_label(usable_ax.bar(x, 100 * panel.usable_share, color="#ff7f0e"), fmt="%.0f%%", fontsize=8)
     usable_ax.set_ylim(0, 110)
     usable_ax.set_title("full-attention prefix found there that was usable", fontsize=10)
     usable_ax.set_ylabel("usable / FA hit (%)")
-    for ax in (hits, routed_ax, usable_ax):
+    load_ax.set_title("load: queued requests (running + waiting)", fontsize=10)
+    for ax in (hits, routed_ax, usable_ax, load_ax):
         ax.set_xticks(x, labels)
         ax.grid(axis="y", alpha=0.3)
     usable_ax.set_xlabel("instance")
-    load_ax.set_title("load: queued requests (running + waiting)", fontsize=10)
-    load_ax.set_xticks(x, labels)
     load_ax.set_xlabel("instance")
-    if steps.empty or "instance" not in steps.columns:
+    if panel.mean_queued is None or panel.peak_queued is None:
         _empty(load_ax, "no steps recorded")
         return save_figure(fig, path)
-    # Time-weighted over the run (an idle instance takes no steps: it counts as empty), and the peak.
-    queued = steps["running"] + steps["waiting"]
-    span = float((steps["time_s"] + steps["duration_s"]).max() - steps["time_s"].min()) or 1.0
-    weighted = (queued * steps["duration_s"]).groupby(steps["instance"]).sum()
-    peak = queued.groupby(steps["instance"]).max()
-    index = [int(i) for i in labels]
-    mean = np.array([float(weighted.get(i, 0.0)) / span for i in index])
-    top = np.array([float(peak.get(i, 0)) for i in index])
-    load_ax.bar(x - 0.2, mean, 0.4, label="time-weighted mean", color="#1f77b4")
-    bars = load_ax.bar(x + 0.2, top, 0.4, label="peak", color="#aec7e8")
-    load_ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    load_ax.bar(x - 0.2, panel.mean_queued, 0.4, label="time-weighted mean", color="#1f77b4")
+    load_ax.bar_label(
+        load_ax.bar(x + 0.2, panel.peak_queued, 0.4, label="peak", color="#aec7e8"), fmt="%.0f", fontsize=7
+    )
     load_ax.set_ylabel("requests")
     load_ax.legend(fontsize=8, loc="upper center")
-    load_ax.grid(axis="y", alpha=0.3)
-    return save_figure(fig, path)
-    xcol, xlabel = _time_axis(result, steps)
-    for index, frame in steps.groupby("instance", sort=True):
-        load_ax.step(
-            frame[xcol], frame["running"] + frame["waiting"], where="post", linewidth=0.8, label=f"instance {index}"
-        )
-    load_ax.set_xlabel(xlabel)
-    load_ax.set_ylabel("requests")
-    load_ax.legend(fontsize=8, loc="upper center")
-    load_ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
 

@@ -254,3 +254,27 @@ def test_explain_names_the_instance(cluster_bundle: Path) -> None:
         rid = str(requests.loc[requests["instance"] == index, "request_id"].iloc[0])
         story = sim.api.explain_bundle(cluster_bundle, rid)
         assert story.fields()["instance"].startswith(f"{index} (routed by prefix_aware with group_aware")
+
+
+def test_router_panel_numbers_come_from_the_instances(cluster_bundle: Path) -> None:
+    from sim.analysis.plots import router_panel
+
+    result = sim.load_result(cluster_bundle)
+    panel = router_panel(result)
+    assert panel is not None and panel.instances == [0, 1, 2]
+    assert panel.router == "prefix_aware (group_aware)"
+    assert panel.routed == result.summary["cluster"]["routed"]
+    for i, instance in enumerate(result.summary["instances"]):
+        cache = instance["cache"]
+        assert panel.usable[i] == cache["local_rate"] and panel.fa_only[i] == cache["full_attention_hit_rate"]
+        assert panel.usable_share[i] == pytest.approx(cache["local_rate"] / cache["full_attention_hit_rate"])
+    steps = result.tables["steps"]
+    # The step clock: every step lasts 1, so the time-weighted load is the queued total over the run's span.
+    span = float((steps["time_s"] + steps["duration_s"]).max() - steps["time_s"].min())
+    for i in panel.instances:
+        mine = steps[steps["instance"] == i]
+        queued = mine["running"] + mine["waiting"]
+        assert panel.mean_queued is not None and panel.peak_queued is not None
+        assert panel.mean_queued[i] == pytest.approx(float((queued * mine["duration_s"]).sum()) / span)
+        assert panel.peak_queued[i] == queued.max()
+    assert router_panel(_run(SMALL)) is None
