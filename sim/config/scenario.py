@@ -580,13 +580,19 @@ class Scenario(_Strict):
     # -- checks, in the order they run
 
     def _check_version_keys(self) -> None:
-        """A key newer than the scenario's release is an error naming both; the release's defaults fill the rest."""
+        """A key newer than the scenario's release is an error naming both; the release's defaults fill the rest.
+
+        A newer key set to its default value (what older releases do: no reordering, no cap) is accepted for an
+        older release and cleared, so a resolved scenario of the newer release runs under
+        ``--set vllm_version=<older>``; any other value is refused."""
         for path, since in KEYS_SINCE.items():
             section, key = path.split(".")
             owner = getattr(self, section)
             if at_least(self.vllm_version, since):
                 if getattr(owner, key) is None:
                     setattr(owner, key, KEY_DEFAULTS[path])
+            elif getattr(owner, key) == KEY_DEFAULTS[path]:
+                setattr(owner, key, None)
             elif getattr(owner, key) is not None:
                 raise ValueError(
                     f"@{path}: exists from vLLM {since} on; this scenario is for vLLM {self.vllm_version} "

@@ -104,3 +104,19 @@ def test_the_034_keys_default_to_vllms_and_reach_the_scheduler_and_the_lowered_s
     script = lower(turned)
     assert [script[k] for k in KNOBS] == [8, 0.25, 2] and script["vllm_version"] == "0.34"  # type: ignore[literal-required]
     assert [lower(old)[k] for k in KNOBS] == [None, None, None]  # type: ignore[literal-required]
+
+
+def test_a_resolved_034_scenario_runs_as_033_where_its_034_keys_are_at_their_defaults():
+    """A resolved 0.34 scenario writes the new keys at their defaults (no reordering, no cap: what 0.33 does);
+    ``--set vllm_version=0.33`` on it is accepted and clears them, while a key that changes decisions is refused."""
+    resolved = resolved_yaml(_load())
+    assert "cache_aware_admission_window: 0" in resolved
+    old = scenario_from_text(resolved.replace("vllm_version: '0.34'", "vllm_version: '0.33'"), "r.yaml")
+    assert (
+        old.scheduler.cache_aware_admission_window,
+        old.scheduler.cache_aware_admission_threshold,
+        old.scheduler.max_num_inflight_kv_loads,
+    ) == (None, None, None)
+    turned = resolved.replace("cache_aware_admission_window: 0", "cache_aware_admission_window: 8")
+    with pytest.raises(ScenarioError, match="scheduler.cache_aware_admission_window"):
+        scenario_from_text(turned.replace("vllm_version: '0.34'", "vllm_version: '0.33'"), "r.yaml")

@@ -277,11 +277,9 @@ def _with(document: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[s
     return out
 
 
-def _for_release(document: dict[str, Any], release: str) -> dict[str, Any]:
-    """``document`` (a case) with its script lowered for vLLM ``release`` (a contrast names only what differs)."""
-    out = copy.deepcopy(document)
-    out["script"]["vllm_version"] = release
-    return out
+def _at_release(scenario: Scenario, release: str) -> Scenario:
+    """``scenario`` validated again for vLLM ``release`` (the newer release's keys, at their defaults, cleared)."""
+    return Scenario.model_validate({**scenario.model_dump(mode="json"), "vllm_version": release})
 
 
 @pytest.mark.slow
@@ -290,14 +288,14 @@ def test_exported_tests_pass_against_vllm_and_fail_when_edited(
 ) -> None:
     # Scenarios for the installed release (with the new knobs at their defaults both releases decide alike).
     crash_file = tmp_path / "crash.yaml"
-    crash_file.write_text(scenario_yaml(_crash_scenario().model_copy(update={"vllm_version": vllm})))
+    crash_file.write_text(scenario_yaml(_at_release(_crash_scenario(), vllm)))
     res = CliRunner().invoke(app, ["export", "vllm-test", str(crash_file), "-o", str(tmp_path / "test_crash.py")])
     assert res.exit_code == 0, res.output
-    crash = _for_release(_crash_case(), vllm)
-    values = _for_release(case(values_scenario, "values.yaml"), vllm)
+    crash = case(_at_release(_crash_scenario(), vllm), "crash.yaml")
+    values = case(_at_release(values_scenario, vllm), "values.yaml")
     modules = {
         "test_values": values,
-        "test_fuzz": _for_release(case(fuzz_scenario, "fuzz-1-80.yaml"), vllm),
+        "test_fuzz": case(_at_release(fuzz_scenario, vllm), "fuzz-1-80.yaml"),
         # Edited expectations: another crash message; the contrast's last admission; one admission's local tokens.
         "test_crash_edited": _with(crash, ("expected", "crash", "message"), "num_new_tokens > 1"),
         "test_contrast_edited": _with(crash, ("contrast", "expected", "admissions", -1, -1), "crash"),
