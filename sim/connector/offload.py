@@ -346,15 +346,16 @@ class OffloadConnector(KVConnector):
             bound = (request.num_tokens - 1) // self.C * self.C
         return min(bound, self._num_keyed_chunks(request) * self.C)
 
-    def lookup(self, request: Request, num_computed_tokens: int) -> tuple[int, list[int]]:
-        """``(hit end, per-group independent ends)``; the hit end is 0 when the tier supplies nothing."""
+    def lookup(self, request: Request, num_computed_tokens: int) -> LookupRecord:
+        """The tier's answer: the hit end (0 when the tier supplies nothing), the per-group independent ends
+        and the bound they were looked up to."""
         local = num_computed_tokens
         start = local // self.C
-        bound = self._upper_bound(request)
+        upper = bound = self._upper_bound(request)
         groups = self.ctx.groups
-        independent = [self._group_end(g, request, start, bound) for g in groups]
+        independent = tuple(self._group_end(g, request, start, bound) for g in groups)
         if bound - local < self.C:
-            return 0, independent
+            return LookupRecord(local, upper, independent, 0)
         stable = False
         while not stable:
             stable = True
@@ -363,23 +364,23 @@ class OffloadConnector(KVConnector):
                 if end < bound:
                     bound, stable = end, False
                 if bound - local < self.C:
-                    return 0, independent
-        return bound, independent
+                    return LookupRecord(local, upper, independent, 0)
+        return LookupRecord(local, upper, independent, bound)
 
     # ------------------------------------------------------------------ scheduler hooks
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self._reqs.get(request.request_id)
         if state is not None and state.pending_stores:
             return None, False
-        end, independent = self.lookup(request, num_computed_tokens)
+        record = self.lookup(request, num_computed_tokens)
+        end = record.end
         ext = max(0, end - num_computed_tokens) if end else 0
         self.counters["queries"] += 1
         self.counters["hit_tokens"] += ext
-        for g, e in enumerate(independent):
+        for g, e in enumerate(record.group_ends):
             self.hit_tokens_per_group[g] += max(0, e - num_computed_tokens)
         self._last_local[request.request_id] = num_computed_tokens
-        bound = self._upper_bound(request)
-        self._unadmitted[request.request_id] = LookupRecord(num_computed_tokens, bound, tuple(independent), end)
+        self._unadmitted[request.request_id] = record
         return ext, ext > 0
 
     def peek_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
@@ -387,7 +388,7 @@ class OffloadConnector(KVConnector):
         state = self._reqs.get(request.request_id)
         if state is not None and state.pending_stores:
             return None
-        end, _ = self.lookup(request, num_computed_tokens)
+        end = self.lookup(request, num_computed_tokens).end
         return max(0, end - num_computed_tokens) if end else 0
 
     def _state(self, request: Request) -> _ReqState:
