@@ -20,6 +20,8 @@ from __future__ import annotations
 from array import array
 from typing import Callable, Mapping, Protocol, Sequence, Union
 
+from sim.trace.dtypes import FIXED_DTYPES, FLOAT, INT, PER_GROUP
+
 
 def kv_event_columns() -> list[str]:
     return ["seq", "step", "time_s", "kind", "group", "block_id", "block_hash", "request_id", "cause"]
@@ -271,17 +273,21 @@ class KVEventTable:
         return len(self.kind)
 
 
-def _packed_admission_columns(num_groups: int) -> dict[str, str]:
-    """The ``admissions`` columns :meth:`Recorder.record_admission` always fills with an int (or the time)."""
-    ints = ["step", "prompt_tokens", "local_tokens", "external_tokens", "num_computed_tokens", "tokens_lost"]
-    ints += ["lookup_seq", "claimed_boundary", "connector_asked_at", "connector_answer"]
-    ints += [f"hit_g{i}" for i in range(num_groups)]
-    return {"time_s": "d", **{name: "q" for name in ints}}
+#: The schema dtypes a packed column can hold, and the ``array`` typecode it is packed as.
+_TYPECODES = {INT: "q", FLOAT: "d"}
 
 
-def _packed_step_columns(num_groups: int) -> dict[str, str]:
-    """The contract ``steps`` columns (all numbers; the extension columns a connector adds stay lists)."""
-    return {name: "d" if name in ("time_s", "duration_s") else "q" for name in step_columns(num_groups)}
+def _packed_columns(table: str, names: Sequence[str]) -> dict[str, str]:
+    """``table``'s ``int64`` and ``float64`` columns among ``names`` (:data:`sim.trace.dtypes.FIXED_DTYPES`, the
+    per-group ones ``int64``) -> typecode: for ``admissions`` and ``steps``, the numbers the recorder always fills."""
+    fixed = FIXED_DTYPES[table]
+    per_group = PER_GROUP.get(table, ())
+    packed = {}
+    for name in names:
+        dtype = INT if name.startswith(per_group) and name not in fixed else fixed.get(name)
+        if dtype in _TYPECODES:
+            packed[name] = _TYPECODES[dtype]
+    return packed
 
 
 class Recorder:
@@ -295,10 +301,12 @@ class Recorder:
         self.kv_events = KVEventTable()
         #: Called with each recorded batch of KV events and its time (``None``: nobody listens).
         self.kv_event_listener: Callable[[KVEventColumns, float], None] | None = None
-        self.admissions = Columns(admission_columns(num_groups), _packed_admission_columns(num_groups))
+        names = admission_columns(num_groups)
+        self.admissions = Columns(names, _packed_columns("admissions", names))
         self.requests = Columns(request_columns())
         self.schedule = Columns(schedule_columns())
-        self.steps = Columns(step_columns(num_groups), _packed_step_columns(num_groups))
+        names = step_columns(num_groups)
+        self.steps = Columns(names, _packed_columns("steps", names))
         self._hit_names = [f"hit_g{i}" for i in range(num_groups)]
         self._group_step_names = [(f"blocks_g{i}", f"cached_g{i}") for i in range(num_groups)]
         # The hot rows append to their column lists through bound methods (the lists are never replaced).

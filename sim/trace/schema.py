@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from sim.trace.dtypes import BOOL, FIXED_DTYPES, FLOAT, HASH_DTYPE, INT, NINT, PER_GROUP, STR
 from sim.trace.recorder import (
     CodedStrings,
     Columns,
@@ -53,83 +54,6 @@ if TYPE_CHECKING:
 
 TABLE_NAMES: tuple[str, ...] = ("kv_events", "admissions", "requests", "schedule", "steps")
 
-#: Dtype name of the 64-bit block-hash column (a ``str`` column of 16 hex digits).
-HASH_DTYPE = "hex64"
-
-_INT, _NINT, _FLOAT, _BOOL, _STR = "int64", "Int64", "float64", "bool", "str"
-
-_FIXED_DTYPES: dict[str, dict[str, str]] = {
-    "kv_events": {
-        "seq": _INT,
-        "step": _INT,
-        "time_s": _FLOAT,
-        "kind": _STR,
-        "group": _INT,
-        "block_id": _INT,
-        "block_hash": HASH_DTYPE,
-        "request_id": _STR,
-        "cause": _STR,
-    },
-    "admissions": {
-        "step": _INT,
-        "time_s": _FLOAT,
-        "request_id": _STR,
-        "prompt_tokens": _INT,
-        "local_tokens": _INT,
-        "external_tokens": _INT,
-        "hit_diverged": _BOOL,
-        "fallback": _BOOL,
-        "policy": _STR,
-        "outcome": _STR,
-        "crash_reason": _STR,
-        "kind": _STR,
-        "reason": _STR,
-        "num_computed_tokens": _INT,
-        "tokens_lost": _INT,
-        "taint_origin": _STR,
-        "lookup_seq": _INT,
-        "claimed_boundary": _INT,
-        "connector_asked_at": _INT,
-        "connector_answer": _INT,
-    },
-    "requests": {
-        "request_id": _STR,
-        "arrival_s": _FLOAT,
-        "first_scheduled_s": _FLOAT,
-        "first_token_s": _FLOAT,
-        "finished_s": _FLOAT,
-        "prompt_tokens": _INT,
-        "output_tokens": _INT,
-        "local_hit_tokens": _INT,
-        "external_hit_tokens": _INT,
-        "preemptions": _INT,
-        "outcome": _STR,
-    },
-    "schedule": {
-        "step": _INT,
-        "request_id": _STR,
-        "kind": _STR,
-        "num_scheduled_tokens": _INT,
-        "num_computed_tokens": _INT,
-        "preempted": _BOOL,
-    },
-    "steps": {
-        "step": _INT,
-        "time_s": _FLOAT,
-        "duration_s": _FLOAT,
-        "running": _INT,
-        "waiting": _INT,
-        "prefill_tokens": _INT,
-        "decode_tokens": _INT,
-        "free_blocks": _INT,
-    },
-}
-
-_PER_GROUP = {
-    "admissions": ("hit_g",),
-    "steps": ("blocks_g", "cached_g"),
-}
-
 #: Columns each table is sorted by (stable sort, so ties keep recording order).
 SORT_KEYS: dict[str, tuple[str, ...]] = {
     "kv_events": ("seq",),
@@ -141,11 +65,11 @@ SORT_KEYS: dict[str, tuple[str, ...]] = {
 
 #: The Arrow type each schema dtype is stored as (a bundle's Parquet column type).
 ARROW_TYPES: dict[str, pa.DataType] = {
-    _INT: pa.int64(),
-    _NINT: pa.int64(),
-    _FLOAT: pa.float64(),
-    _BOOL: pa.bool_(),
-    _STR: pa.string(),
+    INT: pa.int64(),
+    NINT: pa.int64(),
+    FLOAT: pa.float64(),
+    BOOL: pa.bool_(),
+    STR: pa.string(),
     HASH_DTYPE: pa.string(),
 }
 
@@ -180,12 +104,12 @@ def check_table(table: str) -> None:
 def column_dtype(table: str, column: str) -> str | None:
     """The schema dtype of a contract or known extension column, ``None`` if unknown."""
     check_table(table)
-    fixed = _FIXED_DTYPES[table].get(column)
+    fixed = FIXED_DTYPES[table].get(column)
     if fixed is not None:
         return fixed
     m = _GROUP_COL.match(column)
-    if m and m.group(1) in _PER_GROUP.get(table, ()):
-        return _INT
+    if m and m.group(1) in PER_GROUP.get(table, ()):
+        return INT
     return None
 
 
@@ -225,14 +149,14 @@ def _extension_type(values: Sequence[object] | np.ndarray) -> str:
     reader infers a file's unknown column by (``sim.trace.tables._infer_dtype``)."""
     present = [v for v in values if not _is_missing(v) and v != ""]
     if not present:
-        return _STR
+        return STR
     if all(isinstance(v, (bool, np.bool_)) for v in present):
-        return _BOOL if len(present) == len(values) else _STR
+        return BOOL if len(present) == len(values) else STR
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present):
-        return _INT if len(present) == len(values) else _NINT
+        return INT if len(present) == len(values) else NINT
     if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in present):
-        return _FLOAT
-    return _STR
+        return FLOAT
+    return STR
 
 
 # pyarrow's ``pa.array`` and ``Array.to_numpy`` import pandas whenever it is installed (to check for pandas
@@ -327,14 +251,14 @@ def _numbers(values: Sequence[object] | np.ndarray, dtype: str) -> tuple[np.ndar
     """An int, float or bool column as a NumPy array and its validity (``None``: every row valid)."""
     if isinstance(values, np.ndarray):
         array = values.astype(_NUMPY_DTYPES[dtype], copy=False)
-    elif dtype == _FLOAT:
+    elif dtype == FLOAT:
         array = np.array(values, dtype=np.float64)  # None gives NaN
-    elif dtype == _BOOL:
+    elif dtype == BOOL:
         kinds = set(map(type, values))
         if not kinds <= {bool, np.bool_}:
             raise ValueError(f"expected booleans, got a {sorted(k.__name__ for k in kinds - {bool, np.bool_})[0]}")
         array = np.array(values, dtype=bool)
-    elif dtype == _NINT and None in values:
+    elif dtype == NINT and None in values:
         valid = np.fromiter(map(operator.is_not, values, itertools.repeat(None)), dtype=bool, count=len(values))
         return np.array([0 if v is None else v for v in values], dtype=np.int64), valid
     else:
@@ -344,17 +268,17 @@ def _numbers(values: Sequence[object] | np.ndarray, dtype: str) -> tuple[np.ndar
             array = np.frombuffer(c_array("q", values), dtype=np.int64)  # type: ignore[type-var]
         except TypeError:
             raise ValueError("missing value or a non-integer in a column of integers") from None
-    if dtype == _FLOAT:
+    if dtype == FLOAT:
         nan = np.isnan(array)
         return array, (~nan if nan.any() else None)
     return array, None
 
 
 _NUMPY_DTYPES: dict[str, np.dtype] = {
-    _INT: np.dtype(np.int64),
-    _NINT: np.dtype(np.int64),
-    _FLOAT: np.dtype(np.float64),
-    _BOOL: np.dtype(bool),
+    INT: np.dtype(np.int64),
+    NINT: np.dtype(np.int64),
+    FLOAT: np.dtype(np.float64),
+    BOOL: np.dtype(bool),
 }
 
 
@@ -365,7 +289,7 @@ def _arrow_column(values: Sequence[object] | np.ndarray, dtype: str) -> pa.Array
         return values
     if dtype == HASH_DTYPE:
         return _hex_column(values)  # type: ignore[arg-type]
-    if dtype == _STR:
+    if dtype == STR:
         try:
             return string_array(values)  # type: ignore[arg-type]
         except TypeError:  # a value that is not a str (str.join refuses it): its text, "" for a missing one
@@ -406,11 +330,11 @@ def sort_order(keys: Sequence[tuple[Sequence[object] | np.ndarray, str]]) -> np.
     strings by code point, ties in recording order. ``None`` when the rows are in that order already."""
     ranks: list[np.ndarray] = []
     for values, dtype in reversed(keys):
-        if dtype in (_STR, HASH_DTYPE):
+        if dtype in (STR, HASH_DTYPE):
             text = list(values)
             rank = {v: i for i, v in enumerate(sorted(set(text)))}
             ranks.append(np.fromiter((rank[v] for v in text), dtype=np.int64, count=len(text)))
-        elif dtype == _FLOAT:
+        elif dtype == FLOAT:
             numbers = np.asarray(values, dtype=np.float64)  # None gives NaN
             ranks.append(np.where(np.isnan(numbers), np.inf, numbers))
             ranks.append(np.isnan(numbers))  # more significant than the value: NaN last

@@ -27,15 +27,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from sim.trace.dtypes import BOOL, FLOAT, HASH_DTYPE, INT, NINT, STR
 from sim.trace.recorder import Recorder
 from sim.trace.schema import (
-    _BOOL,
-    _FLOAT,
     _HEX64,
-    _INT,
-    _NINT,
-    _STR,
-    HASH_DTYPE,
     SORT_KEYS,
     TABLE_NAMES,
     arrow_tables_from_recorder,
@@ -84,21 +79,21 @@ def _to_number(values: pd.Series, table: str, column: str) -> pd.Series:
 
 def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series:
     """Bring one column to its schema dtype, raising a clear error on bad values."""
-    if dtype == _STR:
-        return _nonempty_str(values).astype(_STR)
+    if dtype == STR:
+        return _nonempty_str(values).astype(STR)
     if dtype == HASH_DTYPE:
         if (
             values.dtype.kind in "iu"
             or values.dtype == object
             and any(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
         ):
-            return pd.Series([hash_to_hex(None if _is_missing(v) else v) for v in values], dtype=_STR)
+            return pd.Series([hash_to_hex(None if _is_missing(v) else v) for v in values], dtype=STR)
         text = _nonempty_str(values)
         bad = [v for v in text if v and not _HEX64.match(v)]
         if bad:
             raise ValueError(f"{table}.{column}: {bad[0]!r} is not 16 lower-case hex digits")
-        return text.astype(_STR)
-    if dtype == _BOOL:
+        return text.astype(STR)
+    if dtype == BOOL:
         if values.dtype == bool:
             return values
         # (1 and 0 need no keys of their own: they hash and compare equal to True and False.)
@@ -118,9 +113,9 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
             raise ValueError(f"{table}.{column}: {bad!r} is not a boolean (True/False)")
         return out.astype(bool)
     nums = _to_number(values, table, column)
-    if dtype == _FLOAT:
-        return nums.astype(_FLOAT)
-    if dtype in (_INT, _NINT):
+    if dtype == FLOAT:
+        return nums.astype(FLOAT)
+    if dtype in (INT, NINT):
         if nums.dtype.kind == "f":
             finite = nums.dropna()
             if (finite != np.floor(finite)).any():
@@ -128,11 +123,11 @@ def _coerce(values: pd.Series, dtype: str, table: str, column: str) -> pd.Series
                     f"{table}.{column}: expected integers, got {finite[finite != np.floor(finite)].iloc[0]!r}"
                 )
         _check_int64_range(nums, table, column)
-        if dtype == _INT:
+        if dtype == INT:
             if nums.isna().any():
                 raise ValueError(f"{table}.{column}: missing value in a column that is always set")
-            return nums.astype(_INT)
-        return nums.astype(_NINT)
+            return nums.astype(INT)
+        return nums.astype(NINT)
     raise AssertionError(f"unknown schema dtype {dtype!r}")
 
 
@@ -158,29 +153,29 @@ def _is_missing(v: object) -> bool:
 def _infer_dtype(values: pd.Series) -> str:
     """Dtype of an extension column the schema does not know, from its values."""
     if values.dtype == bool:
-        return _BOOL
+        return BOOL
     if values.dtype.kind in "iu" or isinstance(values.dtype, pd.Int64Dtype):
-        return _NINT if values.isna().any() else _INT
+        return NINT if values.isna().any() else INT
     if values.dtype.kind == "f":
-        return _FLOAT
+        return FLOAT
     present = [v for v in values.astype(object) if not _is_missing(v) and v != ""]
     if not present:
-        return _STR
+        return STR
     if all(isinstance(v, (bool, np.bool_)) for v in present) or all(v in ("True", "False") for v in present):
-        return _BOOL if len(present) == len(values) else _STR
+        return BOOL if len(present) == len(values) else STR
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present) or all(
         isinstance(v, str) and re.fullmatch(r"-?\d+", v) for v in present
     ):
-        return _INT if len(present) == len(values) else _NINT
+        return INT if len(present) == len(values) else NINT
     if all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in present):
-        return _FLOAT
+        return FLOAT
     if all(isinstance(v, str) for v in present):
         try:
             pd.to_numeric(pd.Series(present), errors="raise")
-            return _FLOAT
+            return FLOAT
         except ValueError:
-            return _STR
-    return _STR
+            return STR
+    return STR
 
 
 # ---------------------------------------------------------------- public
