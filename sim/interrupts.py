@@ -48,26 +48,26 @@ def _main_thread() -> bool:
 
 
 #: How many deferred sections are open (0: signals raise at once), the held signal, the notice to print,
-#: every signal the handler has taken (in order).
-_state: dict[str, Any] = {"depth": 0, "pending": [], "notice": None, "taken": []}
+#: how many signals the handler has taken and the latest of them.
+_state: dict[str, Any] = {"depth": 0, "pending": [], "notice": None, "taken": 0, "last": None}
 
 
 def signals_taken() -> int:
     """How many SIGINT/SIGTERM the handler has taken in this process so far."""
-    return len(_state["taken"])
+    return int(_state["taken"])
 
 
 def reraise_since(count: int) -> None:
     """Raise :class:`Interrupted` for the latest signal if one was taken since :func:`signals_taken` was
     ``count``: a caller that runs commands in-process (each turning a signal into its exit code, 130) stops
     too, instead of going on with the next command."""
-    taken: list[int] = _state["taken"]
-    if len(taken) > count:
-        raise Interrupted(taken[-1])
+    if _state["taken"] > count:
+        raise Interrupted(_state["last"])
 
 
 def _handle(signum: int, frame: FrameType | None) -> None:
-    _state["taken"].append(signum)
+    _state["taken"] += 1
+    _state["last"] = signum
     if _state["depth"] == 0:
         raise Interrupted(signum)
     pending: list[int] = _state["pending"]

@@ -120,7 +120,7 @@ class QuietHorizons:
         self.max_tokens = max_tokens
         self._watermark = watermark_blocks > 0
         #: The first group's table of each request (the horizons' validity check).
-        self.first_tables: dict[str, list[KVCacheBlock]] = groups[0].req_to_blocks
+        self._first_tables: dict[str, list[KVCacheBlock]] = groups[0].req_to_blocks
         #: request id -> its horizon (read-only outside this class).
         self.horizons: dict[str, QuietHorizon] = {}
 
@@ -132,7 +132,7 @@ class QuietHorizons:
 
     def note(self, request_id: str) -> None:
         """After a full ``allocate_slots``: store the minimum of every group's bounds (or none)."""
-        first = self.first_tables.get(request_id)
+        first = self._first_tables.get(request_id)
         if first is None:
             return
         max_main = max_processed = NO_BOUND
@@ -161,7 +161,7 @@ class QuietHorizons:
         return (
             computed + num_new_tokens <= horizon.max_main_tokens
             and computed - request.num_in_flight_tokens <= horizon.max_processed_tokens
-            and self.first_tables.get(request.request_id) is horizon.table
+            and self._first_tables.get(request.request_id) is horizon.table
             and not (self._watermark and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED))
         )
 

@@ -72,8 +72,7 @@ outputs: {plots: false}
 
 def test_the_attempt_without_a_chunk_after_an_async_load_is_recorded_on_both_sides(vllm) -> None:
     # Both releases decide this scenario alike (no 0.34 knob is set): verify against whichever is installed.
-    text = SCENARIO.replace("vllm_version: '0.33'", f"vllm_version: '{vllm}'")
-    scenario = scenario_from_text(text, "async-load-no-aligned-chunk.yaml")
+    scenario = scenario_from_text(SCENARIO, "async-load-no-aligned-chunk.yaml", overrides=[f"vllm_version={vllm}"])
     ours = hybridsim_trace(scenario, 10_000)
     step16 = next(s for s in ours["steps"] if s["step"] == 16)
     assert [(a["request"], a["kind"], a["result"]) for a in step16["admissions"]] == [
