@@ -116,6 +116,9 @@ def figure(df: pd.DataFrame, path: Path) -> None:
 
     part = df[df["cap"].isna()]
     workloads = list(dict.fromkeys(part["workload"]))
+    # One colour per model x threshold in every panel (each panel draws only the series its workload has).
+    series = sorted(set(zip(part["model"], part["threshold"])))
+    colour = {key: f"C{i % 10}" for i, key in enumerate(series)}
     fig = Figure(figsize=(3.6 * len(workloads), 5.6), layout="tight")
     axes = fig.subplots(2, len(workloads), squeeze=False)
     for j, workload in enumerate(workloads):
@@ -124,13 +127,14 @@ def figure(df: pd.DataFrame, path: Path) -> None:
             line = line.sort_values("window")
             label = f"{model}, threshold {threshold:g}"
             xs = [str(w) for w in line["window"]]
-            axes[0][j].plot(xs, line["ttft_p95"], marker="o", label=label)
-            axes[1][j].plot(xs, line["usable"] * 100, marker="o", label=label)
+            style = {"marker": "o", "label": label, "color": colour[(model, threshold)]}
+            axes[0][j].plot(xs, line["ttft_p95"], **style)
+            axes[1][j].plot(xs, line["usable"] * 100, **style)
         axes[0][j].set_title(workload, fontsize=9)
+        axes[0][j].legend(fontsize=6)
         axes[1][j].set_xlabel("cache_aware_admission_window")
     axes[0][0].set_ylabel("TTFT p95 (s)")
     axes[1][0].set_ylabel("usable prefix hit (% of prompt tokens)")
-    axes[0][0].legend(fontsize=6)
     fig.suptitle("Cache-aware admission (vLLM 0.34) under block pressure", fontsize=10)
     save_figure(fig, path, dpi=110)
 
