@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hostile.common import BASE, assert_clean, assert_user_file_kept, invoke, plant_user_file
@@ -52,7 +52,9 @@ hostile_text = st.one_of(
 
 def _scenario(tmp: Path, doc: dict, name: str = "s.yaml") -> Path:
     path = tmp / name
-    path.write_text(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    # Escaped (allow_unicode=False): PyYAML writes U+0085 raw into a quoted scalar and reads it back as a
+    # space, so the file would hold another id than the one drawn ('\x85' ran as ' ').
+    path.write_text(yaml.safe_dump(doc, allow_unicode=False, sort_keys=False), encoding="utf-8")
     return path
 
 
@@ -69,6 +71,7 @@ def _with_request(request_id: str, label: str) -> dict:
 
 @FAST
 @given(request_id=hostile_text, label=hostile_text)
+@example(request_id="r\x85", label="doc")  # NEL: refused (it once reached the file as a space)
 def test_ids_and_labels_are_refused_cleanly_or_run_and_render_safely(tmp_path_factory, request_id, label) -> None:
     tmp = tmp_path_factory.mktemp("ids")
     digest = plant_user_file(tmp)
@@ -250,3 +253,10 @@ def test_tampered_bundles_are_refused_in_one_line(tmp_path_factory, bundle: Path
         if command[0] != "trace":  # trace diff exits 1 when the bundles differ
             assert_clean(res)
     assert_user_file_kept(tmp, digest)
+
+
+def test_the_drawn_text_reaches_the_scenario_file_exactly(tmp_path) -> None:
+    """The hypothesis tests above judge hybridsim on the drawn ids: the written file must hold those ids."""
+    doc = _with_request("r\x85", "d\u2028")
+    loaded = yaml.safe_load(_scenario(tmp_path, doc).read_text(encoding="utf-8"))
+    assert loaded == doc
