@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar
 
 from sim.connector.context import ConnectorContext
+from sim.core.interfaces import KVTransferParams
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
@@ -112,11 +113,11 @@ class KVConnector:
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, KVTransferParams | None]:
         """The request finished; return ``(delay_free, kv_transfer_params)``."""
         return False, None
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, KVTransferParams | None]:
         """Single-group variant, used only for connectors without HMA support."""
         return False, None
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
+from sim.core.interfaces import KVTransferParams
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
@@ -339,14 +340,14 @@ class FaultyConnector(KVConnector):
     # ------------------------------------------------------------------ delegation
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, KVTransferParams | None]:
         rid = request.request_id
         result = self._call(rid, self.inner.request_finished_all_groups, request, block_ids)
         self._slow_factor.pop(rid, None)
         self._last_local.pop(rid, None)
         return result
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, KVTransferParams | None]:
         return self._call(request.request_id, self.inner.request_finished, request, block_ids)
 
     def has_pending_block_frees(self) -> bool:

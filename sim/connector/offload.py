@@ -61,6 +61,7 @@ from typing import Any, Literal, Protocol, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, GroupLayout, Link, LinkSpec, TransferService, block_table
+from sim.core.interfaces import KVTransferParams
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVEvent
 from sim.core.request import Request
@@ -514,7 +515,7 @@ class OffloadConnector(KVConnector):
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, KVTransferParams | None]:
         rid = request.request_id
         self._last_local.pop(rid, None)
         self._unadmitted.pop(rid, None)

@@ -74,6 +74,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
+from sim.core.interfaces import KVTransferParams
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.request import Request
 
@@ -312,7 +313,7 @@ class RemoteConnector(KVConnector):
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]:
+    ) -> tuple[bool, KVTransferParams | None]:
         """Decode side, no bidirectional transfer: free at once (NIXL ``request_finished``). A cluster's
         prefill instance (``producer``) keeps the blocks until the decode instance pulled them."""
         self._remote.pop(request.request_id, None)

@@ -68,7 +68,7 @@ full-attention hit) when the chosen boundary is shallower than that hit.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from sim.core.admission import AdmissionAttempt
 from sim.core.interfaces import SchedulerConnector
@@ -137,12 +137,12 @@ class TruthChecker:
         self.pool.cache_listener = self._on_cache if self.bad else None
 
     # --------------------------------------------------------------- taint
-    def _on_cache(self, block: Any, request_id: str) -> None:
+    def _on_cache(self, block: KVCacheBlock, request_id: str) -> None:
         bad = self.bad.get(request_id)
         if bad is not None and block.block_hash_num_tokens is not None and block.block_hash_num_tokens > bad[1]:
             block.taint = bad[0]
 
-    def _taint_cached(self, request_id: str, claimed: Sequence[Sequence[Any]], origin: str, bad_point: int) -> None:
+    def _taint_cached(self, request_id: str, claimed: Sequence[Sequence[KVCacheBlock]], origin: str, bad_point: int) -> None:
         """Taint what ``allocate_slots`` already cached for the request beyond ``bad_point``
         (its claimed hit blocks are reused, not computed, and stay as they are)."""
         for (gid, _, bs, _), table in zip(self.groups, self.kv.coordinator.get_blocks(request_id)):
@@ -210,7 +210,7 @@ class TruthChecker:
 
     @staticmethod
     def _first_unbacked(
-        lst: Any, hashes: Any, gid: int, bs: int, need: tuple[int, int], refilled: bool
+        lst: Sequence[KVCacheBlock], hashes: Sequence[BlockHash], gid: int, bs: int, need: tuple[int, int], refilled: bool
     ) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
         lo, hi = need
@@ -232,7 +232,7 @@ class TruthChecker:
         return None, None
 
     # ------------------------------------------------- best valid boundary
-    def _cached_clean(self, request: Any, own: Any, gid: int, bs: int, index: int) -> bool:
+    def _cached_clean(self, request: Request, own: Sequence[Sequence[KVCacheBlock]], gid: int, bs: int, index: int) -> bool:
         """Block ``index`` of group ``gid`` is cached, untainted, and was not cached by this request."""
         hashes = self._hashes_at(request, bs)
         if index >= len(hashes):
@@ -240,7 +240,7 @@ class TruthChecker:
         mine = own[gid][index] if index < len(own[gid]) else None
         return any(blk is not mine and blk.taint is None for blk in self.pool.get_all_cached_blocks(hashes[index], gid))
 
-    def _resident_for(self, adm: AdmissionAttempt, own: Any, boundary: int, local: int, state_supplied: bool) -> bool:
+    def _resident_for(self, adm: AdmissionAttempt, own: Sequence[Sequence[KVCacheBlock]], boundary: int, local: int, state_supplied: bool) -> bool:
         """The rule for a hypothetical admission at ``boundary`` (connector writes from ``local``),
         looked up in the cache; full attention is taken from the admission's per-group hits."""
         for gid, kind, bs, window in self.groups:
@@ -308,7 +308,7 @@ def _all_backed(lst: list[KVCacheBlock], hashes: list[object], group_id: object,
     return True
 
 
-def _holds(block: Any, hashes: Any, index: int, group_id: int) -> bool:
+def _holds(block: KVCacheBlock, hashes: Sequence[BlockHash], index: int, group_id: int) -> bool:
     """``block`` is a real block cached under the request's hash ``index`` in ``group_id``
     (``hashes`` viewed at the group's block size)."""
     key = block.block_hash
@@ -317,6 +317,6 @@ def _holds(block: Any, hashes: Any, index: int, group_id: int) -> bool:
     )
 
 
-def make_truth_checker(kv_manager: Any, connector: Any | None = None) -> TruthChecker:
+def make_truth_checker(kv_manager: KVCacheManager, connector: SchedulerConnector | None = None) -> TruthChecker:
     """The checker the engine passes to the scheduler as ``admission_checker``."""
     return TruthChecker(kv_manager, connector)

@@ -14,14 +14,19 @@ Capability flags are declared members, read directly (never probed with
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, Sized
+from typing import Protocol, Sequence, Sized, TypeAlias
 
 from sim.core.kv.coordinator import KVCacheCoordinator
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig
 from sim.core.policy.prefix import PrefixCacheView
+from sim.core.registry import OptionValue
 from sim.core.request import Request
+
+#: What a connector hands on when a request finishes (vLLM's ``kv_transfer_params``: a JSON-like mapping,
+#: e.g. where the peer may pull the blocks from). The scheduler reads only the ``delay_free`` flag beside it.
+KVTransferParams: TypeAlias = dict[str, OptionValue]
 
 
 class SchedulerConnector(Protocol):
@@ -74,9 +79,9 @@ class SchedulerConnector(Protocol):
 
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
-    ) -> tuple[bool, dict[str, Any] | None]: ...
+    ) -> tuple[bool, KVTransferParams | None]: ...
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]: ...
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, KVTransferParams | None]: ...
 
     def has_pending_block_frees(self) -> bool: ...
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
+from importlib.metadata import EntryPoint, entry_points
+from typing import Generic, TypeAlias, TypeVar
 
 T = TypeVar("T")
+
+#: A plug-in option as a scenario file can give it: a JSON-like value (YAML scalars, lists and string-keyed
+#: mappings of them). Each class checks its own options' types in its ``__init__``.
+OptionValue: TypeAlias = "str | int | float | bool | None | list[OptionValue] | dict[str, OptionValue]"
 
 
 class Registry(Generic[T]):
@@ -46,7 +50,7 @@ class Registry(Generic[T]):
         self._classes[key] = cls
         return cls
 
-    def _plugins(self) -> dict[str, Any]:
+    def _plugins(self) -> dict[str, EntryPoint]:
         return {ep.name: ep for ep in entry_points(group=self.entry_point_group)}
 
     def names(self) -> list[str]:
@@ -73,7 +77,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.key}: entry point {name!r} does not load a {self.base.__name__} subclass")
         return loaded
 
-    def create(self, name: str, /, **options: Any) -> T:
+    def create(self, name: str, /, **options: OptionValue) -> T:
         """Instantiate ``name`` with ``options``; an unknown option lists the valid keys, an option declared
         ``bool`` must be a boolean, other bad options raise a ValueError naming them."""
         cls = self.get_class(name)
@@ -90,7 +94,7 @@ def _did_you_mean(word: str, options: list[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _check_options(cls: type[Any], options: dict[str, Any], section: str, sibling_keys: list[str]) -> None:
+def _check_options(cls: type[object], options: dict[str, OptionValue], section: str, sibling_keys: list[str]) -> None:
     """Options against ``cls.__init__``'s keyword parameters (skipped when it takes ``**kwargs``)."""
     try:
         params = inspect.signature(cls.__init__).parameters

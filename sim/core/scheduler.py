@@ -72,7 +72,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Final, Iterable, Literal, NoReturn, TypeVar
+from typing import Callable, Final, Iterable, Literal, NoReturn, TypeVar
 
 from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
@@ -524,8 +524,8 @@ class Scheduler:
         budget: int,
         out: SchedulerOutput,
         preempted: list[Request],
-        allocate_slots: Callable[[Request, int], Any],
-    ) -> tuple[Any, int, int]:
+        allocate_slots: Callable[[Request, int], KVCacheBlocks | None],
+    ) -> tuple[KVCacheBlocks | None, int, int]:
         """``allocate_slots`` gave ``request`` no blocks: preempt until it fits or it preempted itself.
 
         Returns ``(new_blocks, req_index, budget)``; ``new_blocks`` is None when

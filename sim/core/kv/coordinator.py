@@ -17,7 +17,7 @@ hits are rejected (:func:`~sim.core.kv.specs.check_modelled_layout`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
 from sim.core.kv.hashing import BlockHash
@@ -27,6 +27,7 @@ from sim.core.kv.specs import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
     cdiv,
     check_modelled_layout,
@@ -78,17 +79,34 @@ class KVCacheCoordinator:
         max_len = kv_cache_config.max_model_len
         in_flight = max_len if options.max_in_flight_tokens is None else options.max_in_flight_tokens
         managers: list[SingleTypeKVCacheManager] = []
+        align = self.scheduler_block_size
         for gid, group in enumerate(kv_cache_config.groups):
             spec = group.spec
-            cls = manager_class_for(spec)
-            kw: dict[str, Any] = dict(
-                enable_caching=enable_caching, cache_hit_alignment_tokens=self.scheduler_block_size
-            )
-            if isinstance(spec, SlidingWindowSpec):
-                kw["max_admission_blocks_per_request"] = spec.max_admission_blocks_per_request(in_flight, max_len)
-            if cls is MambaManager:
-                kw["corrected_mamba_accounting"] = options.corrected_mamba_accounting
-            managers.append(cls(spec, self.block_pool, gid, **kw))
+            manager: SingleTypeKVCacheManager
+            if isinstance(spec, MambaSpec):
+                manager = MambaManager(
+                    spec,
+                    self.block_pool,
+                    gid,
+                    enable_caching=enable_caching,
+                    cache_hit_alignment_tokens=align,
+                    corrected_mamba_accounting=options.corrected_mamba_accounting,
+                )
+            else:
+                window_cap = (
+                    spec.max_admission_blocks_per_request(in_flight, max_len)
+                    if isinstance(spec, SlidingWindowSpec)
+                    else None
+                )
+                manager = manager_class_for(spec)(
+                    spec,
+                    self.block_pool,
+                    gid,
+                    enable_caching=enable_caching,
+                    cache_hit_alignment_tokens=align,
+                    max_admission_blocks_per_request=window_cap,
+                )
+            managers.append(manager)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(managers)
         self.retention_interval = kv_cache_config.retention_interval
         self.full_attention_group_id: int | None = None

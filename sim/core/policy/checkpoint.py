@@ -41,10 +41,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Mapping, Sequence
 
 from sim.core.kv.hashing import BlockHash
-from sim.core.registry import Registry
+from sim.core.registry import OptionValue, Registry
 from sim.core.request import Request
 from sim.core.tokens import Segment, StreamBlocksSegment
 
@@ -151,7 +151,7 @@ class BranchPointsPolicy(BaseCheckpointPolicy):
         return out
 
 
-def _positive_int(value: Any, option: str, policy: str) -> int:
+def _positive_int(value: object, option: str, policy: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{policy}: option {option} must be a positive integer, got {value!r}")
     return value
@@ -242,7 +242,7 @@ def builtin_checkpoint_policy_names() -> list[str]:
     return sorted({VLLM, *_REGISTRY.builtin_names()})
 
 
-def create_checkpoint_policy(name: str, options: Mapping[str, Any] | None = None) -> BaseCheckpointPolicy | None:
+def create_checkpoint_policy(name: str, options: Mapping[str, OptionValue] | None = None) -> BaseCheckpointPolicy | None:
     """The placement called ``name`` with ``options``; ``None`` for ``vllm`` (nothing extra is saved).
 
     Unknown names, unknown options and bad values raise a ``ValueError`` naming

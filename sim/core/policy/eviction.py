@@ -22,13 +22,13 @@ copyable example). :func:`register_eviction_policy` adds one in-process.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from sim.core.kv.eviction import EvictionContext, PolicyBlockPool, free_cached_blocks
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.pool import BlockPool, KVCacheBlock
 from sim.core.kv.specs import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
-from sim.core.registry import Registry
+from sim.core.registry import OptionValue, Registry
 
 ENTRY_POINT_GROUP = "hybridsim.eviction_policies"
 LRU = "lru"
@@ -97,7 +97,7 @@ def builtin_eviction_policy_names() -> list[str]:
     return sorted({LRU, *_REGISTRY.builtin_names()})
 
 
-def create_eviction_policy(name: str, options: Mapping[str, Any] | None = None) -> BaseEvictionPolicy | None:
+def create_eviction_policy(name: str, options: Mapping[str, OptionValue] | None = None) -> BaseEvictionPolicy | None:
     """The policy called ``name`` with ``options``; ``None`` for ``lru`` (the plain vLLM pool).
 
     Unknown names, unknown options and bad option values raise a ``ValueError``
@@ -138,7 +138,7 @@ def eviction_not_verifiable_reason(name: str) -> str | None:
     return f"cache.eviction_policy: {name} is a what-if eviction policy (vLLM evicts in LRU free-queue order)"
 
 
-def _positive_int(value: Any, option: str, policy: str) -> int:
+def _positive_int(value: object, option: str, policy: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{policy}: option {option} must be a positive integer, got {value!r}")
     return value

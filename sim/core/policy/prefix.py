@@ -21,13 +21,13 @@ in-process.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final, Protocol, Sequence
+from typing import ClassVar, Final, Protocol, Sequence
 
 from sim.core.kv.hashing import BlockHash
 from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.pool import KVCacheBlock
 from sim.core.kv.specs import KVCacheConfig
-from sim.core.registry import Registry
+from sim.core.registry import OptionValue, Registry
 from sim.core.request import Request
 
 ENTRY_POINT_GROUP = "hybridsim.prefix_policies"
@@ -312,7 +312,7 @@ prefix_policy_names = _REGISTRY.names
 builtin_prefix_policy_names = _REGISTRY.builtin_names
 
 
-def get_prefix_policy(name: str, **options: Any) -> PrefixPolicy:
+def get_prefix_policy(name: str, **options: OptionValue) -> PrefixPolicy:
     """Instantiate the policy called ``name``; unknown names raise a ValueError listing valid ones."""
     return _REGISTRY.create(name, **options)
 
