@@ -32,3 +32,30 @@ def test_importing_the_entry_loads_no_part_of_the_command_line() -> None:
 
 def test_the_start_up_exit_code_is_the_cli_s() -> None:
     assert entry.INTERRUPTED == ExitCode.INTERRUPTED
+
+
+def test_the_collector_is_off_while_the_command_line_is_imported_and_on_for_the_command() -> None:
+    """docs/speed.md: the import runs with the collector off, what it built is frozen, the command runs with the
+    collector back on (a run's own pause is sim.engine.collector's), and everything alive at exit is frozen
+    (the interpreter's final collection skipped). The command line here is a stand-in module."""
+    probe = (
+        "import atexit, builtins, gc, sys, types\n"
+        "seen = []\n"
+        "fake = types.ModuleType('sim.cli')\n"
+        "fake.main = lambda: seen.append(('command', gc.isenabled(), gc.get_freeze_count() > 0))\n"
+        "sys.modules['sim.cli'] = fake\n"
+        "real_import = builtins.__import__\n"
+        "def spy(name, *args, **kwargs):\n"
+        "    if name == 'sim.cli':\n"
+        "        seen.append(('import', gc.isenabled()))\n"
+        "    return real_import(name, *args, **kwargs)\n"
+        "from sim import entry\n"
+        "registered = []\n"
+        "atexit.register = lambda f, *a, **k: registered.append(f)\n"
+        "builtins.__import__ = spy\n"
+        "entry.main()\n"
+        "builtins.__import__ = real_import\n"
+        "print(seen, registered == [gc.freeze])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[('import', False), ('command', True, True)] True", out.stdout + out.stderr
