@@ -44,7 +44,7 @@ INSTANCE_KEYS: dict[str, tuple[str, ...]] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 #: A positive, finite rate or size with a documented ceiling (GB, GB/s).

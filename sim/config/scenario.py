@@ -83,9 +83,13 @@ EXPLICIT_GROUPS_MAX_MODEL_LEN = 8192
 
 class _Strict(BaseModel):
     """Unknown keys are errors; booleans must be YAML booleans (``true``/``false``), never ``"yes please"``
-    or ``1``."""
+    or ``1``.
 
-    model_config = ConfigDict(extra="forbid")
+    Every model of the scenario (here, ``sim.config.cluster`` and ``sim.workload.spec``) defers its validator
+    to its first use (``defer_build``): loading a scenario compiles one, :class:`Scenario`'s, instead of one
+    per model at import (the same checks and messages; docs/speed.md)."""
+
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 # --------------------------------------------------------------------------- model
@@ -412,7 +416,7 @@ class SchedulerSection(_Strict):
 class ConnectorSection(BaseModel):
     """``type`` plus the connector's own keys (kept as extra fields; the connector validates them)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
     type: str = Field(default="none", min_length=1)
 
     def options(self) -> dict[str, Any]:
@@ -434,7 +438,7 @@ class EvictSpec(_Strict):
 class ConnectorFault(BaseModel):
     """Fault options; their keys belong to the connector's fault wrapper."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
 
 class ActionSpec(_Strict):

@@ -41,7 +41,7 @@ RateOrZero = Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 def printable_text(value: str) -> str:

@@ -69,3 +69,19 @@ def test_trace_diff_default_tables_are_the_diff_modules():
     from sim.trace.diff import DEFAULT_TABLES
 
     assert DIFF_TABLES == ",".join(DEFAULT_TABLES)
+
+
+def test_scenario_models_build_no_validator_at_import():
+    """Every scenario model defers its validator (``defer_build``): importing the config builds none, loading a
+    scenario builds Scenario's (whose schema holds the others), not one per model."""
+    probe = (
+        "import pydantic, sim.config.scenario as s, sim.workload.spec as w, sim.config.cluster as c\n"
+        "models = [v for m in (s, w, c) for v in vars(m).values()\n"
+        "          if isinstance(v, type) and issubclass(v, pydantic.BaseModel) and v.__module__ == m.__name__]\n"
+        "built = [m.__name__ for m in models if m.__pydantic_complete__]\n"
+        "from sim.config import load_scenario\n"
+        "load_scenario('benchmarks/scenarios/step-fa-1000.yaml', [])\n"
+        "print(len(models) > 40, built, s.Scenario.__pydantic_complete__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.strip() == "True [] True", out.stdout + out.stderr[-2000:]
