@@ -150,7 +150,7 @@ request = st.tuples(
 @settings(max_examples=60, deadline=None)
 @given(
     placement=st.sampled_from(["vllm", "branch_points", "every_block", "frequency"]),
-    eviction=st.sampled_from(["lru", "group_coherent", "marconi"]),
+    eviction=st.sampled_from(["lru", "group_coherent", "marconi", "reuse_value"]),
     layout=st.sampled_from(
         [
             FA_MAMBA,

@@ -95,6 +95,12 @@ class EvictionPolicy(Protocol):
         """Every entry was dropped (``reset_prefix_cache``)."""
         ...
 
+    def on_freed(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """One ``free_blocks`` call dropped a reference on each of ``blocks`` (non-null, in
+        the given order, ref counts already dropped; those at 0 are now at the queue's end
+        if cached). A policy only reads them."""
+        ...
+
     def select(self, num_blocks: int) -> list[KVCacheBlock]:
         """``num_blocks`` distinct free cached blocks to evict, in the order handed out.
 
@@ -185,6 +191,13 @@ class PolicyBlockPool(BlockPool):
             self.free_block_queue.remove(blk)
             self.free_block_queue.prepend_n((blk,))
         return True
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> int:
+        """vLLM's ``free_blocks``, then the policy hears which blocks were freed (:meth:`EvictionPolicy.on_freed`)."""
+        blocks = [b for b in ordered_blocks if not b.is_null]
+        freed = super().free_blocks(blocks)
+        self.policy.on_freed(blocks)
+        return freed
 
     def reset_prefix_cache(self) -> bool:
         if not super().reset_prefix_cache():

@@ -58,7 +58,9 @@ def _check_policy_pool(pool) -> None:
     layout=st.sampled_from(LAYOUTS),
     retention=st.sampled_from([None, 0, "interval"]),
     ops=st.lists(op, max_size=40),
-    policy=st.sampled_from(["lru", "group_coherent", "marconi", ("group_coherent", {"window": 2}), "connector"]),
+    policy=st.sampled_from(
+        ["lru", "group_coherent", "marconi", "reuse_value", ("group_coherent", {"window": 2}), "connector"]
+    ),
 )
 def test_random_operations_keep_invariants_and_leak_nothing(layout, retention, ops, policy):
     """``interval`` is the smallest multiple of the scheduler block size (the LCM) that is >= 32.

@@ -256,3 +256,57 @@ def test_marconi_discounts_an_extra_state():
         assert _eviction_order(pool, names)[0] == "m2"
     with pytest.raises(ValueError, match="marconi: option extra_weight must be a number in"):
         ev.create_eviction_policy("marconi", {"extra_weight": 2})
+
+
+def _reuse_value_pool(**options) -> PolicyBlockPool:
+    return _pool("reuse_value", num_blocks=14, **options)
+
+
+def _short_chain(pool: PolicyBlockPool):
+    """A fresh one-block chain y1 (key 31, 16 tokens) and its state my, freed as vLLM frees them."""
+    y1, my = pool.get_new_blocks(2, "y")
+    pool.cache_full_blocks("y", [y1], [31], 0, 1, 16, 0)
+    pool.cache_block_at("y", my, 31, 16, 1)
+    pool.free_blocks([my])
+    pool.free_blocks([y1])
+    return {y1.block_id: "y1", my.block_id: "my"}
+
+
+def test_reuse_value_keeps_the_longer_chain_and_its_state_as_a_unit():
+    # horizon 100, one Mamba group (M = 1). Chain a (_chain): m freed at clock 1 (n 2: H 1 + 100 * 2/3),
+    # then a3, a2, a1 at clock 4 (n 3: H 4 + 75 = 79); the table lifts m, its deepest state (key 12), to 79.
+    # Then y: my at clock 5 (n 1: 55), y1 at clock 6 (56), my lifted to 56. LRU would take m, a3, a2, a1
+    # first; reuse_value takes the newer but shorter y first, then a's table tail first; once a2 (key 12)
+    # is gone m is unusable and goes next.
+    pool = _reuse_value_pool(horizon=100)
+    names = _chain(pool) | _short_chain(pool)
+    assert _eviction_order(pool, names) == ["y1", "my", "a3", "a2", "m", "a1"]
+
+
+def test_reuse_value_ages_so_a_small_horizon_is_lru_by_free_time():
+    # horizon 1: values add at most 1.5 freed blocks; y's blocks (clock 5, 6) still outrank a's (1, 4).
+    pool = _reuse_value_pool(horizon=1, reuse_bonus=0.0)
+    names = _chain(pool) | _short_chain(pool)
+    assert _eviction_order(pool, names) == ["a3", "a2", "m", "a1", "y1", "my"]
+
+
+def test_reuse_value_favours_a_table_whose_blocks_were_hit_before():
+    # y is freed, hit (touched) and freed again: its blocks held their entries, so reused = 1 and the bonus
+    # (horizon 100 x 1.0) lifts it above the longer fresh chain a; without the bonus y goes first.
+    for bonus, expected in ((1.0, ["a3", "a2", "m", "a1", "y1", "my"]), (0.0, ["y1", "my", "a3", "a2", "m", "a1"])):
+        pool = _reuse_value_pool(horizon=100, reuse_bonus=bonus)
+        names = _short_chain(pool) | _chain(pool)
+        y1, my = (next(b for b in pool.blocks if names.get(b.block_id) == n) for n in ("y1", "my"))
+        pool.touch([y1, my])
+        pool.free_blocks([my])
+        pool.free_blocks([y1])
+        assert _eviction_order(pool, names) == expected, bonus
+
+
+def test_reuse_value_options():
+    assert "reuse_value" in ev.builtin_eviction_policy_names()
+    assert "what-if" in (ev.eviction_not_verifiable_reason("reuse_value") or "")
+    with pytest.raises(ValueError, match="reuse_value: option horizon must be a positive integer"):
+        ev.create_eviction_policy("reuse_value", {"horizon": 0})
+    with pytest.raises(ValueError, match="reuse_value: option reuse_bonus must be a non-negative number"):
+        ev.create_eviction_policy("reuse_value", {"reuse_bonus": -1})
