@@ -110,7 +110,8 @@ eviction-study: venv
 	$(PY) -m sim.analysis.eviction_study results/sweep-eviction-conversation results/sweep-eviction-synthetic \
 	    results/sweep-eviction-conversation-wide results/sweep-eviction-synthetic-wide --figure docs/images/eviction-gap.png
 
-# The checkpoint-placement study (docs/checkpoints.md): trace sweeps (the trace path passed), then generator sweeps.
+# The checkpoint-placement study (docs/checkpoints.md): trace sweeps (the trace path passed), then generator sweeps;
+# the table of the first 600 requests with the frontier figure, then the whole conversation trace's table.
 CHECKPOINT_TRACE_SWEEPS ?= conversation conversation-eviction conversation-wide conversation-full-rate
 CHECKPOINT_GEN_SWEEPS ?= shared-system multi-turn rag
 checkpoint-study: venv
@@ -118,6 +119,9 @@ checkpoint-study: venv
 	    nice -n 10 $(VENV)/bin/hybridsim sweep scenarios/sweeps/checkpoints-$$s.yaml -j 1 -o results/sweep-checkpoints-$$s \
 	        --set workload.trace.path=$(abspath $(TRACES))/mooncake_conversation_trace.jsonl || exit 1; \
 	done
+	nice -n 10 $(VENV)/bin/hybridsim sweep scenarios/sweeps/checkpoints-conversation-whole.yaml -j 1 \
+	    -o results/sweep-checkpoints-conversation-whole \
+	    --set workload.trace.path=$(abspath $(TRACES))/mooncake_conversation_trace.jsonl || exit 1
 	nice -n 10 $(VENV)/bin/hybridsim sweep scenarios/sweeps/checkpoints-synthetic.yaml -j 1 \
 	    -o results/sweep-checkpoints-synthetic --set workload.trace.path=$(abspath $(TRACES))/mooncake_synthetic_trace.jsonl
 	for s in $(CHECKPOINT_GEN_SWEEPS); do \
@@ -126,6 +130,7 @@ checkpoint-study: venv
 	done
 	$(PY) -m sim.analysis.checkpoint_study $(addprefix results/sweep-checkpoints-,$(CHECKPOINT_TRACE_SWEEPS) synthetic \
 	    $(CHECKPOINT_GEN_SWEEPS)) --figure docs/images/checkpoint-frontier.png
+	$(PY) -m sim.analysis.checkpoint_study results/sweep-checkpoints-conversation-whole
 
 clean:
 	rm -rf $(VENV) results/demo-pressure

@@ -25,6 +25,7 @@ class Scripted:
         self.calls: list[int] = []
         self.cached: list[tuple[int, object]] = []
         self.uncached: list[int] = []
+        self.freed: list[list[tuple[int, int]]] = []
 
     def bind(self, pool, config, context) -> None:
         self.pool = pool
@@ -37,6 +38,9 @@ class Scripted:
 
     def on_reset(self) -> None:
         self.cached.clear()
+
+    def on_freed(self, blocks) -> None:
+        self.freed.append([(b.block_id, b.ref_cnt) for b in blocks])
 
     def select(self, num_blocks: int) -> list[KVCacheBlock]:
         self.calls.append(num_blocks)
@@ -64,8 +68,13 @@ def test_uncached_blocks_go_first_then_the_policy_chooses_among_cached():
     a, b, c = pool.get_new_blocks(3, "r")
     pool.cache_full_blocks("r", [a, b, c], [11, 22, 33], 0, 3, 16, 0)
     assert policy.cached == [(1, None), (2, 11), (3, 22)]
+    pool.touch([b])
     pool.free_blocks([c, b, a])
-    assert pool.free_block_queue.block_ids() == [4, 5, 6, 7, 3, 2, 1]
+    # The policy hears the whole call, in order, after the ref counts dropped (b is still held once).
+    assert policy.freed == [[(3, 0), (2, 1), (1, 0)]]
+    pool.free_blocks([b])
+    assert policy.freed[-1] == [(2, 0)]
+    assert pool.free_block_queue.block_ids() == [4, 5, 6, 7, 3, 1, 2]
     pool.take_events()
     got = pool.get_new_blocks(5, "x")
     # The four uncached blocks in queue order, then the policy's first choice (LRU would take 3).
