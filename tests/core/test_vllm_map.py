@@ -73,3 +73,46 @@ def test_every_vllm_symbol_exists_in_the_installed_vllm() -> None:
         if not _defined(trees[vllm_file], qualname):
             missing.append(f"{vllm_file}: {qualname}")
     assert not missing, f"docs/kv-core.md names vLLM functions the installed vLLM lacks: {missing}"
+
+
+#: Classes whose methods keep vLLM's order, for a side-by-side read (ours -> vLLM's file and class).
+SAME_ORDER = {("sim.core.kv.pool", "BlockPool"): ("block_pool.py", "BlockPool")}
+
+
+def _method_lines(tree: ast.Module, cls: str) -> dict[str, int]:
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return {n.name: n.lineno for n in node.body if isinstance(n, ast.FunctionDef)}
+
+
+def _same_class_rows(module: str, cls: str, vllm_file: str, vllm_cls: str) -> list[tuple[str, str]]:
+    """(vLLM method, our method) of the map's rows that pair ``vllm_cls`` with ``cls``, in the map's order."""
+    return [
+        (theirs.split(".", 1)[1], ours.split(".", 1)[1])
+        for file, theirs, mod, ours in _rows()
+        if file == vllm_file and mod == module and theirs.startswith(vllm_cls + ".") and ours.startswith(cls + ".")
+    ]
+
+
+@pytest.mark.parametrize("ours", sorted(SAME_ORDER), ids=lambda o: f"{o[0]}:{o[1]}")
+def test_our_methods_keep_the_maps_order(ours: tuple[str, str]) -> None:
+    module, cls = ours
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None
+    lines = _method_lines(ast.parse(Path(spec.origin).read_text(encoding="utf-8")), cls)
+    mapped = [mine for _, mine in _same_class_rows(module, cls, *SAME_ORDER[ours])]
+    assert len(mapped) >= 5
+    order = [lines[name] for name in mapped]
+    assert order == sorted(order), f"{module}.{cls}: methods not in the map's (vLLM's) order: {mapped}"
+
+
+@pytest.mark.parametrize("ours", sorted(SAME_ORDER), ids=lambda o: f"{o[0]}:{o[1]}")
+def test_the_maps_order_is_vllms(ours: tuple[str, str]) -> None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed (`make vllm-env`)")
+    vllm_file, vllm_cls = SAME_ORDER[ours]
+    tree = ast.parse((Path(spec.origin).parent / "v1" / "core" / vllm_file).read_text(encoding="utf-8"))
+    lines = _method_lines(tree, vllm_cls)
+    theirs = [name for name, _ in _same_class_rows(*ours, vllm_file, vllm_cls)]
+    order = [lines[name] for name in theirs]
+    assert order == sorted(order), f"docs/kv-core.md: the {vllm_cls} rows are not in {vllm_file}'s order: {theirs}"

@@ -172,17 +172,17 @@ class PolicyBlockPool(BlockPool):
                     self.extra_state_ids.add(blk.block_id)
                 policy.on_cached(blk, block_hashes[i - 1] if i > 0 else None)
 
-    def cache_block_at(
+    def cache_partial_block(
         self, request_id: str, block: KVCacheBlock, block_hash: BlockHash, num_tokens: int, kv_cache_group_id: int
     ) -> tuple[BlockHash, int] | None:
-        key = super().cache_block_at(request_id, block, block_hash, num_tokens, kv_cache_group_id)
+        key = super().cache_partial_block(request_id, block, block_hash, num_tokens, kv_cache_group_id)
         if key is not None:
             self.policy.on_cached(block, None)
         return key
 
-    def evict_cached_block(self, blk: KVCacheBlock, request_id: str, cause: str) -> bool:
+    def _maybe_evict_cached_block(self, blk: KVCacheBlock, request_id: str, cause: str) -> bool:
         key = blk.block_hash
-        if not super().evict_cached_block(blk, request_id, cause):
+        if not super()._maybe_evict_cached_block(blk, request_id, cause):
             return False
         assert key is not None
         self.extra_state_ids.discard(blk.block_id)
@@ -227,7 +227,7 @@ class PolicyBlockPool(BlockPool):
                 _check_victims(victims, missing)
                 for block in victims:
                     queue.remove(block)
-                    self.evict_cached_block(block, request_id, EVICT_POLICY_CAUSE)
+                    self._maybe_evict_cached_block(block, request_id, EVICT_POLICY_CAUSE)
                 ret.extend(victims)
         for block in ret:
             assert block.ref_cnt == 0

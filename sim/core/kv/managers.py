@@ -299,18 +299,13 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         The hit is rounded down to ``alignment_tokens``."""
         bs = kv_cache_spec.block_size
         block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
-        computed: BlockLists
-        if len(kv_cache_group_ids) == 1:
-            computed = (block_pool.get_cached_prefix(block_hashes, max_length // bs, kv_cache_group_ids[0]),)
-        else:
-            computed = tuple([] for _ in kv_cache_group_ids)
-            get = block_pool.get_cached_block
-            for i in range(min(max_length // bs, len(block_hashes))):
-                cached = get(block_hashes[i], kv_cache_group_ids)
-                if cached is None:
-                    break
-                for lst, blk in zip(computed, cached):
-                    lst.append(blk)
+        computed: BlockLists = tuple([] for _ in kv_cache_group_ids)
+        for i in range(min(max_length // bs, len(block_hashes))):
+            cached = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if cached is None:
+                break
+            for lst, blk in zip(computed, cached):
+                lst.append(blk)
         hit = len(computed[0]) * bs
         hit -= hit % alignment_tokens
         keep = cdiv(hit, bs)
@@ -736,13 +731,13 @@ class MambaManager(SingleTypeKVCacheManager):
             retained = mask is None or mask[0]
         if not is_prompt_checkpoint and not retained and position != request.shared_prefix_boundary:
             # A transient state overwrites this slot: neither it nor a key set earlier is reusable.
-            self.block_pool.evict_cached_block(block, request.request_id, "checkpoint")
+            self.block_pool._maybe_evict_cached_block(block, request.request_id, "checkpoint")
             return None
         if block.block_hash_num_tokens == position:
             return None
         # The checkpoint sits on a scheduler-block boundary, hence on a hash-block one.
         fine_index = position // self.block_pool.hash_block_size - 1
-        return self.block_pool.cache_block_at(
+        return self.block_pool.cache_partial_block(
             request.request_id, block, request.block_hashes[fine_index], position, self.kv_cache_group_id
         )
 
@@ -770,7 +765,7 @@ class MambaManager(SingleTypeKVCacheManager):
             return None
         if block.block_hash is not None and (block.block_hash_num_tokens or 0) > num_tokens:
             return None  # vLLM would add a second key to the block; not reached without fine-grained hits
-        return self.block_pool.cache_block_at(
+        return self.block_pool.cache_partial_block(
             request.request_id, block, request.block_hashes[num_tokens // hbs - 1], num_tokens, self.kv_cache_group_id
         )
 

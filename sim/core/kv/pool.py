@@ -66,7 +66,7 @@ class KVEventLog:
 
     Invariant: the six lists always have the same length; entry ``i`` of each
     is event ``i``, in emission order. The recorder extends its columns from
-    the lists directly, so no event is ever built as an object on the hot path.
+    the lists directly (the events become a table, not records).
     """
 
     __slots__ = ("kind", "group", "block_id", "block_hash", "request_id", "cause")
@@ -241,24 +241,13 @@ class FreeKVCacheBlockQueue:
         return [b.block_id for b in self]
 
 
-def _first_cached(entry: dict[int, KVCacheBlock]) -> KVCacheBlock:
-    """The block a lookup finds when several hold one hash in one group: the earliest cached of them
-    still cached (vLLM returns the first value of the same insertion-ordered map).
-
-    A loop over ``values()`` compiles to a native dict walk; ``next(iter(...))`` made a view and an
-    iterator per lookup, and in a hybrid model most full-attention entries hold several blocks (the
-    prefix recomputed past a shallower Mamba hit is cached again)."""
-    for block in entry.values():
-        return block
-    raise AssertionError("a cache entry holds no block")
-
-
 class BlockPool:
     """All ``num_blocks`` pages shared by every KV-cache group.
 
-    ``get_cached_block`` / ``cache_full_blocks`` / ``touch`` / ``free_blocks``
-    / ``get_new_blocks`` follow vLLM's ``BlockPool`` exactly; see the module
-    docstring for the free-queue and eviction rules.
+    Methods in the order of vLLM's ``BlockPool``: lookup, caching, allocation,
+    lazy eviction, touch, free, forced eviction, reset, stats, events; ours
+    (multi-block lookups for checks, entry counts, the event log) follow. See
+    the module docstring for the free-queue and eviction rules.
     """
 
     def __init__(
@@ -273,10 +262,9 @@ class BlockPool:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        #: group id -> hash -> block, or {block_id: block} when several hold it.
+        #: group id -> hash -> block, or {block_id: block} in insertion order when several hold it.
         self.cached_block_hash_to_block: dict[int, dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]]] = {}
-        #: group id -> number of cache entries (blocks findable by a key); a list indexed by group id
-        #: (native integer slots, no dict lookup per insert or eviction), grown as groups first cache.
+        #: group id -> number of cache entries (blocks findable by a key); grown as groups first cache.
         self._num_cached: list[int] = []
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
@@ -287,57 +275,17 @@ class BlockPool:
 
     # ----------------------------------------------------------------- lookup
     def get_cached_block(self, block_hash: BlockHash, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
-        """One cached block per group for ``block_hash``, or None if any group misses."""
-        out: list[KVCacheBlock] = []
-        cache = self.cached_block_hash_to_block
-        for gid in kv_cache_group_ids:
-            group_map = cache.get(gid)
-            if group_map is None:
-                return None
-            entry = group_map.get(block_hash)
+        """One cached block per group for ``block_hash``, or None if any group misses.
+
+        Where several blocks hold the key, the earliest inserted of those still
+        holding it (vLLM ``BlockHashToBlockMap.get_one_block``)."""
+        cached_blocks: list[KVCacheBlock] = []
+        for group_id in kv_cache_group_ids:
+            entry = self.cached_block_hash_to_block.get(group_id, {}).get(block_hash)
             if entry is None:
                 return None
-            if type(entry) is dict:
-                entry = _first_cached(entry)
-            out.append(entry)  # type: ignore[arg-type]
-        return out
-
-    def get_cached_prefix(self, block_hashes: Sequence[BlockHash], limit: int, group_id: int) -> list[KVCacheBlock]:
-        """``get_cached_block(h, [group_id])`` over ``block_hashes[:limit]`` from the left, up to the
-        first miss: the blocks found, in order (one group's lookup loop without a list per block)."""
-        group_map = self.cached_block_hash_to_block.get(group_id)
-        out: list[KVCacheBlock] = []
-        if group_map is None:
-            return out
-        n = min(limit, len(block_hashes))
-        # The request's own list (a group at the hash block size) is indexed natively; a coarser
-        # group's view is read into a list first.
-        hashes: list[BlockHash] = (
-            block_hashes if isinstance(block_hashes, list) else [block_hashes[i] for i in range(n)]
-        )
-        for i in range(n):
-            entry = group_map.get(hashes[i])
-            if entry is None:
-                break
-            if type(entry) is dict:
-                entry = _first_cached(entry)
-            out.append(entry)  # type: ignore[arg-type]
-        return out
-
-    def get_all_cached_blocks(self, block_hash: BlockHash, group_id: int) -> list[KVCacheBlock]:
-        """Every block cached under ``block_hash`` in ``group_id``, by ascending block id
-        (equal content computed twice is cached twice; vLLM does not de-duplicate). Read-only."""
-        entry = self.cached_block_hash_to_block.get(group_id, {}).get(block_hash)
-        if entry is None:
-            return []
-        if type(entry) is dict:
-            return sorted(entry.values(), key=lambda b: b.block_id)
-        return [entry]  # type: ignore[list-item]
-
-    def num_cached_entries(self, group_id: int) -> int:
-        """Cache entries (blocks findable by a key) of one group."""
-        counts = self._num_cached
-        return counts[group_id] if 0 <= group_id < len(counts) else 0
+            cached_blocks.append(next(iter(entry.values())) if isinstance(entry, dict) else entry)
+        return cached_blocks
 
     # ---------------------------------------------------------------- caching
     def cache_full_blocks(
@@ -351,85 +299,26 @@ class BlockPool:
         kv_cache_group_id: int,
         block_mask: Sequence[bool] | None = None,
     ) -> None:
-        """Give ``blocks[num_cached_blocks:num_full_blocks]`` their cache keys.
+        """Give ``blocks[num_cached_blocks:num_full_blocks]`` their cache keys, in order.
 
         ``block_hashes`` are the request's hashes viewed at ``block_size``
         (:func:`sim.core.kv.hash_view.block_hashes_at`), so a group with blocks
         coarser than the hash block stores the fine hash at each block's last
-        hash boundary (vLLM ``resolve_block_hashes`` here). Null blocks
-        and masked-out blocks are skipped (vLLM: sparse SWA/Mamba retention).
-        A block that already holds this exact key (a prefix hit) emits nothing.
+        hash boundary (vLLM ``resolve_block_hashes`` here). ``block_mask`` is
+        aligned with that span: null blocks and masked-out blocks are skipped
+        (vLLM: sparse SWA/Mamba retention). A block that already holds this
+        exact key (a prefix hit) emits nothing.
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        positions = self._keyed_positions(num_cached_blocks, num_full_blocks, block_mask)
-        if positions:
-            hashes = [block_hashes[i] for i in positions]
-            table = blocks if isinstance(blocks, list) else list(blocks)
-            self._insert_at(request_id, table, positions, hashes, block_size, kv_cache_group_id)
-
-    @staticmethod
-    def _keyed_positions(start: int, end: int, block_mask: Sequence[bool] | None) -> list[int]:
-        """The table positions in ``[start, end)`` the mask keeps (all without a mask)."""
-        if block_mask is None:
-            return [i for i in range(start, end)]
-        if isinstance(block_mask, list):
-            return [start + j for j, keep in enumerate(block_mask) if keep and start + j < end]
-        return [i for i in range(start, end) if block_mask[i - start]]
-
-    def _insert_at(
-        self,
-        request_id: str,
-        blocks: list[KVCacheBlock],
-        positions: list[int],
-        hashes: list[BlockHash],
-        block_size: int,
-        gid: int,
-    ) -> None:
-        """Key ``blocks[positions[j]]`` under ``hashes[j]`` in group ``gid`` for each ``j``, in order: add
-        the cache entry (beside any block already cached under that hash), set the block's key and the
-        tokens its entry covers (``(positions[j] + 1) * block_size``), emit
-        ``stored`` (cause ``cache``) and call the cache listener. Null blocks are skipped, a block that
-        already holds that exact key is left alone (no event), and one holding another key is an error.
-        The group's map and counters are looked up once (nothing reads them between the inserts)."""
-        group_map = self.cached_block_hash_to_block.get(gid)
-        if group_map is None:
-            group_map = self.cached_block_hash_to_block[gid] = {}
-        events = self._events if self.enable_kv_cache_events else None
-        listener = self.cache_listener
-        added = 0
-        for j in range(len(positions)):
-            i = positions[j]
-            blk = blocks[i]
-            if blk.is_null:
+        new_full_blocks = blocks[num_cached_blocks:num_full_blocks]
+        for i, blk in enumerate(new_full_blocks):
+            if blk.is_null or (block_mask is not None and not block_mask[i]):
                 continue
-            h = hashes[j]
-            key = blk.block_hash
-            if key is not None:
-                if key[0] == h and key[1] == gid:
-                    continue
-                raise AssertionError(f"block {blk.block_id} already cached under {key}, cannot cache {(h, gid)}")
-            # One map lookup: a new hash gets the block (appended, as a set would); else beside the others.
-            entry = group_map.setdefault(h, blk)
-            if entry is not blk:
-                if type(entry) is dict:
-                    entry[blk.block_id] = blk
-                else:
-                    group_map[h] = {entry.block_id: entry, blk.block_id: blk}  # type: ignore[union-attr,dict-item]  # `type(entry) is dict` above
-            blk.block_hash = group_key(h, gid)
-            blk.block_hash_num_tokens = (i + 1) * block_size
-            added += 1
-            if events is not None:
-                events.append("stored", gid, blk.block_id, h, request_id, "cache")
-            if listener is not None:
-                listener(blk, request_id)
-        if added:
-            counts = self._num_cached
-            while len(counts) <= gid:
-                counts.append(0)
-            counts[gid] += added
+            index = num_cached_blocks + i
+            self._insert_block_hash(request_id, blk, block_hashes[index], kv_cache_group_id, (index + 1) * block_size)
 
-    def cache_block_at(
+    def cache_partial_block(
         self,
         request_id: str,
         block: KVCacheBlock,
@@ -437,36 +326,46 @@ class BlockPool:
         num_tokens: int,
         kv_cache_group_id: int,
     ) -> CacheKey | None:
-        """Re-key ``block`` to ``block_hash`` (vLLM ``cache_partial_block`` with
-        ``replace_existing_hashes=True``, used for Mamba prefill checkpoints):
-        drop whatever it holds, then insert and emit ``stored``."""
+        """Re-key ``block`` to ``block_hash``, its entry covering ``num_tokens`` (vLLM ``cache_partial_block``
+        with ``replace_existing_hashes=True``, the form Mamba prefill checkpoints use): drop whatever
+        it holds (cause ``checkpoint``), then insert and emit ``stored``. Returns the new key."""
         if block.is_null:
             return None
-        self.evict_cached_block(block, request_id, "checkpoint")
-        # One block at "position 0" of a table whose blocks are ``num_tokens`` long: its entry covers them.
-        self._insert_at(request_id, [block], [0], [block_hash], num_tokens, kv_cache_group_id)
+        self._maybe_evict_cached_block(block, request_id, "checkpoint")
+        self._insert_block_hash(request_id, block, block_hash, kv_cache_group_id, num_tokens)
         return block.block_hash
 
-    def evict_cached_block(self, blk: KVCacheBlock, request_id: str, cause: str) -> bool:
-        """Remove ``blk``'s cache entry (if any), emit ``removed``, clear its taint."""
-        key = blk.block_hash
-        if key is None:
-            return False
-        h, gid = key
-        group_map = self.cached_block_hash_to_block[gid]
-        entry = group_map[h]
-        del group_map[h]
-        if type(entry) is dict:
-            del entry[blk.block_id]
-            if entry:
-                group_map[h] = entry  # (re-inserted last, as a pop and a set would)
-        blk.block_hash = None
-        blk.block_hash_num_tokens = None
-        blk.taint = None
-        self._num_cached[gid] -= 1
+    def _insert_block_hash(
+        self, request_id: str, block: KVCacheBlock, block_hash: BlockHash, group_id: int, num_tokens: int
+    ) -> None:
+        """Key ``block`` under ``block_hash`` in ``group_id``, its entry covering ``num_tokens`` tokens: add
+        the entry after any block already cached under that hash (vLLM ``BlockHashToBlockMap.insert``),
+        emit ``stored`` (cause ``cache``) and call the cache listener. A block already holding that
+        exact key is left alone (no event); one holding another key is an error (one key per block)."""
+        key = block.block_hash
+        if key is not None:
+            if key[0] == block_hash and key[1] == group_id:
+                return
+            raise AssertionError(
+                f"block {block.block_id} already cached under {key}, cannot cache {(block_hash, group_id)}"
+            )
+        group_map = self.cached_block_hash_to_block.setdefault(group_id, {})
+        entry = group_map.get(block_hash)
+        if entry is None:
+            group_map[block_hash] = block
+        elif isinstance(entry, dict):
+            entry[block.block_id] = block
+        else:
+            group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
+        block.block_hash = group_key(block_hash, group_id)
+        block.block_hash_num_tokens = num_tokens
+        while len(self._num_cached) <= group_id:
+            self._num_cached.append(0)
+        self._num_cached[group_id] += 1
         if self.enable_kv_cache_events:
-            self._events.append("removed", gid, blk.block_id, h, request_id, cause)
-        return True
+            self._events.append("stored", group_id, block.block_id, block_hash, request_id, "cache")
+        if self.cache_listener is not None:
+            self.cache_listener(block, request_id)
 
     # ------------------------------------------------------------- allocation
     def get_new_blocks(self, num_blocks: int, request_id: str = "") -> list[KVCacheBlock]:
@@ -475,29 +374,49 @@ class BlockPool:
         Raises ``ValueError("Cannot get N free blocks from the pool")`` when
         short, exactly as vLLM does (the crash an undercounted admission hits).
         """
-        if num_blocks > self.free_block_queue.num_free_blocks:
+        if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         ret = self.free_block_queue.popleft_n(num_blocks)
-        caching = self.enable_caching
         for block in ret:
-            if caching and block.block_hash is not None:
-                self.evict_cached_block(block, request_id, "evict_lru")
+            if self.enable_caching:
+                self._maybe_evict_cached_block(block, request_id, "evict_lru")
             assert block.ref_cnt == 0
-            block.ref_cnt = 1
+            block.ref_cnt += 1
         return ret
+
+    def _maybe_evict_cached_block(self, block: KVCacheBlock, request_id: str, cause: str) -> bool:
+        """Remove ``block``'s cache entry if it has one: emit ``removed`` with ``cause``, clear its taint.
+        Returns whether there was one. A shared entry keeps its other blocks, re-inserted last (as
+        vLLM's ``BlockHashToBlockMap.pop`` puts them back)."""
+        key = block.block_hash
+        if key is None:
+            return False
+        block_hash, group_id = key
+        group_map = self.cached_block_hash_to_block[group_id]
+        entry = group_map.pop(block_hash)
+        if isinstance(entry, dict):
+            del entry[block.block_id]
+            if entry:
+                group_map[block_hash] = entry
+        block.block_hash = None
+        block.block_hash_num_tokens = None
+        block.taint = None
+        self._num_cached[group_id] -= 1
+        if self.enable_kv_cache_events:
+            self._events.append("removed", group_id, block.block_id, block_hash, request_id, cause)
+        return True
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> int:
         """Take a reference on each (non-null) block; a free one leaves the queue.
 
         Returns how many blocks left the free queue (went from 0 to 1 reference).
         """
-        queue = self.free_block_queue
         taken = 0
         for block in blocks:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
-                queue.remove(block)
+                self.free_block_queue.remove(block)
                 taken += 1
             block.ref_cnt += 1
         return taken
@@ -508,15 +427,14 @@ class BlockPool:
         Blocks reaching 0 go to the front if uncached (in the given order) and
         to the back if cached (in the given order). Returns how many reached 0.
         """
-        blocks_to_evict_first: list[KVCacheBlock] = []
         blocks_to_evict_last: list[KVCacheBlock] = []
-        caching = self.enable_caching
+        blocks_to_evict_first: list[KVCacheBlock] = []
         for block in ordered_blocks:
             if block.is_null:
                 continue
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.block_hash is None or not caching:
+                if block.block_hash is None or not self.enable_caching:
                     blocks_to_evict_first.append(block)
                 else:
                     blocks_to_evict_last.append(block)
@@ -531,15 +449,15 @@ class BlockPool:
 
         Owned blocks stay owned and free blocks keep their place in the queue.
         """
-        n = len(self.blocks)
         for block_id in block_ids:
-            if not 0 <= block_id < n:
-                raise ValueError(f"evict_blocks: block id {block_id} outside 0..{n - 1}")
-            self.evict_cached_block(self.blocks[block_id], request_id, cause)
+            if not 0 <= block_id < len(self.blocks):
+                raise ValueError(f"evict_blocks: block id {block_id} outside 0..{len(self.blocks) - 1}")
+            self._maybe_evict_cached_block(self.blocks[block_id], request_id, cause)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cache entry; only when every usable block is free. Emits ``cleared``."""
-        if self.num_gpu_blocks - self.get_num_free_blocks() != 1:
+        num_used_blocks = self.num_gpu_blocks - self.get_num_free_blocks()
+        if num_used_blocks != 1:  # the null block is always in use
             return False
         self.cached_block_hash_to_block = {}
         self._num_cached = []
@@ -556,10 +474,30 @@ class BlockPool:
         return self.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
-        total = self.num_gpu_blocks - 1
+        total = self.num_gpu_blocks - 1  # the null block
         if not total:
             return 0.0
         return 1.0 - self.get_num_free_blocks() / total
+
+    # ----------------------------------------------------------------- events
+    def take_events(self) -> list[KVEvent]:
+        """The events emitted since the last take, as records (:meth:`take_event_log` as rows)."""
+        return self.take_event_log().rows()
+
+    # ------------------------------------------------------------------- ours
+    def get_all_cached_blocks(self, block_hash: BlockHash, group_id: int) -> list[KVCacheBlock]:
+        """Every block cached under ``block_hash`` in ``group_id``, by ascending block id
+        (equal content computed twice is cached twice; vLLM does not de-duplicate). Read-only."""
+        entry = self.cached_block_hash_to_block.get(group_id, {}).get(block_hash)
+        if entry is None:
+            return []
+        if isinstance(entry, dict):
+            return sorted(entry.values(), key=lambda b: b.block_id)
+        return [entry]
+
+    def num_cached_entries(self, group_id: int) -> int:
+        """Cache entries (blocks findable by a key) of one group."""
+        return self._num_cached[group_id] if 0 <= group_id < len(self._num_cached) else 0
 
     @property
     def num_pending_events(self) -> int:
@@ -567,11 +505,8 @@ class BlockPool:
         return len(self._events)
 
     def take_event_log(self) -> KVEventLog:
-        """The events emitted since the last take, as columns; the pool starts a new log."""
+        """The events emitted since the last take, as columns (the recorder's ``kv_events``); the pool
+        starts a new log."""
         log = self._events
         self._events = KVEventLog()
         return log
-
-    def take_events(self) -> list[KVEvent]:
-        """:meth:`take_event_log` as records."""
-        return self.take_event_log().rows()

@@ -46,35 +46,6 @@ def test_duplicate_content_is_stored_twice_and_lookup_returns_first():
     assert pool.num_cached_entries(0) == 1
 
 
-def test_cached_prefix_is_the_per_block_lookup_up_to_the_first_miss():
-    pool = BlockPool(8, enable_caching=True, hash_block_size=16)
-    a, b, c, d, e = pool.get_new_blocks(5)
-    pool.cache_full_blocks("r0", [a, b, c], [1, 2, 3], 0, 3, 16, 0)
-    pool.cache_full_blocks("r1", [d], [2], 0, 1, 16, 0)  # hash 2 twice: the entry is a dict
-    pool.cache_full_blocks("r2", [e], [9], 0, 1, 16, 1)  # hash 9 only in group 1
-
-    def per_block(hashes, limit, gid):
-        out = []
-        for h in hashes[:limit]:
-            found = pool.get_cached_block(h, [gid])
-            if found is None:
-                break
-            out += found
-        return out
-
-    for hashes, limit, gid in (
-        ([1, 2, 3, 4], 9, 0),
-        ([1, 2, 3], 2, 0),
-        ([1, 5, 3], 3, 0),
-        ([9], 1, 0),
-        ([9], 1, 1),
-        ([9], 1, 3),
-        ([], 4, 0),
-    ):
-        assert pool.get_cached_prefix(hashes, limit, gid) == per_block(hashes, limit, gid)
-    assert pool.get_cached_prefix([1, 2, 3], 3, 0) == [a, b, c]
-
-
 def test_forced_eviction_keeps_queue_position_and_clears_taint():
     pool = BlockPool(5, enable_caching=True, hash_block_size=16)
     a, b = pool.get_new_blocks(2)
