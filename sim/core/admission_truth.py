@@ -142,7 +142,9 @@ class TruthChecker:
         if bad is not None and block.block_hash_num_tokens is not None and block.block_hash_num_tokens > bad[1]:
             block.taint = bad[0]
 
-    def _taint_cached(self, request_id: str, claimed: Sequence[Sequence[KVCacheBlock]], origin: str, bad_point: int) -> None:
+    def _taint_cached(
+        self, request_id: str, claimed: Sequence[Sequence[KVCacheBlock]], origin: str, bad_point: int
+    ) -> None:
         """Taint what ``allocate_slots`` already cached for the request beyond ``bad_point``
         (its claimed hit blocks are reused, not computed, and stay as they are)."""
         for (gid, _, bs, _), table in zip(self.groups, self.kv.coordinator.get_blocks(request_id)):
@@ -210,7 +212,12 @@ class TruthChecker:
 
     @staticmethod
     def _first_unbacked(
-        lst: Sequence[KVCacheBlock], hashes: Sequence[BlockHash], gid: int, bs: int, need: tuple[int, int], refilled: bool
+        lst: Sequence[KVCacheBlock],
+        hashes: Sequence[BlockHash],
+        gid: int,
+        bs: int,
+        need: tuple[int, int],
+        refilled: bool,
     ) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
         lo, hi = need
@@ -232,7 +239,9 @@ class TruthChecker:
         return None, None
 
     # ------------------------------------------------- best valid boundary
-    def _cached_clean(self, request: Request, own: Sequence[Sequence[KVCacheBlock]], gid: int, bs: int, index: int) -> bool:
+    def _cached_clean(
+        self, request: Request, own: Sequence[Sequence[KVCacheBlock]], gid: int, bs: int, index: int
+    ) -> bool:
         """Block ``index`` of group ``gid`` is cached, untainted, and was not cached by this request."""
         hashes = self._hashes_at(request, bs)
         if index >= len(hashes):
@@ -240,7 +249,14 @@ class TruthChecker:
         mine = own[gid][index] if index < len(own[gid]) else None
         return any(blk is not mine and blk.taint is None for blk in self.pool.get_all_cached_blocks(hashes[index], gid))
 
-    def _resident_for(self, adm: AdmissionAttempt, own: Sequence[Sequence[KVCacheBlock]], boundary: int, local: int, state_supplied: bool) -> bool:
+    def _resident_for(
+        self,
+        adm: AdmissionAttempt,
+        own: Sequence[Sequence[KVCacheBlock]],
+        boundary: int,
+        local: int,
+        state_supplied: bool,
+    ) -> bool:
         """The rule for a hypothetical admission at ``boundary`` (connector writes from ``local``),
         looked up in the cache; full attention is taken from the admission's per-group hits."""
         for gid, kind, bs, window in self.groups:

@@ -242,7 +242,9 @@ def builtin_checkpoint_policy_names() -> list[str]:
     return sorted({VLLM, *_REGISTRY.builtin_names()})
 
 
-def create_checkpoint_policy(name: str, options: Mapping[str, OptionValue] | None = None) -> BaseCheckpointPolicy | None:
+def create_checkpoint_policy(
+    name: str, options: Mapping[str, OptionValue] | None = None
+) -> BaseCheckpointPolicy | None:
     """The placement called ``name`` with ``options``; ``None`` for ``vllm`` (nothing extra is saved).
 
     Unknown names, unknown options and bad values raise a ``ValueError`` naming
