@@ -266,7 +266,7 @@ def _short_chain(pool: PolicyBlockPool):
     """A fresh one-block chain y1 (key 31, 16 tokens) and its state my, freed as vLLM frees them."""
     y1, my = pool.get_new_blocks(2, "y")
     pool.cache_full_blocks("y", [y1], [31], 0, 1, 16, 0)
-    pool.cache_block_at("y", my, 31, 16, 1)
+    pool.cache_partial_block("y", my, 31, 16, 1)
     pool.free_blocks([my])
     pool.free_blocks([y1])
     return {y1.block_id: "y1", my.block_id: "my"}
