@@ -76,6 +76,11 @@ class LayerCounts:
     def decodes(self) -> int:
         return sum(s.num_quiet_decodes for s in self.schedulers)
 
+    @property
+    def reused(self) -> int:
+        """Head-of-line lookups handed back instead of computed (sim.accel.lookups)."""
+        return sum(s.head_lookups.num_reused for s in self.schedulers if s.head_lookups is not None)
+
 
 @pytest.fixture
 def layer(monkeypatch) -> LayerCounts:
@@ -333,6 +338,24 @@ def test_decode_heavy_cases_identical(case: str, schedule_table: str, layer: Lay
     assert summary["status"] == "complete"
     if schedule_table == "true":
         assert tables["schedule"].count("\n") > 1
+
+
+#: Tight pools where waiting heads fail step after step (the last one with Nemotron-H's identical Mamba groups).
+HEAD_OF_LINE_CASES = {
+    "preemption": DECODE_CASES["preemption"],
+    "priority": DECODE_CASES["priority"],
+    "replicas": dict(DECODE_CASES["preemption"], layout=REPLICA_LAYOUTS[0], num_blocks=200),
+}
+
+
+@pytest.mark.parametrize("case", _tiered(list(HEAD_OF_LINE_CASES), fast=1))
+def test_head_of_line_lookups_identical(case: str, layer: LayerCounts) -> None:
+    """Waiting heads fail again and again (no blocks, no aligned chunk) while running requests cache and
+    evict around them: a kept lookup must be dropped by every event naming one of its hashes, including
+    events still pending when the next attempt comes (emitted by this step's running loop)."""
+    text = _decode_scenario(case, **HEAD_OF_LINE_CASES[case])
+    _assert_same(scenario_from_text(text, f"<{case}>", overrides=OVERRIDES))
+    assert layer.reused > 50, "hardly any kept lookup reused: the case does not exercise sim.accel.lookups"
 
 
 @pytest.mark.slow

@@ -13,9 +13,14 @@ contract.
 * :class:`~sim.accel.decodes.QuietDecodeScheduler`: the running loop schedules a
   decode inside its quiet horizon without the chunk computation and the
   ``allocate_slots`` call (built together with the manager above).
+* :class:`~sim.accel.lookups.HeadOfLineLookups`: a waiting request that was
+  not admitted keeps its prefix lookup until a prefix-cache event names one of
+  its hashes (the manager above shows it every event; the scheduler above
+  reuses it).
 """
 
 from sim.accel.decodes import QuietDecodeScheduler
+from sim.accel.lookups import HeadOfLineLookups
 from sim.accel.quiet import QuietHorizons, QuietKVCacheManager, quiet_horizon
 
-__all__ = ["QuietDecodeScheduler", "QuietHorizons", "QuietKVCacheManager", "quiet_horizon"]
+__all__ = ["HeadOfLineLookups", "QuietDecodeScheduler", "QuietHorizons", "QuietKVCacheManager", "quiet_horizon"]

@@ -16,16 +16,33 @@ token, and ``_update_after_schedule`` / ``update_from_output`` are the core's).
 Only the two calls whose answer is known are skipped. Chosen once by the
 engine's build, together with :class:`~sim.accel.quiet.QuietKVCacheManager`;
 ``tests/test_fastpath_differential.py`` is the contract.
+
+Its waiting phase also reuses a head-of-line request's prefix lookup
+(:mod:`sim.accel.lookups`) where the lookup reads only the prefix cache: no
+connector, no what-if checkpoint placement, a built-in prefix policy (with no
+connector each of them takes the reconciled ``get_computed_blocks``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sim.accel.lookups import HeadOfLineLookups, LookupResult
 from sim.accel.quiet import QuietKVCacheManager
+from sim.core.admission import AdmissionAttempt, AttemptEnd
 from sim.core.interfaces import SchedulerKVManager
+from sim.core.policy.prefix import (
+    MaxPerGroupPolicy,
+    PR48425Policy,
+    PR48425RequeryPolicy,
+    ReconciledPolicy,
+    TrimToMinPolicy,
+)
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+#: Prefix policies whose lookup without a connector is the reconciled ``get_computed_blocks`` (exact classes).
+_CACHE_ONLY_LOOKUPS = (ReconciledPolicy, PR48425Policy, PR48425RequeryPolicy, MaxPerGroupPolicy, TrimToMinPolicy)
 
 
 class QuietDecodeScheduler(Scheduler):
@@ -52,8 +69,19 @@ class QuietDecodeScheduler(Scheduler):
             raise TypeError(f"QuietDecodeScheduler needs a QuietKVCacheManager, got {type(kv_manager).__name__}")
         super().__init__(config, kv_manager, *args, **options)
         self.quiet = kv_manager.quiet
+        self._quiet_kv = kv_manager
         #: Running-loop passes scheduled here without ``_running_tokens`` and ``allocate_slots`` (tests count them).
         self.num_quiet_decodes = 0
+        #: The kept head-of-line lookups, or None where a lookup may read more than the prefix cache.
+        self.head_lookups: HeadOfLineLookups | None = (
+            kv_manager.head_lookups
+            if self.connector is None
+            and self.checkpoint_policy is None
+            and type(self.prefix_policy) in _CACHE_ONLY_LOOKUPS
+            else None
+        )
+        #: The current attempt's lookup (set by every attempt's lookup phase while ``head_lookups`` is on).
+        self._attempt_lookup: LookupResult | None = None
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int, preempted: list[Request]) -> int:
         """The core's running loop, with quiet decodes scheduled in place (class docstring)."""
@@ -90,3 +118,24 @@ class QuietDecodeScheduler(Scheduler):
                 break
         self.num_quiet_decodes += quiet
         return budget
+
+    def _prefix_lookup(self, request: Request) -> LookupResult:
+        """The core's lookup, or the kept one while no event named the request's hashes (module docstring)."""
+        lookups = self.head_lookups
+        if lookups is None:
+            return super()._prefix_lookup(request)
+        self._quiet_kv.sync_events()
+        result = lookups.reuse(request)
+        if result is None:
+            result = super()._prefix_lookup(request)
+        self._attempt_lookup = result
+        return result
+
+    def _try_admit(self, request: Request, budget: int, threshold: int, loads_only: bool = False) -> AdmissionAttempt:
+        """The core's attempt; one that did not admit ``request`` keeps its lookup for the next."""
+        attempt = super()._try_admit(request, budget, threshold, loads_only)
+        looked, self._attempt_lookup = self._attempt_lookup, None
+        lookups = self.head_lookups
+        if lookups is not None and looked is not None and attempt.end is not AttemptEnd.ADMITTED:
+            lookups.keep(request, looked)
+        return attempt

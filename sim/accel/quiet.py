@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import Final, Sequence
 
+from sim.accel.lookups import HeadOfLineLookups
 from sim.core.kv.manager import KVCacheBlocks, KVCacheManager
 from sim.core.kv.managers import FullAttentionManager, MambaManager, SingleTypeKVCacheManager, manager_class_for
-from sim.core.kv.pool import KVCacheBlock
+from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.specs import KVCacheConfig, MambaSpec
 from sim.core.request import Request, RequestStatus
 
@@ -172,6 +173,13 @@ class QuietKVCacheManager(KVCacheManager):
     Every other call goes to the plain manager: the horizon is dropped before
     anything that may change the request's tables and noted again after a
     full allocation that cached its blocks.
+
+    It also keeps the :class:`~sim.accel.lookups.HeadOfLineLookups` of the
+    scheduler's waiting phase (``head_lookups``; None when the pool emits no
+    events). :meth:`sync_events` shows them the events the pool emitted since
+    the last sync and holds those events pending: :meth:`take_event_log`,
+    :meth:`take_events` and :attr:`num_pending_events` answer as the plain
+    manager would (the same events, in the same order).
     """
 
     @staticmethod
@@ -203,6 +211,40 @@ class QuietKVCacheManager(KVCacheManager):
                 default=self.max_model_len,
             ),
         )
+        self.head_lookups = HeadOfLineLookups() if self.block_pool.enable_kv_cache_events else None
+        #: Events taken from the pool by :meth:`sync_events` and not yet by a caller (oldest first).
+        self._held: KVEventLog | None = None
+
+    def sync_events(self) -> None:
+        """Show the events emitted since the last sync to ``head_lookups``; they stay pending."""
+        if not self.block_pool.num_pending_events:
+            return
+        log = self.block_pool.take_event_log()
+        if self.head_lookups is not None:
+            self.head_lookups.forget_changed(log)
+        held = self._held
+        if held is None:
+            self._held = log
+        else:
+            held.kind.extend(log.kind)
+            held.group.extend(log.group)
+            held.block_id.extend(log.block_id)
+            held.block_hash.extend(log.block_hash)
+            held.request_id.extend(log.request_id)
+            held.cause.extend(log.cause)
+
+    def take_event_log(self) -> KVEventLog:
+        self.sync_events()
+        held, self._held = self._held, None
+        return held if held is not None else self.block_pool.take_event_log()
+
+    def take_events(self) -> list[KVEvent]:
+        return self.take_event_log().rows()
+
+    @property
+    def num_pending_events(self) -> int:
+        held = self._held
+        return self.block_pool.num_pending_events + (len(held) if held is not None else 0)
 
     def allocate_slots(
         self,
@@ -246,6 +288,8 @@ class QuietKVCacheManager(KVCacheManager):
 
     def free(self, request: Request) -> None:
         self.quiet.drop(request.request_id)
+        if self.head_lookups is not None:
+            self.head_lookups.forget(request.request_id)
         super().free(request)
 
     def remove_skipped_blocks(
