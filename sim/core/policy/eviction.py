@@ -505,7 +505,9 @@ class ReuseValuePolicy(BaseEvictionPolicy):
     to drop than a request's last state.
 
     Cost: O(blocks freed x groups) bookkeeping and a heap push per stamp;
-    ``select`` pops O(log pool) per victim (stale stamps are skipped). The
+    ``select`` pops O(log pool) per victim (stale stamps are skipped; the
+    heap is rebuilt from the live stamps when it exceeds 4 entries a block, so
+    it holds O(pool) entries). The
     defaults (``horizon: 40000``, ``reuse_bonus: 0.5``) were tuned on the
     Mooncake conversation trace at half rate (docs/checkpoints.md).
     """
@@ -536,7 +538,13 @@ class ReuseValuePolicy(BaseEvictionPolicy):
     def _put(self, block: KVCacheBlock, priority: float) -> None:
         self._seq += 1
         self._stamp[block.block_id] = (priority, self._seq)
-        heapq.heappush(self._heap, (priority, self._seq, block.block_id))
+        heap = self._heap
+        heapq.heappush(heap, (priority, self._seq, block.block_id))
+        if len(heap) > 4 * len(self.pool.blocks) + 64:
+            # drop the stale entries: at most one live entry per block remains (pops unchanged)
+            stamp = self._stamp
+            self._heap = [e for e in heap if stamp.get(e[2], (0.0, -1))[1] == e[1]]
+            heapq.heapify(self._heap)
 
     def _entry(self, gid: int, h: BlockHash) -> KVCacheBlock | None:
         """The block holding entry ``h`` in group ``gid`` (``None``: none, or several)."""

@@ -310,3 +310,18 @@ def test_reuse_value_options():
         ev.create_eviction_policy("reuse_value", {"horizon": 0})
     with pytest.raises(ValueError, match="reuse_value: option reuse_bonus must be a non-negative number"):
         ev.create_eviction_policy("reuse_value", {"reuse_bonus": -1})
+
+
+def test_reuse_value_heap_stays_bounded_and_keeps_its_order():
+    # Every hit re-stamps a block and leaves its old heap entry stale; the heap is rebuilt from the live
+    # stamps past 4 entries a block, and the eviction order is what the live stamps say.
+    pool = _reuse_value_pool(horizon=100)
+    names = _chain(pool) | _short_chain(pool)
+    blocks = [b for b in pool.blocks if b.block_id in names]
+    for _ in range(40):
+        pool.touch(blocks)
+        pool.free_blocks(blocks)
+    assert len(pool.policy._heap) <= 4 * len(pool.blocks) + 64
+    live = {bid for _, seq, bid in pool.policy._heap if pool.policy._stamp[bid][1] == seq}
+    assert live == set(names)
+    assert sorted(_eviction_order(pool, names)) == sorted(names.values())
