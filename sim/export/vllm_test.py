@@ -106,7 +106,7 @@ def _stream_label(stream: str) -> str:
     return stream
 
 
-def _request_note(r: dict, segments: tuple, streams: dict[int, str], stride: int) -> str:
+def _request_note(r: dict, segments: tuple, streams: dict[int, str]) -> str:
     parts, pos, ids = [], 0, r["prompt_token_ids"]
     for seg in segments:
         if seg.length == 0:
@@ -114,7 +114,7 @@ def _request_note(r: dict, segments: tuple, streams: dict[int, str], stride: int
         chunk = ids[pos : pos + seg.length]
         pos += seg.length
         if isinstance(seg, StreamSegment) and chunk == list(range(chunk[0], chunk[0] + len(chunk))):
-            base = chunk[0] - chunk[0] % stride
+            base = chunk[0] - seg.start  # a stream's position p is lowered to its first id + p
             streams.setdefault(base, _stream_label(seg.stream))
             parts.append(f"{streams[base]}[{chunk[0] - base}:{chunk[0] - base + len(chunk)}]")
         else:
@@ -185,9 +185,7 @@ def case(scenario: Scenario, source: str) -> dict[str, Any]:
         expected = expectation(hybridsim_trace(scenario, script["max_steps"]))
         contrast = _contrast(scenario, script, expected)
     streams: dict[int, str] = {}
-    request_notes = [
-        _request_note(dict(r), segments[r["id"]], streams, script["token_stride"]) for r in script["requests"]
-    ]
+    request_notes = [_request_note(dict(r), segments[r["id"]], streams) for r in script["requests"]]
     asserts = [f"under prefix_policy {script['prefix_policy']}: {_what(expected)}"]
     if contrast is not None:
         asserts.append(f"under prefix_policy {contrast['policy']}: no crash, {_what(contrast['expected'])}")

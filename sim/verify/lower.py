@@ -6,19 +6,25 @@ way hybridsim does (so the layout, block sizes and requests are exactly the
 ones hybridsim runs) and writes them down as a plain dict.
 
 Token ids: hybridsim's prompt content is ``(stream, position)`` pairs or
-explicit ids. Every stream gets a range of ``stride`` ids, the script's
-``token_stride`` (:func:`token_stride`: the smallest power of two, at least
-``2**16``, that holds the longest stream and every explicit id). Explicit ids
-are kept as they are (they lie in ``[0, stride)``); request ``i`` (in arrival
-order) generates ``(i + 1) * stride + j`` as its ``j``-th token, which is also
-what a later prompt quoting that output (hybridsim's reserved output stream,
-e.g. a multi-turn chat's history) is lowered to; every other stream ``k``
-(numbered after the outputs, by first appearance) maps position ``p`` to
-``(k + 1) * stride + p``. So equal content gives equal ids, a stream token
-never equals an explicit id, and an output never equals a prompt token or
-another request's output, as docs/design.md §7 requires. Every id fits a signed
-32-bit integer (vLLM 0.34 keeps a request's tokens in an int32 buffer); a
-workload whose streams do not is not verifiable.
+explicit ids, and the lowering gives vLLM one token id per distinct token,
+densely. Explicit ids are kept as they are: they fill ``[0, E)``, ``E`` one past
+the largest. Every stream then gets a contiguous range of ids as long as its
+*extent* (the furthest position any prompt of the workload reaches in it, or a
+request's ``output_len`` for its reserved output stream): first every request's
+output stream, in arrival order, then every other stream in order of first
+appearance (a trace's hash blocks: one stream each, so each distinct block
+hash gets its own ids, first seen first). Position ``p`` of a stream with first
+id ``b`` is ``b + p``; request ``i``'s ``j``-th generated token is its output
+stream's ``b + j``, which is also what a later prompt quoting that output
+(hybridsim's reserved output stream, e.g. a multi-turn chat's history) is
+lowered to. So the lowering is injective on tokens: equal content gives equal
+ids, distinct content distinct ids, a stream token never equals an explicit
+id, and an output never equals a prompt token or another request's output, as
+docs/design.md §7 requires. The ids used are the workload's distinct tokens
+(the whole Mooncake conversation trace: its 182,790 hash blocks of 512 tokens
+plus its outputs, about 98M); every id must fit a signed 32-bit integer (vLLM
+0.34 keeps a request's tokens in an int32 buffer), and a workload whose
+distinct tokens do not is not verifiable.
 """
 
 from __future__ import annotations
@@ -41,8 +47,6 @@ from sim.verify.vllm_side import (
     RequestScript,
 )
 
-#: The smallest token-id range of one stream (and of explicit ids).
-MIN_TOKEN_STRIDE = 1 << 16
 #: vLLM 0.34 stores token ids as int32 (``vllm.v1.token_buffer.TokenBuffer``).
 MAX_TOKEN_ID = (1 << 31) - 1
 
@@ -107,65 +111,71 @@ class NotVerifiable(ValueError):
     """The scenario cannot be run through vLLM (message: why)."""
 
 
-def token_stride(requests: list[Any]) -> int:
-    """The id range of one stream for ``requests`` (see the module docstring); :class:`NotVerifiable` when the
-    streams' ranges do not fit in 32-bit token ids."""
+@dataclass(frozen=True)
+class LoweredTokens:
+    """Token ids of a workload as vLLM is given them: each prompt, each stream's first id (its position ``p``
+    is ``stream_base[stream] + p``), and where each request's outputs start (its ``j``-th generated token is
+    ``output_base[id] + j``); ``end``: one past the largest id assigned."""
+
+    stream_base: dict[str, int]
+    output_base: dict[str, int]
+    prompts: dict[str, list[int]]
+    end: int
+
+
+def stream_bases(requests: list[Any]) -> tuple[dict[str, int], int]:
+    """Each stream's first token id for ``requests`` (in arrival order) and one past the last id assigned, by
+    the module docstring's rule; :class:`NotVerifiable` when the ids do not fit 32 bits or an explicit id is
+    negative. A reserved output stream of a request not in ``requests`` gets no range."""
     extent = {output_stream(r.request_id): int(r.output_len) for r in requests}
     explicit = 0
     for r in requests:
         for seg in basic_segments(r.prompt):
             if isinstance(seg, StreamSegment):
+                if is_reserved_stream(seg.stream) and seg.stream not in extent:
+                    continue
                 extent[seg.stream] = max(extent.get(seg.stream, 0), seg.start + seg.length)
             else:
                 assert isinstance(seg, IdsSegment)
-                values = [int(x) for x in seg.ids]
-                if values and min(values) < 0:
-                    raise NotVerifiable(f"request {r.request_id}: explicit token ids must not be negative")
-                explicit = max([explicit, *(v + 1 for v in values)])
-    stride = MIN_TOKEN_STRIDE
-    while stride < max([explicit, *extent.values()]):
-        stride *= 2
-    if (len(extent) + 1) * stride - 1 > MAX_TOKEN_ID:
+                if seg.length:
+                    low, high = int(seg.ids.min()), int(seg.ids.max())
+                    if low < 0:
+                        raise NotVerifiable(f"request {r.request_id}: explicit token ids must not be negative")
+                    explicit = max(explicit, high + 1)
+    base: dict[str, int] = {}
+    end = explicit
+    for stream, length in extent.items():
+        base[stream] = end
+        end += length
+    if end - 1 > MAX_TOKEN_ID:
         raise NotVerifiable(
-            f"{len(extent)} token streams of up to {stride} ids do not fit vLLM's 32-bit token ids "
-            f"(at most {MAX_TOKEN_ID})"
+            f"{len(extent)} token streams hold {end - explicit} distinct tokens, which with {explicit} explicit "
+            f"ids do not fit vLLM's 32-bit token ids (at most {MAX_TOKEN_ID})"
         )
-    return stride
-
-
-@dataclass(frozen=True)
-class LoweredTokens:
-    """Token ids of a workload as vLLM is given them: each prompt, and where each request's outputs start
-    (its ``j``-th generated token is ``output_base[id] + j``)."""
-
-    stride: int
-    output_base: dict[str, int]
-    prompts: dict[str, list[int]]
+    return base, end
 
 
 def lowered_token_ids(everyone: list[Any], lowered: list[Any] | None = None) -> LoweredTokens:
     """The token ids of ``lowered`` (default: all of ``everyone``), numbered over ``everyone`` in arrival order
     (the module docstring's rule; :class:`NotVerifiable` when they do not fit)."""
     everyone = sorted(everyone, key=lambda r: r.arrival_time)
-    stride = token_stride(everyone)
-    stream_base: dict[str, int] = {output_stream(r.request_id): (i + 1) * stride for i, r in enumerate(everyone)}
+    stream_base, end = stream_bases(everyone)
     output_base = {r.request_id: stream_base[output_stream(r.request_id)] for r in everyone}
-    prompts = {r.request_id: _token_ids(r, stream_base, stride) for r in (everyone if lowered is None else lowered)}
-    return LoweredTokens(stride, output_base, prompts)
+    prompts = {r.request_id: _token_ids(r, stream_base) for r in (everyone if lowered is None else lowered)}
+    return LoweredTokens(stream_base, output_base, prompts, end)
 
 
-def _token_ids(request: Any, stream_base: dict[str, int], stride: int) -> list[int]:
-    """Token ids of ``request``'s prompt; ``stream_base`` holds every stream's first id (grown here)."""
+def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
+    """Token ids of ``request``'s prompt, every stream it names having its first id in ``stream_base``."""
     ids: list[int] = []
     for seg in basic_segments(request.prompt):
         if isinstance(seg, StreamSegment):
             if seg.stream not in stream_base:
-                if is_reserved_stream(seg.stream):
-                    raise NotVerifiable(
-                        f"request {request.request_id}: prompt names the reserved stream "
-                        f"{seg.stream!r} of a request not in the workload"
-                    )
-                stream_base[seg.stream] = (len(stream_base) + 1) * stride
+                assert is_reserved_stream(seg.stream), seg.stream  # stream_bases gave every other stream a range
+                raise NotVerifiable(
+                    f"request {request.request_id}: prompt names the reserved stream "
+                    f"{seg.stream!r} of a request not in the workload"
+                )
             base = stream_base[seg.stream] + seg.start
             ids.extend(range(base, base + seg.length))
         else:
@@ -252,14 +262,14 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
     config = components.kv_cache_config
     s = scenario.scheduler
     assert s.max_num_seqs is not None and s.max_num_batched_tokens is not None and s.max_model_len is not None
-    # Output streams first: request i's outputs start at (i + 1) * stride; a later prompt that
-    # quotes them (a multi-turn chat's history) then names the very ids vLLM's request generated.
+    # Output streams are numbered over every request (a later prompt that quotes one, a multi-turn
+    # chat's history, then names the very ids vLLM's request generated).
     # (The engine's order: a stable sort by arrival time; requests arriving before one step join in it.)
     everyone = sorted(components.requests, key=lambda r: r.arrival_time)
     # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
     ordered = [r for r in everyone if r.num_prompt_tokens <= s.max_model_len]
     tokens = lowered_token_ids(everyone, ordered)
-    stride, stream_base, prompts = tokens.stride, tokens.output_base, tokens.prompts
+    output_base, prompts = tokens.output_base, tokens.prompts
     requests: list[RequestScript] = []
     for r in ordered:
         if r.arrival_time != int(r.arrival_time):
@@ -274,14 +284,14 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
                 "prompt_token_ids": prompts[r.request_id],
                 "max_tokens": int(r.output_len),
                 "priority": int(r.priority),
-                "output_token_base": stream_base[r.request_id],
+                "output_token_base": output_base[r.request_id],
             }
         )
     script: LoweredScript = {
         "version": SCRIPT_VERSION,
         "name": scenario.name,
         "vllm_version": scenario.vllm_version,
-        "token_stride": stride,
+        "token_id_end": tokens.end,
         "groups": _groups(components),
         "num_blocks": config.num_blocks,
         "scheduler_block_size": config.scheduler_block_size,

@@ -44,8 +44,9 @@ Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
   ``max_model_len``, ``long_prefill_token_threshold``, ``scheduling_policy``
   (``fcfs`` | ``priority``), ``watermark``.
 * ``vllm_version``: ``"0.33"`` or ``"0.34"``, the release the script was lowered for;
-  ``token_stride``: the id range of one token stream (for readers; every id
-  fits a signed 32-bit integer, as 0.34's token buffer needs).
+  ``token_id_end``: one past the largest token id the lowering assigned (for
+  readers: every id fits a signed 32-bit integer, as 0.34's token buffer
+  needs; the lowering gives one id per distinct token).
 * 0.34's scheduler knobs (``None`` under 0.33, which lacks them; passed to
   ``SchedulerConfig`` only when set): ``cache_aware_admission_window``,
   ``cache_aware_admission_threshold``, ``max_num_inflight_kv_loads``.
@@ -158,7 +159,7 @@ class LoweredScript(TypedDict):
     version: int
     name: str
     vllm_version: str
-    token_stride: int
+    token_id_end: int
     groups: list[GroupScript]
     num_blocks: int
     scheduler_block_size: int
@@ -222,7 +223,7 @@ class DecisionTrace(TypedDict):
     stopped: str
 
 
-SCRIPT_VERSION = 2
+SCRIPT_VERSION = 3
 CONNECTOR_CLASS_NAME = "HybridsimScriptedConnector"
 #: The vLLM releases this harness drives, oldest first.
 SUPPORTED_VERSIONS = ("0.33", "0.34")

@@ -157,3 +157,37 @@ def test_fuzz_scenarios_are_for_the_installed_release(vllm, tmp_path):
     other = "0.33" if vllm == "0.34" else "0.34"
     assert fuzz_command(3, 1, True, tmp_path, lines.append, vllm_version=other) is VerifyStatus.BAD_INPUT
     assert f"--vllm-version {other}" in lines[-1]
+
+
+def test_verify_bites_on_colliding_token_ids(vllm, monkeypatch):
+    """The lowering's one id per distinct token matters: with every content stream lowered onto one range
+    (distinct prompts given equal ids), vLLM finds prefix hits hybridsim does not, and verify says so."""
+    from sim.config.load import scenario_from_text
+    from sim.core.tokens import output_stream
+    from sim.verify import lower as lowering
+
+    distinct = lowering.stream_bases
+
+    def collided(requests):
+        base, end = distinct(requests)
+        outputs = {output_stream(r.request_id) for r in requests}
+        first = min(b for s, b in base.items() if s not in outputs)
+        return {s: b if s in outputs else first for s, b in base.items()}, end
+
+    text = COLLIDE + f'vllm_version: "{vllm}"\n'
+    assert verify_scenario(scenario_from_text(text, "collide.yaml")).status is VerifyStatus.IDENTICAL
+    monkeypatch.setattr(lowering, "stream_bases", collided)
+    verdict = verify_scenario(scenario_from_text(text, "collide.yaml"))
+    assert verdict.status is VerifyStatus.DIFFER, verdict.reason
+
+
+COLLIDE = """
+name: collide
+clock: steps
+cache: {block_size: 16, num_blocks: 64, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 2, max_num_batched_tokens: 64}
+workload:
+  requests:
+    - {id: a, at: 0, prompt: [{content: doc, tokens: 64}], max_tokens: 2}
+    - {id: b, at: 6, prompt: [{content: other, tokens: 64}], max_tokens: 2}
+"""

@@ -36,9 +36,10 @@ def test_equal_content_equal_ids_and_outputs_quoted_as_generated():
     tail = b["prompt_token_ids"][22:]
     assert len(tail) == 5 and not set(tail) & set(a["prompt_token_ids"])
     assert a["output_token_base"] != b["output_token_base"]
-    assert all(t >= script["token_stride"] for t in a["prompt_token_ids"])
-    everything = [t for r in script["requests"] for t in r["prompt_token_ids"]]
-    assert max(everything) <= MAX_TOKEN_ID and script["token_stride"] == 1 << 16
+    # Dense: a's 3 outputs, b's 1, then doc's 40 tokens and x's 5, one id each (no explicit ids).
+    assert (a["output_token_base"], b["output_token_base"]) == (0, 3)
+    assert a["prompt_token_ids"] == list(range(4, 44)) and tail == list(range(44, 49))
+    assert script["token_id_end"] == 49
 
 
 def test_layout_connector_and_actions_are_hybridsims():
@@ -105,34 +106,111 @@ def test_hash_block_prompts_lower_as_their_per_block_segments():
     """A trace prompt held as one StreamBlocksSegment lowers to the ids of its per-block StreamSegments."""
     from sim.core.request import Request
     from sim.core.tokens import StreamBlocksSegment
-    from sim.verify.lower import _token_ids
+    from sim.verify.lower import lowered_token_ids
 
     run = StreamBlocksSegment("mc:", (7, 8, 7), 16, 40)
-    compact = Request("r", [run], 1)
-    spelled = Request("r", list(run.pieces()), 1)
-    ids = _token_ids(compact, {}, 1 << 16)
-    assert ids == _token_ids(spelled, {}, 1 << 16)
-    assert len(ids) == 40
-    assert ids[32:] == ids[:8]  # the third block (8 tokens) repeats the first block's id: the same tokens
-    assert not set(ids[16:32]) & set(ids[:16])  # another id: other tokens
+    compact = lowered_token_ids([Request("r", [run], 1)]).prompts["r"]
+    spelled = lowered_token_ids([Request("r", list(run.pieces()), 1)]).prompts["r"]
+    assert compact == spelled
+    assert len(compact) == 40
+    assert compact[32:] == compact[:8]  # the third block (8 tokens) repeats the first block's id: the same tokens
+    assert not set(compact[16:32]) & set(compact[:16])  # another id: other tokens
+    # One id per distinct token: the output's 1, then hash 7's 16 tokens and hash 8's 16.
+    assert compact == list(range(1, 33)) + list(range(1, 9))
 
 
-def test_token_ids_fit_32_bits_and_streams_too_long_for_them_are_not_verifiable():
-    """vLLM 0.34 keeps token ids in an int32 buffer: the stride grows with the longest stream, and a workload
-    whose streams cannot all fit is refused instead of overflowing."""
-    long_doc = BASE.replace(
-        "{content: doc, tokens: 40}], max_tokens: 3}", "{content: doc, tokens: 70000}], max_tokens: 3}"
-    )
-    script = lower(_scenario(long_doc, **{"scheduler.max_model_len": "80000"}))
-    assert script["token_stride"] == 1 << 17
-    assert max(t for r in script["requests"] for t in r["prompt_token_ids"]) <= MAX_TOKEN_ID
+def _token_identity(requests, tokens):
+    """Each lowered id -> the token it stands for (``(stream, position)`` or an explicit id), asserting the
+    map is a function (no id stands for two tokens) and returning it."""
+    from sim.core.tokens import IdsSegment, StreamSegment, basic_segments, output_stream
+
+    meaning: dict[int, object] = {}
+
+    def name(token_id: int, token: object) -> None:
+        assert meaning.setdefault(token_id, token) == token, f"id {token_id}: {meaning[token_id]} and {token}"
+
+    for r in requests:
+        ids, pos = tokens.prompts[r.request_id], 0
+        for seg in basic_segments(r.prompt):
+            for k in range(seg.length):
+                token = (seg.stream, seg.start + k) if isinstance(seg, StreamSegment) else ("ids", int(seg.ids[k]))
+                assert not isinstance(seg, IdsSegment) or ids[pos] == token[1]  # explicit ids kept as they are
+                name(ids[pos], token)
+                pos += 1
+        for j in range(int(r.output_len)):
+            name(tokens.output_base[r.request_id] + j, (output_stream(r.request_id), j))
+    return meaning
+
+
+def test_the_lowering_is_one_to_one_on_tokens():
+    """Distinct tokens get distinct ids and equal tokens equal ids (streams, hash blocks, quoted outputs,
+    explicit ids), and ids are dense: exactly the distinct tokens, each a single id."""
+    import numpy as np
+
+    from sim.core.request import Request
+    from sim.core.tokens import IdsSegment, StreamBlocksSegment, StreamSegment, output_stream
+    from sim.verify.lower import lowered_token_ids
+
+    rng = np.random.default_rng(7)
+    requests = []
+    for i in range(60):
+        prompt = []
+        for _ in range(int(rng.integers(1, 4))):
+            kind = int(rng.integers(0, 4))
+            if kind == 0:
+                prompt.append(
+                    StreamSegment(f"s{rng.integers(0, 5)}", int(rng.integers(0, 30)), int(rng.integers(1, 40)))
+                )
+            elif kind == 1:
+                ids = [int(h) for h in rng.integers(0, 12, size=int(rng.integers(1, 5)))]
+                prompt.append(StreamBlocksSegment("mc:", ids, 8, 8 * len(ids) - int(rng.integers(0, 8))))
+            elif kind == 2:
+                prompt.append(IdsSegment(rng.integers(0, 50, size=int(rng.integers(1, 6))).astype(np.int64)))
+            elif i:
+                prompt.append(StreamSegment(output_stream(f"q{int(rng.integers(0, i))}"), 0, int(rng.integers(1, 3))))
+        if not prompt:
+            prompt.append(StreamSegment("s0", 0, 3))
+        requests.append(Request(f"q{i}", prompt, int(rng.integers(2, 6)), arrival_time=float(i)))
+    tokens = lowered_token_ids(requests)
+    meaning = _token_identity(requests, tokens)
+    # One-to-one: as many ids as distinct tokens. Dense: after the explicit ids, each stream holds as many ids
+    # as its furthest position reached, no more.
+    assert len(set(meaning.values())) == len(meaning)
+    furthest: dict[str, int] = {}
+    for token in meaning.values():
+        furthest[token[0]] = max(furthest.get(token[0], 0), token[1] + 1)
+    explicit = furthest.pop("ids")
+    assert tokens.end == explicit + sum(furthest.values())
+
+
+def test_a_collision_is_caught_by_the_identity_check():
+    """The one-to-one check above bites: two streams lowered onto one range are reported."""
     from sim.core.request import Request
     from sim.core.tokens import StreamSegment
-    from sim.verify.lower import token_stride
+    from sim.verify.lower import LoweredTokens, lowered_token_ids
 
-    # Each request is two streams (its prompt's and its output's); with ranges of 2**20 ids, the explicit range
-    # and 2047 streams fit in 31 bits, 2049 do not.
-    deep = [Request(f"q{i}", [StreamSegment(f"d{i}", (1 << 20) - 8, 8)], 1) for i in range(1023)]
-    assert token_stride(deep) == 1 << 20
+    requests = [Request("a", [StreamSegment("x", 0, 4)], 1), Request("b", [StreamSegment("y", 0, 4)], 1)]
+    good = lowered_token_ids(requests)
+    _token_identity(requests, good)
+    collided = LoweredTokens(good.stream_base, good.output_base, {**good.prompts, "b": good.prompts["a"]}, good.end)
+    with pytest.raises(AssertionError, match="\\('x', 0\\) and \\('y', 0\\)"):
+        _token_identity(requests, collided)
+
+
+def test_token_ids_fit_32_bits_and_workloads_with_more_distinct_tokens_are_not_verifiable():
+    """vLLM 0.34 keeps token ids in an int32 buffer. One id per distinct token: 60,000 hash-block streams (a
+    fixed range per stream of 2**16 ids, the lowering before, overflowed at 32,767) fit; a workload with
+    more distinct tokens than 31 bits hold is refused instead of overflowing."""
+    from sim.core.request import Request
+    from sim.core.tokens import StreamBlocksSegment, StreamSegment
+    from sim.verify.lower import stream_bases
+
+    trace = [
+        Request(f"q{i}", [StreamBlocksSegment("mc:", range(6 * i, 6 * i + 6), 512, 3000)], 1) for i in range(10_000)
+    ]
+    base, end = stream_bases(trace)
+    assert len(base) == 70_000 and end == 10_000 + 60_000 * 512 - 10_000 * 72
+    huge = [Request("a", [StreamSegment("d", MAX_TOKEN_ID - 1, 1)], 1)]
+    assert stream_bases(huge)[1] - 1 == MAX_TOKEN_ID  # the largest id fits exactly
     with pytest.raises(NotVerifiable, match="32-bit token ids"):
-        token_stride(deep + [Request(f"x{i}", [StreamSegment(f"x{i}", 0, 8)], 1) for i in range(1)])
+        stream_bases(huge + [Request("b", [StreamSegment("e", 0, 1)], 1)])
