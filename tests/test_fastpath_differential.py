@@ -384,3 +384,16 @@ def test_checkpoint_placements_identical_with_and_without_fast_paths(
     text = random_scenario(seed, PLACEMENT_LAYOUTS)
     _assert_same(scenario_from_text(text, f"<placement {placement} {seed}>", overrides=overrides))
     assert layer.skips + layer.decodes > 0
+
+
+@pytest.mark.parametrize("placement", ["vllm", "branch_points"])
+@pytest.mark.parametrize("seed", _tiered(range(4), fast=2))
+def test_reuse_value_eviction_identical_with_and_without_fast_paths(
+    seed: int, placement: str, layer: LayerCounts
+) -> None:
+    """reuse_value stamps blocks as they are freed (on_freed) and evicts by its own order: the fast paths
+    must free and look up exactly as the plain layer does under it (head-of-line lookups included)."""
+    overrides = [*OVERRIDES, "cache.eviction_policy=reuse_value", f"cache.mamba_checkpoint_policy={placement}"]
+    text = random_scenario(seed, PLACEMENT_LAYOUTS)
+    _assert_same(scenario_from_text(text, f"<reuse_value {placement} {seed}>", overrides=overrides))
+    assert layer.skips + layer.decodes > 0
