@@ -220,15 +220,6 @@ class TruthChecker:
         refilled: bool,
     ) -> tuple[int | None, str | None]:
         """First position of ``need`` the claimed list does not back (with the taint found there, if any)."""
-        lo, hi = need
-        if (
-            type(lst) is list
-            and type(hashes) is list
-            and lo < hi <= len(lst)
-            and hi <= len(hashes)
-            and _all_backed(lst, hashes, gid, lo, hi)
-        ):
-            return None, None
         for i in range(*need):
             if i >= len(lst) and refilled:
                 return None, None  # unclaimed positions get fresh blocks, which the pull fills
@@ -310,18 +301,6 @@ class TruthChecker:
             if self._resident_for(adm, own, shown + ext, shown, conn.supplies_mamba_state):
                 best = max(best, shown + ext)
         return best
-
-
-def _all_backed(lst: list[KVCacheBlock], hashes: list[object], group_id: object, lo: int, hi: int) -> bool:
-    """The common answer of :meth:`TruthChecker._first_unbacked` in one pass: each claimed block of
-    ``[lo, hi)`` (all within ``lst`` and ``hashes``) is cached under the request's hash in this group
-    (a null block holds no key) and untainted."""
-    for i in range(lo, hi):
-        block = lst[i]
-        key: tuple[object, object] | None = block.block_hash
-        if key is None or key[1] != group_id or key[0] != hashes[i] or block.taint is not None:
-            return False
-    return True
 
 
 def _holds(block: KVCacheBlock, hashes: Sequence[BlockHash], index: int, group_id: int) -> bool:
