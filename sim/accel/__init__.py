@@ -17,10 +17,21 @@ contract.
   not admitted keeps its prefix lookup until a prefix-cache event names one of
   its hashes (the manager above shows it every event; the scheduler above
   reuses it).
+* :class:`~sim.accel.hashing.SharedPrefixBlockHasher`: a prompt's blocks inside a
+  start it shares with an earlier prompt take that prompt's hashes; output blocks
+  are hashed straight from the output stream (with any layout).
 """
 
 from sim.accel.decodes import QuietDecodeScheduler
+from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.accel.lookups import HeadOfLineLookups
 from sim.accel.quiet import QuietHorizons, QuietKVCacheManager, quiet_horizon
 
-__all__ = ["HeadOfLineLookups", "QuietDecodeScheduler", "QuietHorizons", "QuietKVCacheManager", "quiet_horizon"]
+__all__ = [
+    "HeadOfLineLookups",
+    "QuietDecodeScheduler",
+    "QuietHorizons",
+    "QuietKVCacheManager",
+    "SharedPrefixBlockHasher",
+    "quiet_horizon",
+]

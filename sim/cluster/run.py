@@ -27,6 +27,7 @@ import numpy as np
 import simpy
 from simpy.events import URGENT
 
+from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.cluster.instances import instance_scenarios
 from sim.cluster.pd import PREFILL_LEG_SUFFIX, DecodePort, Disaggregation, PrefillPort
 from sim.cluster.router import InstanceState, Router, create_router
@@ -36,7 +37,6 @@ from sim.config.scenario import Scenario
 from sim.config.yamlio import ScenarioError
 from sim.connector.offload import OffloadConnector
 from sim.connector.remote import RemoteConnector
-from sim.core.kv.hashing import RequestBlockHasher
 from sim.core.request import Request
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components, run_rngs, scenario_workload
@@ -114,7 +114,7 @@ class ArrivalFeed:
         env: simpy.Environment,
         instances: list[Instance],
         router: Router,
-        hasher: RequestBlockHasher | None,
+        hasher: SharedPrefixBlockHasher | None,
     ) -> None:
         self.env = env
         self.instances = instances
@@ -394,7 +394,7 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
         view = KVCacheView(len(components.kv_cache_config.groups), cluster.router.view_delay)
         instances.append(Instance(index, components, view))
     config = instances[0].components.kv_cache_config
-    hasher = RequestBlockHasher(config.hash_block_size) if cluster.router.policy == "prefix_aware" else None
+    hasher = SharedPrefixBlockHasher(config.hash_block_size) if cluster.router.policy == "prefix_aware" else None
     sessions = None
     spec = scenario.workload.sessions
     if spec is not None and spec.mode == "closed":

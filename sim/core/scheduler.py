@@ -82,7 +82,7 @@ from sim.core.kv.manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.core.policy.checkpoint import BaseCheckpointPolicy, PrefixFacts, extra_state_positions
 from sim.core.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
-from sim.core.request import Request, RequestStatus
+from sim.core.request import BlockHasher, Request, RequestStatus
 
 SchedulingPolicyName = Literal["fcfs", "priority"]
 _T = TypeVar("_T")
@@ -310,6 +310,7 @@ class Scheduler:
         admission_checker: AdmissionChecker | None = None,
         on_crash: Literal["stop", "record"] = "stop",
         checkpoint_policy: BaseCheckpointPolicy | None = None,
+        block_hasher: BlockHasher | None = None,
     ) -> None:
         if on_crash not in ("stop", "record"):
             raise ValueError(f"on_crash: expected 'stop' or 'record', got {on_crash!r}")
@@ -320,7 +321,9 @@ class Scheduler:
         self.max_model_len = config.max_model_len or kv_cfg.max_model_len
         self.block_size = kv_cfg.scheduler_block_size
         self.hash_block_size = kv_cfg.hash_block_size
-        self._block_hasher = RequestBlockHasher(self.hash_block_size)
+        # The hasher bound to each added request (vLLM's engine binds ``get_request_block_hasher``'s);
+        # the build may pass the speed layer's, which gives the same hashes.
+        self._block_hasher = block_hasher or RequestBlockHasher(self.hash_block_size)
         self.num_groups = len(kv_cfg.groups)
         # A `none` connector is no connector at all (vLLM: kv_transfer_config is None).
         if connector is not None and connector.name == "none":

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
+from sim.accel import QuietDecodeScheduler, QuietKVCacheManager, SharedPrefixBlockHasher
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.connector.protocol import Connector
@@ -397,7 +397,8 @@ def build_components(
     Everything that can be refused is checked before anything stateful is
     built: the cache layout, the workload, the sizing, the policy, the
     connector, the step-time model and the eviction policy. ``fast_paths``
-    chooses, once, the KV-cache manager and the scheduler: the speed layer's
+    chooses, once, the block hasher (:class:`~sim.accel.SharedPrefixBlockHasher` or the core's), the
+    KV-cache manager and the scheduler: the speed layer's
     :class:`~sim.accel.QuietKVCacheManager` and
     :class:`~sim.accel.QuietDecodeScheduler` where the manager supports the
     layout, else (or with ``fast_paths`` False) the plain
@@ -443,6 +444,7 @@ def build_components(
         admission_checker=make_truth_checker(kv_manager, connector),
         on_crash=scenario.on_crash,
         checkpoint_policy=placement,
+        block_hasher=SharedPrefixBlockHasher(config.hash_block_size) if fast_paths else None,
     )
     return Components(
         scenario=scenario,
