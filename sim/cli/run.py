@@ -14,6 +14,15 @@ from sim.cli.output import prepare_out_dir, print_summary, run_targets, show_pro
 
 
 # --------------------------------------------------------------------- run
+def peak_rss_mib() -> float:
+    """The process's peak resident set size so far, in MiB (``getrusage``: KiB on Linux, bytes on macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
 @app.command()
 @handles_errors
 def run(
@@ -73,6 +82,7 @@ def run(
         warn(result.notes)  # what the writer kept aside instead of deleting
         if not quiet:
             print_summary(result.summary, title=f"{scenario.name}  →  {target}")
+            typer.echo(f"peak memory: {peak_rss_mib():.0f} MiB resident (this process so far)")
         worst = max(worst, RUN_STATUS_EXIT[result.status])
     if worst:
         raise typer.Exit(worst)

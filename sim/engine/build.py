@@ -432,7 +432,10 @@ def build_components(
         eviction_policy=eviction_policy,
         eviction_context=eviction_context,
     )
-    recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table))
+    from sim.trace.spill import ArrowSpill
+
+    # The steps rows go to disk a row group at a time as they fill one (a long run's largest table).
+    recorder = Recorder(len(config.groups), record_schedule=bool(scenario.outputs.schedule_table), spill=ArrowSpill())
     # The speed layer's scheduler goes with its manager (it reads the manager's quiet horizons).
     scheduler_cls = QuietDecodeScheduler if isinstance(kv_manager, QuietKVCacheManager) else Scheduler
     scheduler = scheduler_cls(

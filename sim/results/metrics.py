@@ -142,6 +142,29 @@ class _ArrowColumns(Mapping[str, ColumnArray]):
         return self.table.num_columns
 
 
+class _RunColumns(Mapping[str, ColumnArray]):
+    """One table of a run's :class:`~sim.trace.schema.ArrowTables` read without making it whole until a
+    column is asked for: the summary reads only the ``steps`` table's column names and row count, and a long
+    run's ``steps`` rows are mostly spilled to disk (:mod:`sim.trace.spill`)."""
+
+    def __init__(self, tables: ArrowTables, name: str) -> None:
+        self.tables = tables
+        self.name = name
+
+    def __getitem__(self, column: str) -> ColumnArray:
+        return _ArrowColumns(self.tables.table(self.name))[column]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tables.column_names(self.name))
+
+    def __len__(self) -> int:
+        return len(self.tables.column_names(self.name))
+
+    @property
+    def num_rows(self) -> int:
+        return self.tables.num_rows(self.name)
+
+
 class _PackedKVColumns(Mapping[str, ColumnArray]):
     """The recorder's packed ``kv_events`` (:class:`~sim.trace.recorder.KVEventTable`) read as columns
     without making it an Arrow table: ``group`` as a NumPy array, ``kind`` and ``cause`` as dictionary
@@ -172,6 +195,8 @@ def _num_rows(table: TableColumns) -> int:
         return len(table.frame)
     if isinstance(table, _ArrowColumns):
         return table.table.num_rows
+    if isinstance(table, _RunColumns):
+        return table.num_rows
     return len(next(iter(table.values()))) if table else 0
 
 
@@ -186,6 +211,8 @@ def _columns_of(
         return {
             name: _PackedKVColumns(events)
             if name == "kv_events" and events is not None
+            else _RunColumns(source, name)
+            if name == "steps"
             else _ArrowColumns(source.table(name))
             for name in source
         }

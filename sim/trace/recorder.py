@@ -18,9 +18,12 @@ Invariants:
 from __future__ import annotations
 
 from array import array
-from typing import Callable, Mapping, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol, Sequence, Union
 
 from sim.trace.dtypes import FIXED_DTYPES, FLOAT, INT, PER_GROUP
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def kv_event_columns() -> list[str]:
@@ -108,13 +111,15 @@ class Columns:
     int64) raises ``TypeError``/``OverflowError`` when it is recorded; the table's schema refuses it too.
     """
 
-    __slots__ = ("names", "data", "_name_set")
+    __slots__ = ("names", "data", "_name_set", "spilled")
 
     def __init__(self, names: Sequence[str], packed: Mapping[str, str] | None = None) -> None:
         self.names = list(names)
         packed = packed or {}
         self.data: dict[str, list | array] = {n: array(packed[n]) if n in packed else [] for n in self.names}
         self._name_set = frozenset(self.names)
+        #: Rows moved out to a :class:`TableSpill` (the first ``spilled`` rows); ``data`` holds the rows after.
+        self.spilled = 0
 
     def append(self, row: dict) -> None:
         if row.keys() != self._name_set:
@@ -126,9 +131,12 @@ class Columns:
             data[name].append(value)
 
     def add_column(self, name: str, default) -> None:
-        """Append an extension column (e.g. a connector metric), back-filled."""
+        """Append an extension column (e.g. a connector metric), back-filled. Only before any row was spilled
+        (a spill takes only tables whose columns all have declared dtypes, :class:`TableSpill`)."""
         if name in self.data:
             return
+        if self.spilled:
+            raise ValueError(f"extension column {name!r} added after {self.spilled} rows were spilled")
         self.names.append(name)
         self._name_set = frozenset(self.names)
         self.data[name] = [default] * len(self)
@@ -290,11 +298,30 @@ def _packed_columns(table: str, names: Sequence[str]) -> dict[str, str]:
     return packed
 
 
-class Recorder:
-    """Collects the rows of every result table during one run."""
+class TableSpill(Protocol):
+    """Where a long run's ``steps`` rows go while it runs (:class:`sim.trace.spill.ArrowSpill`): the recorder
+    hands over a table each time it holds :attr:`rows` rows; :meth:`spill` moves whole groups of ``rows``
+    rows out of ``columns`` (their first rows, in order) and adds them to ``columns.spilled``, or leaves a
+    table it cannot spill (one with extension columns) as it is; after the run :meth:`batches` gives the
+    spilled groups back as Arrow tables, in order."""
 
-    def __init__(self, num_groups: int, record_schedule: bool = True) -> None:
+    rows: int
+
+    def spill(self, table: str, columns: Columns) -> None: ...
+
+    def batches(self, table: str) -> Iterator[pa.Table]: ...
+
+
+class Recorder:
+    """Collects the rows of every result table during one run.
+
+    With a :class:`TableSpill` the ``steps`` table (one row an engine step: about 37 a request on the Mooncake
+    replay, 22 numbers each with Nemotron-H) is held at most ``spill.rows`` rows at a time; the rest is in the
+    spill, in order."""
+
+    def __init__(self, num_groups: int, record_schedule: bool = True, spill: TableSpill | None = None) -> None:
         self.num_groups = num_groups
+        self.spill = spill
         self.schedule_enabled = record_schedule
         self.step = 0
         self.time_s = 0.0
@@ -457,6 +484,9 @@ class Recorder:
             cols = self.steps.data
             for name, value in extra.items():
                 cols[name].append(value)
+        spill = self.spill
+        if spill is not None and len(self.steps) >= spill.rows:
+            spill.spill("steps", self.steps)
 
     def _check_step_extras(self, extra: Mapping[str, object]) -> None:
         """Add the extension columns ``extra`` names; a row must fill every extension column there is."""

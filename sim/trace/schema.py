@@ -42,6 +42,7 @@ from sim.trace.recorder import (
     Columns,
     KVEventTable,
     Recorder,
+    TableSpill,
     admission_columns,
     kv_event_columns,
     request_columns,
@@ -443,15 +444,20 @@ def arrow_tables_from_recorder(recorder: Recorder) -> dict[str, pa.Table]:
 
 def recorded_tables(recorder: Recorder) -> ArrowTables:
     """A run's tables: four as Arrow tables, ``kv_events`` as the recorder packed it (:class:`ArrowTables`
-    makes it Arrow on demand, or the writer a row group at a time)."""
+    makes it Arrow on demand, or the writer a row group at a time); a table whose first rows the recorder
+    spilled (:class:`~sim.trace.recorder.TableSpill`) as its rows still held, after the spilled groups."""
     recorded: dict[str, Columns] = {
         "admissions": recorder.admissions,
         "requests": recorder.requests,
         "schedule": recorder.schedule,
         "steps": recorder.steps,
     }
+    spilled = {name: columns.spilled for name, columns in recorded.items() if columns.spilled}
     return ArrowTables(
-        {name: table_from_recorded(name, columns) for name, columns in recorded.items()}, kv_events=recorder.kv_events
+        {name: table_from_recorded(name, columns) for name, columns in recorded.items()},
+        kv_events=recorder.kv_events,
+        spill=recorder.spill if spilled else None,
+        spilled=spilled,
     )
 
 
@@ -462,12 +468,28 @@ class ArrowTables(Mapping[str, "pd.DataFrame"]):
     ``kv_events`` may be given as the recorder's packed table instead (``kv_events=``; a long run records
     about 35 rows per request, and its Arrow table is about 100 bytes a row): it is made an Arrow table only
     when :attr:`arrow` or the DataFrame is asked for; the bundle writer takes it :meth:`batches` at a time.
+
+    A table whose first rows a run spilled (``spilled``: name -> rows in ``spill``) is given in ``arrow`` as
+    its later rows: :meth:`batches` reads the spilled groups back one at a time, then gives those rows; it is
+    made whole only when asked for.
     """
 
-    def __init__(self, arrow: Mapping[str, pa.Table], *, kv_events: KVEventTable | None = None) -> None:
+    def __init__(
+        self,
+        arrow: Mapping[str, pa.Table],
+        *,
+        kv_events: KVEventTable | None = None,
+        spill: TableSpill | None = None,
+        spilled: Mapping[str, int] | None = None,
+    ) -> None:
         self._arrow = dict(arrow)
         #: The packed ``kv_events`` not yet made an Arrow table (``None`` once made, or if given as a table).
         self._kv_events = kv_events
+        #: Tables whose first rows are in ``spill`` and not yet made whole -> how many.
+        self._spilled = dict(spilled or {})
+        if self._spilled and spill is None:
+            raise ValueError(f"tables {sorted(self._spilled)} have spilled rows but no spill was given")
+        self._spill = spill
         self._names = [
             name for name in TABLE_NAMES if name in self._arrow or (name == "kv_events" and kv_events is not None)
         ]
@@ -484,7 +506,16 @@ class ArrowTables(Mapping[str, "pd.DataFrame"]):
         if name == "kv_events" and self._kv_events is not None:
             self._arrow[name] = table_from_recorded(name, self._kv_events)
             self._kv_events = None
+        if name in self._spilled:
+            self._arrow[name] = pa.concat_tables(list(self.batches(name))).combine_chunks()
+            del self._spilled[name]
         return self._arrow[name]
+
+    def column_names(self, name: str) -> list[str]:
+        """One table's column names, without making a spilled table whole."""
+        if name == "kv_events" and self._kv_events is not None:
+            return list(self._kv_events.names)
+        return list(self._arrow[name].column_names)
 
     @property
     def recorded_kv_events(self) -> KVEventTable | None:
@@ -494,14 +525,22 @@ class ArrowTables(Mapping[str, "pd.DataFrame"]):
     def num_rows(self, name: str) -> int:
         if name == "kv_events" and self._kv_events is not None:
             return len(self._kv_events)
-        return int(self._arrow[name].num_rows)
+        return int(self._arrow[name].num_rows) + self._spilled.get(name, 0)
 
     def batches(self, name: str) -> Iterator[pa.Table]:
         """One table as consecutive Arrow tables of at most :data:`ROW_GROUP_ROWS` rows (the packed
         ``kv_events`` converted one at a time; another table whole)."""
         if name == "kv_events" and self._kv_events is not None:
             return kv_event_batches(self._kv_events)
+        if name in self._spilled and self._spill is not None:
+            return self._spilled_batches(name, self._spill)
         return iter([self._arrow[name]])
+
+    def _spilled_batches(self, name: str, spill: TableSpill) -> Iterator[pa.Table]:
+        yield from spill.batches(name)
+        tail = self._arrow[name]
+        if tail.num_rows:
+            yield tail
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         frame = self._frames.get(name)

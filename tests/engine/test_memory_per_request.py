@@ -127,3 +127,24 @@ def test_step_and_admission_rows_hold_their_numbers_packed() -> None:
     assert len(rec.steps) == len(rec.admissions) == rows
     # 22 step and 27 admission columns: about 8 bytes a value packed (about 1.5 KB the two rows as objects).
     assert held / rows < 600, f"{held / rows:.0f} bytes per step and admission row"
+
+
+def test_step_rows_leave_memory_a_row_group_at_a_time() -> None:
+    """A run records about 37 ``steps`` rows a request on the Mooncake replay (22 numbers each with 7 groups,
+    about 180 bytes packed): a run holds at most one row group of them, the rest is spilled to disk
+    (sim/trace/spill.py), so what it holds per step row falls as the run grows."""
+    from sim.trace.spill import ArrowSpill
+
+    groups, rows = 7, 40_000
+
+    def record() -> Recorder:
+        rec = Recorder(num_groups=groups, spill=ArrowSpill(rows=4_000))
+        for i in range(rows):
+            rec.set_clock(i, i * 0.013)
+            big = 1_000_000 + i
+            rec.record_step(i * 1e-4, 300 + i, 400 + i, big, big + 1, big + 2, [big] * groups, [big - 1] * groups)
+        return rec
+
+    rec, held = _traced(record)
+    assert rec.steps.spilled + len(rec.steps) == rows
+    assert held / rows < 25, f"{held / rows:.1f} bytes per steps row"

@@ -1,0 +1,99 @@
+"""A long run's ``steps`` rows kept on disk while it runs, as the Arrow tables the bundle writer would make.
+
+A run records one ``steps`` row per engine step: on the Mooncake replay about 37 a request, 22 numbers each
+with Nemotron-H's 7 groups (about 180 bytes a row packed), so a million requests would hold about 6.5 GB of
+them. :class:`ArrowSpill` takes them out of the recorder :data:`~sim.trace.schema.ROW_GROUP_ROWS` rows at a
+time: each group is made its Arrow table (:func:`~sim.trace.schema.arrow_table`, the conversion the whole
+table would get) and appended, zstd-compressed, to an anonymous temporary file (``tempfile.TemporaryFile``:
+unlinked at once, so nothing is left behind if the run is killed). The bundle writer reads the groups back one
+at a time (:meth:`ArrowSpill.batches`), one Parquet row group each, so the bundle's bytes are those of the
+table written whole.
+
+Invariants: a table is spilled only while every column has a declared dtype (a connector's extension
+columns infer theirs from all values, so such a table stays whole in memory); spilled groups are in
+recording order, which is ``steps``' row order (its sort key ``step`` strictly increases along a run).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import IO, Iterator
+
+import pyarrow as pa
+
+from sim.trace import schema
+from sim.trace.recorder import Columns
+from sim.trace.schema import arrow_table, column_dtype
+
+#: The tables a run spills (the others are held whole: ``kv_events`` packed, the rest small).
+SPILLED_TABLES: tuple[str, ...] = ("steps",)
+
+
+class ArrowSpill:
+    """Full row groups of the spilled tables, in an anonymous temporary file (see the module docstring)."""
+
+    def __init__(self, rows: int | None = None) -> None:
+        rows = schema.ROW_GROUP_ROWS if rows is None else rows
+        if rows < 1:
+            raise ValueError(f"rows must be positive, got {rows}")
+        #: Rows per spilled group: by default a bundle's row group (:data:`~sim.trace.schema.ROW_GROUP_ROWS`);
+        #: another size gives the same table, not the same Parquet bytes.
+        self.rows = rows
+        self._files: dict[str, IO[bytes]] = {}
+        self._writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
+        self._groups: dict[str, int] = {}
+        self._last_step: dict[str, int] = {}
+        self._refused: set[str] = set()
+
+    def spill(self, table: str, columns: Columns) -> None:
+        """Move the first whole groups of ``columns`` out to the file (see :class:`~sim.trace.recorder.TableSpill`)."""
+        if table not in SPILLED_TABLES or table in self._refused:
+            return
+        if any(column_dtype(table, name) is None for name in columns.names):
+            self._refused.add(table)
+            return
+        rows = self.rows
+        while len(columns) >= rows:
+            data = columns.data
+            steps = data["step"]
+            first, last = steps[0], steps[rows - 1]
+            previous = self._last_step.get(table)
+            if previous is not None and first <= previous:
+                raise AssertionError(f"{table}: step {first} recorded after step {previous} was spilled")
+            group = arrow_table(table, {name: data[name][:rows] for name in columns.names})
+            self._writer(table, group.schema).write_table(group)
+            for name in columns.names:
+                del data[name][:rows]
+            columns.spilled += rows
+            self._groups[table] = self._groups.get(table, 0) + 1
+            self._last_step[table] = last
+
+    def _writer(self, table: str, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
+        writer = self._writers.get(table)
+        if writer is None:
+            fh = self._files[table] = tempfile.TemporaryFile(prefix=f"hybridsim-{table}-")
+            options = pa.ipc.IpcWriteOptions(compression="zstd")
+            writer = self._writers[table] = pa.ipc.new_stream(fh, schema, options=options)
+        return writer
+
+    def groups(self, table: str) -> int:
+        """How many groups of :attr:`rows` rows of ``table`` were spilled."""
+        return self._groups.get(table, 0)
+
+    def batches(self, table: str) -> Iterator[pa.Table]:
+        """The spilled groups of ``table`` as Arrow tables, in order, one at a time (none if nothing was spilled)."""
+        writer = self._writers.pop(table, None)
+        if writer is not None:
+            writer.close()  # the stream's end marker; no group is added after the run
+        fh = self._files.get(table)
+        if fh is None:
+            return
+        fh.seek(0)
+        pending: list[pa.RecordBatch] = []
+        held = 0
+        for batch in pa.ipc.open_stream(fh):
+            pending.append(batch)
+            held += batch.num_rows
+            if held == self.rows:  # one spilled group (its table's one batch, whatever the stream made of it)
+                yield pa.Table.from_batches(pending)
+                pending, held = [], 0
