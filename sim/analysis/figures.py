@@ -99,7 +99,7 @@ def encode_png(pixels: np.ndarray, dpi: int) -> bytes:
             b"\x89PNG\r\n\x1a\n",
             _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2 if channels == 3 else 6, 0, 0, 0)),
             _chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1)),
-            _chunk(b"IDAT", zlib.compress(rows, PNG_ZLIB_LEVEL)),
+            _chunk(b"IDAT", zlib.compress(rows.data, PNG_ZLIB_LEVEL)),
             _chunk(b"IEND", b""),
         )
     )
