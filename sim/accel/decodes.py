@@ -12,8 +12,9 @@ request directly; every other request takes the core's pass
 What it keeps: every step's ``SchedulerOutput`` and every ``Request`` are the
 ones the core builds (the request is scheduled in the same place of
 ``scheduled_running_reqs`` and ``num_scheduled_tokens`` with the same one
-token, and ``_update_after_schedule`` / ``update_from_output`` are the core's).
-Only the two calls whose answer is known are skipped. Chosen once by the
+token, and ``_update_after_schedule`` is the core's; ``update_from_output`` is the
+core's with two calls per sampled token inlined or skipped where their answer is known).
+Only calls whose answer is known are skipped. Chosen once by the
 engine's build, together with :class:`~sim.accel.quiet.QuietKVCacheManager`;
 ``tests/test_fastpath_differential.py`` is the contract.
 
@@ -38,7 +39,7 @@ from sim.core.policy.prefix import (
     ReconciledPolicy,
     TrimToMinPolicy,
 )
-from sim.core.request import Request
+from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 #: Prefix policies whose lookup without a connector is the reconciled ``get_computed_blocks`` (exact classes).
@@ -139,3 +140,31 @@ class QuietDecodeScheduler(Scheduler):
         if lookups is not None and looked is not None and attempt.end is not AttemptEnd.ADMITTED:
             lookups.keep(request, looked)
         return attempt
+
+    def update_from_output(self, out: SchedulerOutput) -> list[Request]:
+        """The core's :meth:`~sim.core.scheduler.Scheduler.update_from_output` with two calls saved per
+        sampled token: ``Request.append_output_tokens(1)``'s block-hash check inlined (a new full block
+        can only end at this token), and ``_stop_status`` skipped where it is None (fewer outputs than
+        ``output_len``, which is at most ``max_tokens``, and shorter than ``max_model_len``)."""
+        finished: list[Request] = []
+        running_status = RequestStatus.RUNNING
+        max_model_len = self.max_model_len
+        for request in out.sampling_reqs:
+            if request.status is not running_status:
+                continue
+            request.num_output_tokens = num_output = request.num_output_tokens + 1
+            num_tokens = request.num_prompt_tokens + num_output
+            hbs = request.hash_block_size
+            if hbs and not num_tokens % hbs:
+                request.update_block_hashes()
+            if num_output < request.output_len and num_tokens < max_model_len:
+                continue
+            status = self._stop_status(request)
+            if status is not None:
+                request.status = status
+                self.running.remove(request)
+                self._free_request(request)
+                finished.append(request)
+        self._drain_events()
+        self.step += 1
+        return finished

@@ -1147,21 +1147,11 @@ class Scheduler:
         on ``output_len`` (the workload's EOS), ``max_tokens`` or ``max_model_len``.
         """
         finished: list[Request] = []
-        running_status = RequestStatus.RUNNING
-        max_model_len = self.max_model_len
         # Prefill chunks that leave tokens to compute sample nothing; `sampling_reqs` skips them.
         for request in out.sampling_reqs:
-            if request.status is not running_status:
+            if request.status is not RequestStatus.RUNNING:
                 continue  # finished, preempted or failed meanwhile
-            request.num_output_tokens = num_output = request.num_output_tokens + 1
-            num_tokens = request.num_prompt_tokens + num_output
-            # Request.append_output_tokens(1), with its block-hash check inlined.
-            # (A new full block can only end at this token: the hashes were complete before it.)
-            hbs = request.hash_block_size
-            if hbs and not num_tokens % hbs:
-                request.update_block_hashes()
-            if num_output < request.output_len and num_tokens < max_model_len:
-                continue  # `_stop_status` is None exactly here (output_len <= max_tokens)
+            request.append_output_tokens(1)
             status = self._stop_status(request)
             if status is not None:
                 request.status = status
