@@ -111,8 +111,8 @@ def export_kv_events(
     bundle: str | Path, *, hash_seed: str = DEFAULT_HASH_SEED, int_hashes: bool = False, instance: int | None = None
 ) -> bytes:
     """The msgpack stream of ``bundle``'s KV events (one encoded ``KVEventBatch`` after another)."""
+    from sim.accel.hashing import SharedPrefixBlockHasher
     from sim.config import load_scenario
-    from sim.core.kv.hashing import RequestBlockHasher
     from sim.engine.build import build_components
     from sim.results.cluster import select_instance
     from sim.trace.bundle import load_result
@@ -146,7 +146,7 @@ def export_kv_events(
     except NotVerifiable as exc:
         raise ExportError(f"{directory}: token ids cannot be lowered ({exc})") from None
     hbs = config.hash_block_size
-    hasher = RequestBlockHasher(hbs)
+    hasher = SharedPrefixBlockHasher(hbs)  # the speed layer's: the same hashes as the core's
     where: dict[int, _Block] = {}
     theirs: dict[str, list[bytes]] = {}
     ids: dict[str, list[int]] = {}
