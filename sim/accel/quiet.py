@@ -234,9 +234,15 @@ class QuietKVCacheManager(KVCacheManager):
             held.cause.extend(log.cause)
 
     def take_event_log(self) -> KVEventLog:
+        held = self._held
+        if held is None:  # (the common case: nothing held, so the pool's log is the answer)
+            log = self.block_pool.take_event_log()
+            if self.head_lookups is not None:
+                self.head_lookups.forget_changed(log)
+            return log
         self.sync_events()
-        held, self._held = self._held, None
-        return held if held is not None else self.block_pool.take_event_log()
+        self._held = None
+        return held
 
     def take_events(self) -> list[KVEvent]:
         return self.take_event_log().rows()
