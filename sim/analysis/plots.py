@@ -120,10 +120,25 @@ class _InViewLocator(MaxNLocator):
         return [x for x in locs if lo - slack <= x <= hi + slack]
 
 
-def _locator(integer: bool = False) -> MaxNLocator:
-    """A major-tick locator with at most :data:`MAX_TICKS` intervals (``integer``: whole numbers only),
+def _locator(integer: bool = False, intervals: int = MAX_TICKS) -> MaxNLocator:
+    """A major-tick locator with at most ``intervals`` intervals (``integer``: whole numbers only),
     building only the ticks that are drawn."""
-    return _InViewLocator(nbins=MAX_TICKS, integer=integer)
+    return _InViewLocator(nbins=intervals, integer=integer)
+
+
+#: A y axis shorter than this (inches: the stacked 2-inch panels of the block-usage and eviction figures)
+#: gets at most :data:`SHORT_AXIS_TICKS` intervals: five labelled ticks on 1.5 inches sit a quarter inch
+#: apart, and every tick is five artists to build and draw.
+SHORT_AXIS_INCHES = 2.0
+SHORT_AXIS_TICKS = 3
+
+
+def _y_locator(ax: Axes, integer: bool = False) -> MaxNLocator:
+    """:func:`_locator` for ``ax``'s y axis: :data:`SHORT_AXIS_TICKS` intervals on a short axis."""
+    fig = ax.get_figure(root=True)
+    assert fig is not None  # every axes here is made by _figure
+    inches = ax.get_position().height * fig.get_figheight()
+    return _locator(integer, SHORT_AXIS_TICKS if inches < SHORT_AXIS_INCHES else MAX_TICKS)
 
 
 def _figure(
@@ -156,7 +171,7 @@ def _figure(
         wspace=0.28,
     )
     for ax in axes.flat:
-        ax.yaxis.set_major_locator(_locator())
+        ax.yaxis.set_major_locator(_y_locator(ax))
         if not categorical_x:
             ax.xaxis.set_major_locator(_locator())
     return fig, axes
@@ -357,7 +372,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
 
 def _finish_panel(ax: Axes) -> None:
     ax.set_ylabel("blocks")
-    ax.yaxis.set_major_locator(_locator(integer=True))
+    ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
 
@@ -454,7 +469,7 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
         )
         _mark_crashes(ax, crashes, False)
         ax.set_ylabel("block id")
-        ax.yaxis.set_major_locator(_locator(integer=True))
+        ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
         shown = f" (g{g} shown)" if len(panel.groups) > 1 else ""
         ax.set_title(
             f"{panel.label}: evictions {eviction_count(removed, panel.groups)}{shown}", loc="left", fontsize=10
@@ -523,7 +538,7 @@ def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
         )
         ax.bar_label(bars, fontsize=7)
     ax.set_xticks(x, [str(i) for i in table.index])
-    ax.yaxis.set_major_locator(_locator(integer=True))
+    ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(title="outcome", fontsize=8)
@@ -571,7 +586,7 @@ def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
             [str(o) for o in counts.index], counts.to_numpy(), color=[_outcome_colour(o, others) for o in counts.index]
         )
         ax.bar_label(bars, fontsize=8)
-        ax.yaxis.set_major_locator(_locator(integer=True))
+        ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
         ax.set_ylabel("count")
         ax.grid(axis="y", alpha=0.3)
     return save_figure(fig, path)
@@ -618,7 +633,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
         if col in steps:
             _step(ax, steps[xcol].to_numpy(), steps[col].to_numpy(), color=colour, label=col[5:].replace("_", " "))
     ax.set_ylabel("transfers")
-    ax.yaxis.set_major_locator(_locator(integer=True))
+    ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_xlabel(xlabel)

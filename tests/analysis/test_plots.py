@@ -312,3 +312,16 @@ def test_png_is_savefig_s_pixels_in_rgb_when_opaque(tmp_path, tables, drawn):
     assert fig.get_dpi() == 100  # saving leaves the figure as it was
     fig.set_facecolor((1, 1, 1, 0))  # see-through: the alpha channel stays
     assert Image.open(save_figure(fig, tmp_path / "clear.png")).mode == "RGBA"
+
+
+def test_short_panels_get_fewer_y_ticks(tmp_path, tables, drawn):
+    from sim.analysis.plots import SHORT_AXIS_TICKS, plot_block_usage
+
+    steps = tables["steps"]
+    wide = dict(tables, steps=steps.assign(free_blocks=np.linspace(0, 250, len(steps)).round().astype(int)))
+    plot_block_usage(LoadedResult.from_tables(wide, group_kinds=KINDS), tmp_path / "b.png")
+    plot_divergence(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path / "d.png")
+    usage, divergence = drawn
+    for ax in usage.axes:  # stacked 2-inch panels (the pool's 0-250 would take 50-block steps: 6 ticks)
+        assert 2 <= len(ax.get_yticks()) <= SHORT_AXIS_TICKS + 1, ax.get_title(loc="left")
+    assert len(divergence.axes[0].get_yticks()) > SHORT_AXIS_TICKS + 1  # a tall axis keeps its ticks
