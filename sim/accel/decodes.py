@@ -152,18 +152,18 @@ class QuietDecodeScheduler(Scheduler):
         for request in out.sampling_reqs:
             if request.status is not running_status:
                 continue
+            # Request.append_output_tokens(1), its block-hash check inlined: the hashes were complete
+            # before this token, so a new full block can only end at it.
             request.num_output_tokens = num_output = request.num_output_tokens + 1
             num_tokens = request.num_prompt_tokens + num_output
             hbs = request.hash_block_size
             if hbs and not num_tokens % hbs:
                 request.update_block_hashes()
             if num_output < request.output_len and num_tokens < max_model_len:
-                continue
+                continue  # `_stop_status` is None exactly here (Request keeps output_len <= max_tokens)
             status = self._stop_status(request)
             if status is not None:
-                request.status = status
-                self.running.remove(request)
-                self._free_request(request)
+                self._finish_stopped(request, status)
                 finished.append(request)
         self._drain_events()
         self.step += 1

@@ -1154,13 +1154,17 @@ class Scheduler:
             request.append_output_tokens(1)
             status = self._stop_status(request)
             if status is not None:
-                request.status = status
-                self.running.remove(request)
-                self._free_request(request)
+                self._finish_stopped(request, status)
                 finished.append(request)
         self._drain_events()
         self.step += 1
         return finished
+
+    def _finish_stopped(self, request: Request, status: RequestStatus) -> None:
+        """A running request that sampled its last token: ``status`` set, out of ``running``, freed."""
+        request.status = status
+        self.running.remove(request)
+        self._free_request(request)
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         """vLLM ``check_stop`` order: EOS (here: the workload's ``output_len``), then length caps."""
