@@ -277,6 +277,20 @@ class ChainIndex:
         return False
 
 
+def fill_lru(pool: PolicyBlockPool, chosen: list[KVCacheBlock], num_blocks: int) -> list[KVCacheBlock]:
+    """``chosen`` (distinct free cached blocks, a policy's picks) cut or topped up to ``num_blocks`` with
+    the oldest free cached blocks not in it (vLLM's LRU order)."""
+    if len(chosen) >= num_blocks:
+        return chosen[:num_blocks]
+    taken = {b.block_id for b in chosen}
+    for block in free_cached_blocks(pool):
+        if block.block_id not in taken:
+            chosen.append(block)
+            if len(chosen) == num_blocks:
+                break
+    return chosen
+
+
 class _IndexedPolicy(BaseEvictionPolicy):
     """A policy that keeps a :class:`ChainIndex` and looks at a bounded window of candidates.
 
@@ -303,18 +317,6 @@ class _IndexedPolicy(BaseEvictionPolicy):
 
     def on_reset(self) -> None:
         self.index.on_reset()
-
-    def _fill_lru(self, chosen: list[KVCacheBlock], num_blocks: int) -> list[KVCacheBlock]:
-        """Top ``chosen`` up to ``num_blocks`` with the oldest free cached blocks not in it."""
-        if len(chosen) >= num_blocks:
-            return chosen[:num_blocks]
-        taken = {b.block_id for b in chosen}
-        for block in free_cached_blocks(self.pool):
-            if block.block_id not in taken:
-                chosen.append(block)
-                if len(chosen) == num_blocks:
-                    break
-        return chosen
 
 
 class GroupCoherentPolicy(_IndexedPolicy):
@@ -351,7 +353,7 @@ class GroupCoherentPolicy(_IndexedPolicy):
                     break
             elif block.block_id in extra_ids and len(extra) < num_blocks:
                 extra.append(block)
-        return self._fill_lru(dead + extra, num_blocks)
+        return fill_lru(self.pool, dead + extra, num_blocks)
 
 
 class ExtraStatesFirstLRU(BaseEvictionPolicy):
@@ -379,13 +381,7 @@ class ExtraStatesFirstLRU(BaseEvictionPolicy):
                     break
                 if block.block_id in extra_ids:
                     chosen.append(block)
-        taken = {b.block_id for b in chosen}
-        for block in free_cached_blocks(self.pool):
-            if len(chosen) == num_blocks:
-                break
-            if block.block_id not in taken:
-                chosen.append(block)
-        return chosen
+        return fill_lru(self.pool, chosen, num_blocks)
 
 
 class MarconiPolicy(_IndexedPolicy):
@@ -473,7 +469,7 @@ class MarconiPolicy(_IndexedPolicy):
                 scored.append((rank, eff, block))
         alpha = self.alpha / best if best > 0 else 0.0
         scored.sort(key=lambda item: (item[0] / last + alpha * item[1], item[0]))
-        return self._fill_lru([block for _, _, block in scored[:num_blocks]], num_blocks)
+        return fill_lru(self.pool, [block for _, _, block in scored[:num_blocks]], num_blocks)
 
 
 class ReuseValuePolicy(BaseEvictionPolicy):
@@ -618,13 +614,7 @@ class ReuseValuePolicy(BaseEvictionPolicy):
                 continue
             chosen.append(block)
             taken.add(bid)
-        if len(chosen) < num_blocks:
-            for block in free_cached_blocks(self.pool):
-                if block.block_id not in taken:
-                    chosen.append(block)
-                    if len(chosen) == num_blocks:
-                        break
-        return chosen
+        return fill_lru(self.pool, chosen, num_blocks)
 
 
 for _cls in (GroupCoherentPolicy, MarconiPolicy, ReuseValuePolicy):
