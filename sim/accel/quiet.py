@@ -226,12 +226,7 @@ class QuietKVCacheManager(KVCacheManager):
         if held is None:
             self._held = log
         else:
-            held.kind.extend(log.kind)
-            held.group.extend(log.group)
-            held.block_id.extend(log.block_id)
-            held.block_hash.extend(log.block_hash)
-            held.request_id.extend(log.request_id)
-            held.cause.extend(log.cause)
+            held.extend_log(log)
 
     def take_event_log(self) -> KVEventLog:
         held = self._held

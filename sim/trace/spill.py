@@ -41,7 +41,6 @@ class ArrowSpill:
         self.rows = rows
         self._files: dict[str, IO[bytes]] = {}
         self._writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
-        self._groups: dict[str, int] = {}
         self._last_step: dict[str, int] = {}
         self._refused: set[str] = set()
 
@@ -65,7 +64,6 @@ class ArrowSpill:
             for name in columns.names:
                 del data[name][:rows]
             columns.spilled += rows
-            self._groups[table] = self._groups.get(table, 0) + 1
             self._last_step[table] = last
 
     def _writer(self, table: str, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
@@ -75,10 +73,6 @@ class ArrowSpill:
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = self._writers[table] = pa.ipc.new_stream(fh, schema, options=options)
         return writer
-
-    def groups(self, table: str) -> int:
-        """How many groups of :attr:`rows` rows of ``table`` were spilled."""
-        return self._groups.get(table, 0)
 
     def batches(self, table: str) -> Iterator[pa.Table]:
         """The spilled groups of ``table`` as Arrow tables, in order, one at a time (none if nothing was spilled)."""

@@ -92,6 +92,15 @@ class KVEventLog:
         for e in events:
             self.append(e.kind, e.group, e.block_id, e.block_hash, e.request_id, e.cause)
 
+    def extend_log(self, other: KVEventLog) -> None:
+        """Append ``other``'s events, in order (column by column)."""
+        self.kind.extend(other.kind)
+        self.group.extend(other.group)
+        self.block_id.extend(other.block_id)
+        self.block_hash.extend(other.block_hash)
+        self.request_id.extend(other.request_id)
+        self.cause.extend(other.cause)
+
     def __len__(self) -> int:
         return len(self.kind)
 
