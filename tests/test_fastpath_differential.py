@@ -26,7 +26,7 @@ from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.accel.quiet import QuietHorizons
 from sim.api import RunOptions, run_scenario
 from sim.config import load_scenario, scenario_from_text
-from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.scheduler import Scheduler
 from sim.engine.build import build_components
 from sim.trace.golden import GOLDEN_SCENARIOS

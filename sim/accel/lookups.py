@@ -14,7 +14,7 @@ nothing else.
 its attempt did not admit it, and hands it back at the next attempt while no
 prefix-cache event (``stored``, ``removed``, ``cleared``) names one of the
 request's hashes. Every change of the cache map emits such an event (the
-pool's rule: :mod:`sim.core.kv.pool`), and the KV manager
+pool's rule: :mod:`sim.core.kv.block_pool`), and the KV manager
 (:class:`~sim.accel.quiet.QuietKVCacheManager`) shows every event to
 :meth:`HeadOfLineLookups.forget_changed` before anyone takes it. The rest of
 the attempt (sizing, allocation, the admissions row) runs as in the core.
@@ -23,8 +23,8 @@ the attempt (sizing, allocation, the admissions row) runs as in the core.
 
 from __future__ import annotations
 
+from sim.core.kv.block_pool import KVEventLog
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.pool import KVEventLog
 from sim.core.policy.prefix import PrefixLookup
 from sim.core.request import Request
 

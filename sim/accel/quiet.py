@@ -10,11 +10,11 @@ group; a call inside the horizon returns no blocks without the per-group work.
 
 Supported layouts (:meth:`QuietKVCacheManager.supports`): full attention and
 align-mode Mamba groups with one common block size. Any other layout is built
-with the plain :class:`~sim.core.kv.manager.KVCacheManager`.
+with the plain :class:`~sim.core.kv.kv_cache_manager.KVCacheManager`.
 
 The bounds read the single-type managers' tables (never write them):
 :func:`quiet_horizon` is the per-group rule, written against
-``sim/core/kv/managers.py``; a change to how a group type skips, allocates or
+``sim/core/kv/single_type_kv_cache_manager.py``; a change to how a group type skips, allocates or
 caches must be mirrored here (the differential test catches a miss).
 """
 
@@ -23,9 +23,14 @@ from __future__ import annotations
 from typing import Final, Sequence
 
 from sim.accel.lookups import HeadOfLineLookups
-from sim.core.kv.manager import KVCacheBlocks, KVCacheManager
-from sim.core.kv.managers import FullAttentionManager, MambaManager, SingleTypeKVCacheManager, manager_class_for
-from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
+from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
+from sim.core.kv.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from sim.core.kv.single_type_kv_cache_manager import (
+    FullAttentionManager,
+    MambaManager,
+    SingleTypeKVCacheManager,
+    manager_class_for,
+)
 from sim.core.kv.specs import KVCacheConfig, MambaSpec
 from sim.core.request import Request, RequestStatus
 

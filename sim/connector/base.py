@@ -35,8 +35,8 @@ from typing import Any, Callable, ClassVar
 
 from sim.connector.context import ConnectorContext
 from sim.core.interfaces import KVTransferParams
-from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.block_pool import KVEvent
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.request import Request
 
 

@@ -34,8 +34,8 @@ from typing import Any, Callable, Mapping, Sequence
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
 from sim.core.interfaces import KVTransferParams
-from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.block_pool import KVEvent
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.request import Request
 
 

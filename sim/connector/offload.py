@@ -62,8 +62,8 @@ from typing import Any, Literal, Protocol, Sequence
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, GroupLayout, Link, LinkSpec, TransferService, block_table
 from sim.core.interfaces import KVTransferParams
-from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.block_pool import KVEvent
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.request import Request
 
 #: PCIe Gen5 x16: 64 GB/s raw per direction, ~50 GB/s effective for pinned-memory DMA.

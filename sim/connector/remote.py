@@ -75,7 +75,7 @@ from typing import Any, Callable, Protocol, Sequence
 from sim.connector.base import KVConnector
 from sim.connector.context import ConnectorContext, LinkSpec, block_table
 from sim.core.interfaces import KVTransferParams
-from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.request import Request
 
 #: One 200 Gb/s RDMA NIC (InfiniBand HDR / NDR200, RoCE) at ~25 GB/s effective.

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from sim.connector.base import KVConnector
-from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.request import Request
 from sim.limits import MAX_INT, MAX_TOKENS
 

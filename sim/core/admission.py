@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 from typing import Callable
 
-from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.policy.prefix import PrefixLookup
 from sim.core.request import Request
 

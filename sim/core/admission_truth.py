@@ -72,10 +72,10 @@ from typing import Sequence
 
 from sim.core.admission import AdmissionAttempt
 from sim.core.interfaces import SchedulerConnector
+from sim.core.kv.block_pool import KVCacheBlock
 from sim.core.kv.hash_view import cached_block_hashes
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.manager import KVCacheManager
-from sim.core.kv.pool import KVCacheBlock
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.specs import SlidingWindowSpec, cdiv
 from sim.core.request import Request
 

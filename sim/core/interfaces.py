@@ -1,7 +1,7 @@
 """The seams of the scheduler, as Protocols: its connector, its KV manager and its admission recorder.
 
 Part of the core (pure, no clock): the scheduler is typed against these, not
-against concrete classes of the edges. :class:`sim.core.kv.manager.KVCacheManager`
+against concrete classes of the edges. :class:`sim.core.kv.kv_cache_manager.KVCacheManager`
 is the KV manager, :class:`sim.trace.recorder.Recorder` the recorder and every
 :class:`sim.connector.base.KVConnector` a connector; a plug-in connector need
 not subclass ``KVConnector`` but must have every member of
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence, Sized, TypeAlias
 
-from sim.core.kv.coordinator import KVCacheCoordinator
-from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import KVEvent, KVEventLog
+from sim.core.kv.block_pool import KVEvent, KVEventLog
+from sim.core.kv.kv_cache_coordinator import KVCacheCoordinator
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig
 from sim.core.policy.prefix import PrefixCacheView
 from sim.core.registry import OptionValue
@@ -89,7 +89,7 @@ class SchedulerConnector(Protocol):
 
 
 class SchedulerKVManager(PrefixCacheView, Protocol):
-    """The KV-cache manager as the scheduler uses it (:class:`sim.core.kv.manager.KVCacheManager`);
+    """The KV-cache manager as the scheduler uses it (:class:`sim.core.kv.kv_cache_manager.KVCacheManager`);
     its lookups are what it hands a prefix policy (:class:`~sim.core.policy.prefix.PrefixCacheView`)."""
 
     kv_cache_config: KVCacheConfig

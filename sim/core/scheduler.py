@@ -78,7 +78,7 @@ from sim.core.admission import AdmissionAttempt, AdmissionChecker, AttemptEnd
 from sim.core.interfaces import AdmissionRecorder, SchedulerConnector, SchedulerKVManager
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import RequestBlockHasher
-from sim.core.kv.manager import KVCacheBlocks
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, prefill_checkpoint_position, prefill_checkpoint_valid
 from sim.core.policy.checkpoint import BaseCheckpointPolicy, PrefixFacts, extra_state_positions
 from sim.core.policy.prefix import PrefixLookup, PrefixPolicy, get_prefix_policy
@@ -298,7 +298,7 @@ class _Skipped:
 
 
 class Scheduler:
-    """vLLM's scheduler over one :class:`~sim.core.kv.manager.KVCacheManager`."""
+    """vLLM's scheduler over one :class:`~sim.core.kv.kv_cache_manager.KVCacheManager`."""
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.connector.protocol import Connector
 from sim.core.admission_truth import make_truth_checker
-from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.specs import (
     KVCacheConfig,
     MambaSpec,

@@ -45,7 +45,7 @@ from typing import Any, Callable, Generator, Sequence
 import simpy
 
 from sim.connector.protocol import Connector
-from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.request import Request, RequestStatus
 from sim.core.scheduler import EngineCrash, Scheduler, SchedulerOutput
 from sim.engine.transfer import EngineTransferService

@@ -205,7 +205,7 @@ def invariant_check(components: Components, options: RunOptions) -> Callable[[],
         return None
     from functools import partial
 
-    from sim.core.kv.manager import check_invariants
+    from sim.core.kv.kv_cache_manager import check_invariants
 
     return partial(check_invariants, components.kv_manager)
 

@@ -89,7 +89,7 @@ _STEP_FIXED = ("step", "time_s", "duration_s", "running", "waiting", "prefill_to
 
 
 class KVEventColumns(Protocol):
-    """Buffered KV events as one equal-length list per field (``sim.core.kv.pool.KVEventLog``)."""
+    """Buffered KV events as one equal-length list per field (``sim.core.kv.block_pool.KVEventLog``)."""
 
     kind: list[str]
     group: list[int]
@@ -352,7 +352,7 @@ class Recorder:
         self.time_s = time_s
 
     def record_kv_event_log(self, log: KVEventColumns) -> None:
-        """Append a pool's event log (``sim.core.kv.pool.KVEventLog``), stamped with the current step and time;
+        """Append a pool's event log (``sim.core.kv.block_pool.KVEventLog``), stamped with the current step and time;
         then hand it to :attr:`kv_event_listener`, if one is set (a cluster's router view)."""
         if len(log):
             self.kv_events.append_log(log, self.step, self.time_s)

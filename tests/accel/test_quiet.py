@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from support.kv import make_request
 
 from sim.accel import QuietKVCacheManager
-from sim.core.kv.manager import KVCacheManager, check_invariants
-from sim.core.kv.managers import MambaManager
+from sim.core.kv.kv_cache_manager import KVCacheManager, check_invariants
+from sim.core.kv.single_type_kv_cache_manager import MambaManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.request import RequestStatus
 

@@ -2,7 +2,7 @@
 
 Whole scheduler runs (``support.scheduler.Harness``) with a
 :class:`~sim.accel.QuietKVCacheManager` and with the plain
-:class:`~sim.core.kv.manager.KVCacheManager`: requests arriving while others
+:class:`~sim.core.kv.kv_cache_manager.KVCacheManager`: requests arriving while others
 decode, long prompts chunked by the threshold, block pressure (preemptions and
 resumed admissions), aborts of running requests and a budget squeeze. Every
 schedule row, batch total, admission row and finish step must match, and the

@@ -15,7 +15,7 @@ from sim.cluster.router import (
     usable_prefix_tokens,
 )
 from sim.cluster.view import KVCacheView
-from sim.core.kv.pool import KVEventLog
+from sim.core.kv.block_pool import KVEventLog
 from sim.core.kv.specs import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
 from sim.core.request import Request
 from sim.core.tokens import StreamSegment

@@ -6,7 +6,7 @@ from sim.connector import ScriptedConnector
 from sim.core.admission import AdmissionAttempt
 from sim.core.admission_truth import make_truth_checker
 from sim.core.kv.hashing import RequestBlockHasher
-from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.policy.prefix import PrefixLookup
 from sim.core.request import Request

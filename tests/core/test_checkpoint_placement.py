@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from support.scheduler import Harness
 
 from sim.core.kv.eviction import PolicyBlockPool
-from sim.core.kv.manager import check_invariants
+from sim.core.kv.kv_cache_manager import check_invariants
 from sim.core.policy.checkpoint import create_checkpoint_policy
 from sim.core.policy.eviction import ExtraStatesFirstLRU, create_eviction_policy
 from sim.core.request import Request

@@ -154,7 +154,7 @@ def test_the_window_reorders_among_plain_waiting_requests_only():
 
 
 def test_the_window_is_off_under_priority_scheduling_and_without_prefix_caching():
-    from sim.core.kv.manager import KVCacheManager
+    from sim.core.kv.kv_cache_manager import KVCacheManager
     from sim.core.kv.specs import kv_cache_config_from_groups
     from sim.core.scheduler import Scheduler
 

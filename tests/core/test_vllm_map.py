@@ -76,7 +76,7 @@ def test_every_vllm_symbol_exists_in_the_installed_vllm() -> None:
 
 
 #: Classes whose methods keep vLLM's order, for a side-by-side read (ours -> vLLM's file and class).
-SAME_ORDER = {("sim.core.kv.pool", "BlockPool"): ("block_pool.py", "BlockPool")}
+SAME_ORDER = {("sim.core.kv.block_pool", "BlockPool"): ("block_pool.py", "BlockPool")}
 
 
 def _method_lines(tree: ast.Module, cls: str) -> dict[str, int]:

@@ -17,7 +17,7 @@ import random
 import tracemalloc
 from pathlib import Path
 
-from sim.core.kv.pool import KVEventLog
+from sim.core.kv.block_pool import KVEventLog
 from sim.trace.recorder import Recorder
 from sim.workload.traces.mooncake import read_mooncake
 

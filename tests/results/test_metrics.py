@@ -232,7 +232,7 @@ def test_counts_equal_the_pandas_definitions_on_random_tables(tables, kinds):
 
 
 def _summary_of_packed(t, kinds):
-    from sim.core.kv.pool import KVEvent
+    from sim.core.kv.block_pool import KVEvent
     from sim.trace.recorder import KVEventTable
     from sim.trace.schema import TABLE_NAMES, ArrowTables, arrow_table, hex_to_hash
     from tests.support.kv import event_log

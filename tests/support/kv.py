@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from sim.core.kv.block_pool import KVEvent, KVEventLog
 from sim.core.kv.hashing import RequestBlockHasher
-from sim.core.kv.manager import KVCacheManager
-from sim.core.kv.pool import KVEvent, KVEventLog
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.request import Request
 from sim.core.tokens import StreamSegment

@@ -12,7 +12,7 @@ import numpy as np
 from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.connector.context import ConnectorContext, GroupLayout
 from sim.core.kv.eviction import EvictionContext
-from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.policy.eviction import eviction_policy_for_placement
 from sim.core.request import Request, RequestStatus

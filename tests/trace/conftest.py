@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.block_pool import KVEvent
 from sim.trace.recorder import Recorder
 from tests.support.kv import event_log
 

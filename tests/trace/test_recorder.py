@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.kv.pool import KVEvent, KVEventLog
+from sim.core.kv.block_pool import KVEvent, KVEventLog
 from sim.trace.recorder import Recorder, admission_columns, step_columns
 from tests.support.kv import event_log
 

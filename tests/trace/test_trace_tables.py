@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.block_pool import KVEvent
 from sim.trace.recorder import Recorder
 from sim.trace.tables import (
     TABLE_NAMES,

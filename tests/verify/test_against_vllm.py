@@ -81,7 +81,7 @@ def _for_installed(path: Path, release: str, tmp_path: Path) -> Path:
 
 
 def test_verify_bites_on_a_reversed_free_queue(vllm, monkeypatch, tmp_path):
-    from sim.core.kv.pool import FreeKVCacheBlockQueue
+    from sim.core.kv.block_pool import FreeKVCacheBlockQueue
 
     # Freed uncached blocks go to the back instead of the front (vLLM prepends them).
     monkeypatch.setattr(FreeKVCacheBlockQueue, "prepend_n", FreeKVCacheBlockQueue.append_n)

@@ -1,7 +1,7 @@
 """The eviction-policy seam of the block pool: which free cached block an allocation takes.
 
 ``cache.eviction_policy: lru`` (the default) is vLLM 0.33 exactly: the pool is
-the plain :class:`~sim.core.kv.pool.BlockPool` and ``get_new_blocks`` pops the
+the plain :class:`~sim.core.kv.block_pool.BlockPool` and ``get_new_blocks`` pops the
 front of the free queue, with no hook and no extra work. Any other policy is a
 **what-if, not vLLM**; the pool is then a :class:`PolicyBlockPool`, which
 differs from the plain pool only here:
@@ -44,8 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
+from sim.core.kv.block_pool import BlockPool, KVCacheBlock
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.pool import BlockPool, KVCacheBlock
 from sim.core.kv.specs import KVCacheConfig, MambaSpec
 
 #: Event cause of an entry dropped because a non-``lru`` policy chose its block.

@@ -2,7 +2,7 @@
 
 ``lru`` (the default) is vLLM 0.33's free-queue order and is not an object at
 all: :func:`create_eviction_policy` returns ``None`` and the plain
-:class:`~sim.core.kv.pool.BlockPool` runs, untouched. Every other policy is a
+:class:`~sim.core.kv.block_pool.BlockPool` runs, untouched. Every other policy is a
 **what-if, not vLLM** (``mirrors_vllm = False``; a scenario that selects one is
 not verifiable against vLLM); the contract a policy must keep is in
 :mod:`sim.core.kv.eviction`. Built-ins:
@@ -28,9 +28,9 @@ from __future__ import annotations
 import heapq
 from typing import ClassVar, Mapping, Sequence
 
+from sim.core.kv.block_pool import BlockPool, KVCacheBlock
 from sim.core.kv.eviction import EvictionContext, PolicyBlockPool, free_cached_blocks
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.pool import BlockPool, KVCacheBlock
 from sim.core.kv.specs import FullAttentionSpec, KVCacheConfig, MambaSpec, SlidingWindowSpec
 from sim.core.registry import OptionValue, Registry
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Final, Protocol, Sequence
 
+from sim.core.kv.block_pool import KVCacheBlock
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.manager import KVCacheBlocks
-from sim.core.kv.pool import KVCacheBlock
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.kv.specs import KVCacheConfig
 from sim.core.registry import OptionValue, Registry
 from sim.core.request import Request
@@ -48,7 +48,7 @@ class PerGroupLookups(Protocol):
 
 class PrefixCacheView(Protocol):
     """What a prefix policy may see of the KV-cache manager: its lookups, which only read the
-    prefix cache (:class:`sim.core.kv.manager.KVCacheManager` has them all)."""
+    prefix cache (:class:`sim.core.kv.kv_cache_manager.KVCacheManager` has them all)."""
 
     @property
     def kv_cache_config(self) -> KVCacheConfig: ...

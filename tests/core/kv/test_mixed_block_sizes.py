@@ -14,7 +14,7 @@ import pytest
 from support.kv import ids, make_manager, make_request
 
 from sim.core.kv.hash_view import BlockHashesAtBlockSize, block_hashes_at
-from sim.core.kv.manager import check_invariants
+from sim.core.kv.kv_cache_manager import check_invariants
 from sim.core.kv.specs import FullAttentionSpec, MambaSpec, SlidingWindowSpec, kv_cache_config_from_groups
 from sim.core.request import RequestStatus
 

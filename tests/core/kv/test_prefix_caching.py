@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from support.kv import ids, make_manager, make_request
 
-from sim.core.kv.manager import check_invariants
-from sim.core.kv.pool import KVEvent
+from sim.core.kv.block_pool import KVEvent
+from sim.core.kv.kv_cache_manager import check_invariants
 
 
 def test_prefill_full_attention_ids_free_order_and_eviction():
@@ -238,7 +238,7 @@ def test_reset_prefix_cache_only_when_all_free():
 
 
 def test_no_prefix_cache_never_hits_and_mamba_none_takes_one_block():
-    from sim.core.kv.manager import KVCacheManager
+    from sim.core.kv.kv_cache_manager import KVCacheManager
     from sim.core.kv.specs import kv_cache_config_from_groups
 
     cfg = kv_cache_config_from_groups(

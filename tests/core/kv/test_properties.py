@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from support.kv import make_manager, make_request
 
 from sim.core.kv.eviction import EvictionContext, PolicyBlockPool
-from sim.core.kv.manager import check_invariants
+from sim.core.kv.kv_cache_manager import check_invariants
 from sim.core.policy.eviction import ChainIndex, create_eviction_policy
 from sim.core.request import RequestStatus
 

@@ -6,7 +6,7 @@ import pytest
 
 from sim.connector import ScriptedConnector
 from sim.core.kv.hashing import RequestBlockHasher
-from sim.core.kv.manager import KVCacheManager
+from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.specs import kv_cache_config_from_groups
 from sim.core.policy.prefix import MaxPerGroupPolicy, TrimToMinPolicy, get_prefix_policy, prefix_policy_names
 from sim.core.request import Request

@@ -8,8 +8,8 @@ select it with ``cache: {eviction_policy: mamba_last}``.
 
 from __future__ import annotations
 
+from sim.core.kv import KVCacheBlock
 from sim.core.kv.eviction import free_cached_blocks
-from sim.core.kv.pool import KVCacheBlock
 from sim.core.kv.specs import MambaSpec
 from sim.core.policy.eviction import BaseEvictionPolicy
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from sim.core.kv.coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
+from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, PolicyBlockPool
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.pool import KVCacheBlock, KVEvent, KVEventLog
+from sim.core.kv.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.core.request import Request, RequestStatus
 
@@ -47,7 +47,7 @@ class KVCacheManager:
     or preempted requests (vLLM default 0). ``max_in_flight_tokens`` sizes the
     sliding-window admission cap (vLLM: concurrent batches x
     ``max_num_batched_tokens``; defaults to ``max_model_len``).
-    ``corrected_mamba_accounting``: see :class:`~sim.core.kv.managers.MambaManager`.
+    ``corrected_mamba_accounting``: see :class:`~sim.core.kv.single_type_kv_cache_manager.MambaManager`.
     ``eviction_policy``: ``None`` is vLLM's LRU (the plain pool); anything else
     is a what-if policy (:mod:`sim.core.kv.eviction`), told ``eviction_context``.
     """

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from sim.core.kv.block_pool import BlockPool, KVCacheBlock, KVEvent
 from sim.core.kv.eviction import (
     EVICT_POLICY_CAUSE,
     EvictionContext,
     PolicyBlockPool,
     make_block_pool,
 )
-from sim.core.kv.pool import BlockPool, KVCacheBlock, KVEvent
 from sim.core.kv.specs import kv_cache_config_from_groups
 
 

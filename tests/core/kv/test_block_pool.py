@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.core.kv.pool import BlockPool, KVEvent
+from sim.core.kv.block_pool import BlockPool, KVEvent
 
 
 def test_null_block_and_initial_queue():

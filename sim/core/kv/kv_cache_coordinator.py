@@ -19,10 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+from sim.core.kv.block_pool import BlockPool, KVCacheBlock
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.managers import BlockLists, MambaManager, SingleTypeKVCacheManager, manager_class_for
-from sim.core.kv.pool import BlockPool, KVCacheBlock
+from sim.core.kv.single_type_kv_cache_manager import (
+    BlockLists,
+    MambaManager,
+    SingleTypeKVCacheManager,
+    manager_class_for,
+)
 from sim.core.kv.specs import (
     FullAttentionSpec,
     KVCacheConfig,

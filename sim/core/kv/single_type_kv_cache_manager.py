@@ -4,7 +4,7 @@ Each manager owns, for one KV-cache group, ``req_to_blocks[request_id]`` (the
 block table; the shared null block fills skipped slots) and
 ``num_cached_block[request_id]`` (how many leading table slots are already
 cached or deliberately skipped). All of them draw from the one shared
-:class:`~sim.core.kv.pool.BlockPool`.
+:class:`~sim.core.kv.block_pool.BlockPool`.
 
 Hit lookup (``find_longest_cache_hit``) is a classmethod, as in vLLM, because
 the hybrid coordinator runs it once for several groups that share a spec.
@@ -20,7 +20,7 @@ Not modelled (vLLM features outside our scope; see docs/kv-core.md): EAGLE /
 MTP block drops and speculative Mamba blocks, DCP/PCP, fine-grained partial
 hits with copy-on-write (layouts that would enable them are rejected by
 :func:`sim.core.kv.specs.check_modelled_layout`), the full-attention partial-tail
-entry (see :mod:`sim.core.kv.pool`), chunked-local attention, cross attention,
+entry (see :mod:`sim.core.kv.block_pool`), chunked-local attention, cross attention,
 R-SWA, boundary-state offload hand-offs, worker zeroing lists.
 """
 
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from sim.core.kv.block_pool import BlockPool, CacheKey, KVCacheBlock
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.pool import BlockPool, CacheKey, KVCacheBlock
 from sim.core.kv.specs import (
     FullAttentionSpec,
     KVCacheSpec,
