@@ -76,7 +76,20 @@ def test_every_vllm_symbol_exists_in_the_installed_vllm() -> None:
 
 
 #: Classes whose methods keep vLLM's order, for a side-by-side read (ours -> vLLM's file and class).
-SAME_ORDER = {("sim.core.kv.block_pool", "BlockPool"): ("block_pool.py", "BlockPool")}
+SAME_ORDER = {
+    ("sim.core.kv.block_pool", "BlockPool"): ("block_pool.py", "BlockPool"),
+    ("sim.core.kv.kv_cache_manager", "KVCacheManager"): ("kv_cache_manager.py", "KVCacheManager"),
+    ("sim.core.kv.kv_cache_coordinator", "KVCacheCoordinator"): ("kv_cache_coordinator.py", "KVCacheCoordinator"),
+    ("sim.core.kv.kv_cache_coordinator", "HybridKVCacheCoordinator"): (
+        "kv_cache_coordinator.py",
+        "HybridKVCacheCoordinator",
+    ),
+    ("sim.core.kv.single_type_kv_cache_manager", "SingleTypeKVCacheManager"): (
+        "single_type_kv_cache_manager.py",
+        "SingleTypeKVCacheManager",
+    ),
+    ("sim.core.kv.single_type_kv_cache_manager", "MambaManager"): ("single_type_kv_cache_manager.py", "MambaManager"),
+}
 
 
 def _method_lines(tree: ast.Module, cls: str) -> dict[str, int]:
@@ -100,7 +113,7 @@ def test_our_methods_keep_the_maps_order(ours: tuple[str, str]) -> None:
     assert spec is not None and spec.origin is not None
     lines = _method_lines(ast.parse(Path(spec.origin).read_text(encoding="utf-8")), cls)
     mapped = [mine for _, mine in _same_class_rows(module, cls, *SAME_ORDER[ours])]
-    assert len(mapped) >= 5
+    assert len(mapped) >= 3
     order = [lines[name] for name in mapped]
     assert order == sorted(order), f"{module}.{cls}: methods not in the map's (vLLM's) order: {mapped}"
 

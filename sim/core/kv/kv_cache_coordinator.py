@@ -120,7 +120,6 @@ class KVCacheCoordinator:
     def _init_layout(self) -> None:
         """Subclass hook: the group layout's own state, after the managers exist."""
 
-    # ------------------------------------------------------------- accounting
     def get_num_blocks_to_allocate(
         self,
         request_id: str,
@@ -150,7 +149,6 @@ class KVCacheCoordinator:
             )
         return total
 
-    # ------------------------------------------------------------- allocation
     def allocate_new_computed_blocks(
         self,
         request_id: str,
@@ -180,7 +178,6 @@ class KVCacheCoordinator:
             [m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model) for m in self.single_type_managers]
         )
 
-    # ---------------------------------------------------------------- caching
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         return num_computed_tokens
 
@@ -194,7 +191,9 @@ class KVCacheCoordinator:
             if manager.enable_caching:
                 manager.cache_blocks(request, cacheable, retention, boundaries)
 
-    # ------------------------------------------------------------------- misc
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
     def free(self, request_id: str) -> None:
         for manager in self.single_type_managers:
             manager.free(request_id)
@@ -206,18 +205,15 @@ class KVCacheCoordinator:
     def get_blocks(self, request_id: str) -> BlockLists:
         return tuple(m.req_to_blocks.get(request_id) or [] for m in self.single_type_managers)
 
-    def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
-
-    def new_step_starts(self) -> None:
-        for manager in self.single_type_managers:
-            manager.new_step_starts()
-
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
     ) -> tuple[BlockLists, int, int]:
         """``(blocks per group, hit tokens, uncached shared-prefix tokens)``."""
         raise NotImplementedError
+
+    def new_step_starts(self) -> None:
+        for manager in self.single_type_managers:
+            manager.new_step_starts()
 
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -274,6 +270,10 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         first = self.attention_groups[0]
         self.full_attention_group_id = first.group_ids[0] if isinstance(first.spec, FullAttentionSpec) else None
         self._alignment = self.scheduler_block_size
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+        """Hybrid: only up to the last scheduler-block boundary can ever be hit."""
+        return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
@@ -333,10 +333,6 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 hit_blocks[gid] = lst
                 hits[gid] = hit
         return tuple(hit_blocks), tuple(hits)
-
-    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
-        """Hybrid: only up to the last scheduler-block boundary can ever be hit."""
-        return num_computed_tokens // self.scheduler_block_size * self.scheduler_block_size
 
 
 def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, options: KVCacheOptions) -> KVCacheCoordinator:

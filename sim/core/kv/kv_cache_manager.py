@@ -85,7 +85,6 @@ class KVCacheManager:
         self.hash_block_size = kv_cache_config.hash_block_size
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
 
-    # ----------------------------------------------------------------- lookup
     @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
@@ -93,10 +92,13 @@ class KVCacheManager:
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
         return self.enable_caching and request.prefix_cache_hit_limit != 0
 
-    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
-        """The shared empty instance when no group has a block (identity matters
-        in :meth:`allocate_slots`, as in vLLM)."""
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """vLLM 0.34: how many of the request's tokens the prefix cache holds (the reconciled hit, capped at
+        ``num_tokens - 1``), or 0 without a lookup. Only probes: no reference, no block, no event
+        (cache-aware admission asks it for requests that may not be scheduled)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
 
     def get_computed_blocks(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -135,14 +137,6 @@ class KVCacheManager:
             return (*self.get_computed_blocks(request, max_cache_hit_length), False)
         return self.create_kv_cache_blocks(blocks), hits[fa], 0, min(hits) < hits[fa]
 
-    def get_num_cached_tokens(self, request: Request) -> int:
-        """vLLM 0.34: how many of the request's tokens the prefix cache holds (the reconciled hit, capped at
-        ``num_tokens - 1``), or 0 without a lookup. Only probes: no reference, no block, no event
-        (cache-aware admission asks it for requests that may not be scheduled)."""
-        if not self.prefix_cache_lookup_enabled(request):
-            return 0
-        return self.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1]
-
     def find_per_group_hits(self, request: Request) -> tuple[int, ...]:
         """Each group's independent hit (capped at ``num_tokens - 1``), for the
         admissions table's ``hit_gN`` columns. Touches nothing."""
@@ -150,7 +144,6 @@ class KVCacheManager:
             return tuple(0 for _ in range(self.num_kv_cache_groups))
         return self.coordinator.find_per_group_hit_lengths(request.block_hashes, request.num_tokens - 1)
 
-    # ------------------------------------------------------------- allocation
     def allocate_slots(
         self,
         request: Request,
@@ -226,46 +219,6 @@ class KVCacheManager:
         """Free out-of-window blocks (``num_prompt_tokens`` is only read by vLLM's R-SWA, not modelled)."""
         self.coordinator.remove_skipped_blocks(request_id, processed_computed_tokens)
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        if self.enable_caching:
-            self.coordinator.cache_blocks(request, num_computed_tokens)
-
-    def new_step_starts(self) -> None:
-        """Call at the start of every ``schedule()`` (clears Mamba's same-step set)."""
-        self.coordinator.new_step_starts()
-
-    # ---------------------------------------------------------------- queries
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        return tuple([b.block_id for b in g] for g in self.coordinator.get_blocks(request_id))
-
-    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
-        """Block ids covering the computed tokens (attention groups clipped; Mamba whole)."""
-        out: list[list[int]] = []
-        for group, ids in zip(self.kv_cache_config.groups, self.get_block_ids(request_id)):
-            if isinstance(group.spec, MambaSpec):
-                out.append(ids)
-            else:
-                out.append(ids[: cdiv(num_computed_tokens, group.spec.block_size)])
-        return tuple(out)
-
-    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
-        """A lookup result cut at an aligned endpoint; Mamba lists are clamped
-        (vLLM #51468), other groups must cover the endpoint. Pure slicing."""
-        out: list[list[KVCacheBlock]] = []
-        for group_blocks, group in zip(blocks.blocks, self.kv_cache_config.groups, strict=True):
-            bs = group.spec.block_size
-            assert num_computed_tokens % bs == 0, "num_computed_tokens % block_size == 0"
-            n = num_computed_tokens // bs
-            if isinstance(group.spec, MambaSpec):
-                n = min(n, len(group_blocks))
-            else:
-                assert n <= len(group_blocks), "num_blocks <= len(group_blocks)"
-            out.append(list(group_blocks[:n]))
-        return self.create_kv_cache_blocks(tuple(out))
-
     def evict_blocks(self, block_ids: Iterable[int], request_id: str = "", cause: str = "evict_forced") -> None:
         """Drop the cache entries of these blocks (connector load errors, scripted evictions)."""
         self.block_pool.evict_blocks(block_ids, request_id, cause)
@@ -283,6 +236,50 @@ class KVCacheManager:
     def num_pending_events(self) -> int:
         """Events emitted and not yet taken by :meth:`take_events`."""
         return self.block_pool.num_pending_events
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return self.create_kv_cache_blocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in g] for g in self.coordinator.get_blocks(request_id))
+
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        """Block ids covering the computed tokens (attention groups clipped; Mamba whole)."""
+        out: list[list[int]] = []
+        for group, ids in zip(self.kv_cache_config.groups, self.get_block_ids(request_id)):
+            if isinstance(group.spec, MambaSpec):
+                out.append(ids)
+            else:
+                out.append(ids[: cdiv(num_computed_tokens, group.spec.block_size)])
+        return tuple(out)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, num_computed_tokens)
+
+    def create_kv_cache_blocks(self, blocks: tuple[Sequence[KVCacheBlock], ...]) -> KVCacheBlocks:
+        """The shared empty instance when no group has a block (identity matters
+        in :meth:`allocate_slots`, as in vLLM)."""
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+        """A lookup result cut at an aligned endpoint; Mamba lists are clamped
+        (vLLM #51468), other groups must cover the endpoint. Pure slicing."""
+        out: list[list[KVCacheBlock]] = []
+        for group_blocks, group in zip(blocks.blocks, self.kv_cache_config.groups, strict=True):
+            bs = group.spec.block_size
+            assert num_computed_tokens % bs == 0, "num_computed_tokens % block_size == 0"
+            n = num_computed_tokens // bs
+            if isinstance(group.spec, MambaSpec):
+                n = min(n, len(group_blocks))
+            else:
+                assert n <= len(group_blocks), "num_blocks <= len(group_blocks)"
+            out.append(list(group_blocks[:n]))
+        return self.create_kv_cache_blocks(tuple(out))
+
+    def new_step_starts(self) -> None:
+        """Call at the start of every ``schedule()`` (clears Mamba's same-step set)."""
+        self.coordinator.new_step_starts()
 
     def cached_block_ids(self, block_hash: BlockHash, group_id: int) -> list[int]:
         """Ids of every block cached under ``block_hash`` in ``group_id``, ascending (read-only; what a

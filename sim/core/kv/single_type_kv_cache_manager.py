@@ -91,24 +91,6 @@ class SingleTypeKVCacheManager:
     def _init_kind(self) -> None:
         """Subclass hook: state a group type derives from its spec, once the shared state exists."""
 
-    # ----------------------------------------------------------------- lookup
-    @classmethod
-    def find_longest_cache_hit(
-        cls,
-        block_hashes: Sequence[BlockHash],
-        max_length: int,
-        kv_cache_group_ids: Sequence[int],
-        block_pool: BlockPool,
-        kv_cache_spec: KVCacheSpec,
-        alignment_tokens: int,
-    ) -> tuple[BlockLists, int]:
-        raise NotImplementedError
-
-    # ------------------------------------------------------------- accounting
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Tokens whose KV is no longer read (0 for full attention)."""
-        return 0
-
     def get_num_blocks_to_allocate(
         self,
         request_id: str,
@@ -135,7 +117,6 @@ class SingleTypeKVCacheManager:
         skip_new_computed = max(0, num_skipped_blocks - num_req_blocks)
         return num_new + num_evictable(new_computed_blocks[skip_new_computed:])
 
-    # ------------------------------------------------------------- allocation
     def add_local_computed_blocks(
         self,
         request_id: str,
@@ -192,20 +173,6 @@ class SingleTypeKVCacheManager:
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    # ---------------------------------------------------------------- caching
-    @classmethod
-    def reachable_block_mask(
-        cls,
-        start_block: int,
-        end_block: int,
-        alignment_tokens: int | None,
-        kv_cache_spec: KVCacheSpec,
-        retention_interval: int | None = None,
-        reachable_boundaries: Sequence[int] = (),
-    ) -> list[bool] | None:
-        """Which of blocks ``[start, end)`` to cache; ``None`` = all (full attention)."""
-        return None
-
     def cache_blocks(
         self,
         request: Request,
@@ -242,7 +209,19 @@ class SingleTypeKVCacheManager:
         self.num_cached_block[rid] = num_full
         return num_full
 
-    # ------------------------------------------------------------------- free
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: KVCacheSpec,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+    ) -> list[bool] | None:
+        """Which of blocks ``[start, end)`` to cache; ``None`` = all (full attention)."""
+        return None
+
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         blocks = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
@@ -253,6 +232,18 @@ class SingleTypeKVCacheManager:
         blocks = self.pop_blocks_for_free(request_id)
         if blocks:
             self.num_held_blocks -= self.block_pool.free_blocks(reversed(blocks))
+
+    @classmethod
+    def find_longest_cache_hit(
+        cls,
+        block_hashes: Sequence[BlockHash],
+        max_length: int,
+        kv_cache_group_ids: Sequence[int],
+        block_pool: BlockPool,
+        kv_cache_spec: KVCacheSpec,
+        alignment_tokens: int,
+    ) -> tuple[BlockLists, int]:
+        raise NotImplementedError
 
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
         """Free ``[first, last)`` from the back, nulling the slots; stop at a null."""
@@ -279,6 +270,10 @@ class SingleTypeKVCacheManager:
         if blocks is None:
             return
         self._remove_blocks_in_range(request_id, 0, min(skipped // self.block_size, len(blocks)))
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Tokens whose KV is no longer read (0 for full attention)."""
+        return 0
 
     def new_step_starts(self) -> None:
         return None
@@ -518,10 +513,48 @@ class MambaManager(SingleTypeKVCacheManager):
                 mask[idx - start_block] = True
         return mask
 
-    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        return num_computed_tokens - 1
+    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
+        """Align mode: free every non-null block in range (states leave null gaps)."""
+        if not self._align:
+            super()._remove_blocks_in_range(request_id, first_block, last_block)
+            return
+        blocks = self.req_to_blocks.get(request_id, [])
+        first_block = max(first_block, self.num_retired_blocks.get(request_id, 0))
+        last_block = min(last_block, len(blocks))
+        if first_block >= last_block:
+            return
+        null = self._null_block
+        freed: list[KVCacheBlock] = []
+        for i in range(last_block - 1, first_block - 1, -1):
+            if blocks[i].is_null:
+                continue
+            freed.append(blocks[i])
+            blocks[i] = null
+        if freed:
+            self.num_held_blocks -= self.block_pool.free_blocks(freed)
+        self.num_retired_blocks[request_id] = last_block
 
-    # --------------------------------------------------------- align helpers
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        """Align mode: retire the slots before ``(processed - 1) // B`` not yet retired (the
+        base rule, skipping the call when none is left), then the previous state block."""
+        if not self._align:
+            super().remove_skipped_blocks(request_id, processed_computed_tokens)
+            return
+        bs = self.block_size
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks is not None:
+            last = (processed_computed_tokens - 1) // bs
+            if last > len(blocks):
+                last = len(blocks)
+            if self.num_retired_blocks.get(request_id, 0) < last:
+                self._remove_blocks_in_range(request_id, 0, last)
+        idx = self.last_state_block_idx.get(request_id)
+        if idx is not None and idx < -(-processed_computed_tokens // bs) - 1:
+            blocks = self.req_to_blocks[request_id]
+            if not blocks[idx].is_null:
+                self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
+                blocks[idx] = self._null_block
+
     def checkpoint_position(self, num_tokens: int) -> int:
         """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no lookahead)."""
         return prefill_checkpoint_position(num_tokens, self.cache_hit_alignment_tokens)
@@ -634,53 +667,14 @@ class MambaManager(SingleTypeKVCacheManager):
         returned.extend(new_blocks)
         return returned
 
-    def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
-        """Align mode: free every non-null block in range (states leave null gaps)."""
-        if not self._align:
-            super()._remove_blocks_in_range(request_id, first_block, last_block)
-            return
-        blocks = self.req_to_blocks.get(request_id, [])
-        first_block = max(first_block, self.num_retired_blocks.get(request_id, 0))
-        last_block = min(last_block, len(blocks))
-        if first_block >= last_block:
-            return
-        null = self._null_block
-        freed: list[KVCacheBlock] = []
-        for i in range(last_block - 1, first_block - 1, -1):
-            if blocks[i].is_null:
-                continue
-            freed.append(blocks[i])
-            blocks[i] = null
-        if freed:
-            self.num_held_blocks -= self.block_pool.free_blocks(freed)
-        self.num_retired_blocks[request_id] = last_block
-
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        """Align mode: retire the slots before ``(processed - 1) // B`` not yet retired (the
-        base rule, skipping the call when none is left), then the previous state block."""
-        if not self._align:
-            super().remove_skipped_blocks(request_id, processed_computed_tokens)
-            return
-        bs = self.block_size
-        blocks = self.req_to_blocks.get(request_id)
-        if blocks is not None:
-            last = (processed_computed_tokens - 1) // bs
-            if last > len(blocks):
-                last = len(blocks)
-            if self.num_retired_blocks.get(request_id, 0) < last:
-                self._remove_blocks_in_range(request_id, 0, last)
-        idx = self.last_state_block_idx.get(request_id)
-        if idx is not None and idx < -(-processed_computed_tokens // bs) - 1:
-            blocks = self.req_to_blocks[request_id]
-            if not blocks[idx].is_null:
-                self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
-                blocks[idx] = self._null_block
-
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         self.last_state_block_idx.pop(request_id, None)
         self.num_retired_blocks.pop(request_id, None)
         self.checkpoints.pop(request_id, None)
         return super().pop_blocks_for_free(request_id)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens - 1
 
     def cache_blocks(
         self,
@@ -709,6 +703,9 @@ class MambaManager(SingleTypeKVCacheManager):
                 if key is not None:
                     this_step.add(key)
         return after
+
+    def new_step_starts(self) -> None:
+        self.cached_blocks_this_step.clear()
 
     def _cache_checkpoint_block(self, request: Request, retention_interval: int | None) -> CacheKey | None:
         """vLLM ``MambaManager._cache_partial_tail_block``, checkpoint branch.
@@ -768,9 +765,6 @@ class MambaManager(SingleTypeKVCacheManager):
         return self.block_pool.cache_partial_block(
             request.request_id, block, request.block_hashes[num_tokens // hbs - 1], num_tokens, self.kv_cache_group_id
         )
-
-    def new_step_starts(self) -> None:
-        self.cached_blocks_this_step.clear()
 
 
 def manager_class_for(spec: KVCacheSpec) -> type[SingleTypeKVCacheManager]:
