@@ -222,12 +222,6 @@ class KVCacheCoordinator:
         blocks, hit, _ = self.find_longest_cache_hit(block_hashes, max_cache_hit_length)
         return blocks, tuple(hit for _ in self.single_type_managers)
 
-    def find_per_group_hit_lengths(
-        self, block_hashes: Sequence[BlockHash], max_cache_hit_length: int
-    ) -> tuple[int, ...]:
-        """The hits of :meth:`find_longest_cache_hit_per_group` alone (the admissions table's ``hit_gN``)."""
-        return self.find_longest_cache_hit_per_group(block_hashes, max_cache_hit_length)[1]
-
 
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     def find_longest_cache_hit(
@@ -269,7 +263,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self.attention_groups.sort(key=lambda g: not isinstance(g.spec, FullAttentionSpec))
         first = self.attention_groups[0]
         self.full_attention_group_id = first.group_ids[0] if isinstance(first.spec, FullAttentionSpec) else None
-        self._alignment = self.scheduler_block_size
+
+    @property
+    def _cache_hit_alignment_tokens(self) -> int:
+        """Hits land on scheduler-block boundaries (vLLM: the hash block only with fine-grained hits)."""
+        return self.scheduler_block_size
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
         """Hybrid: only up to the last scheduler-block boundary can ever be hit."""
@@ -289,7 +287,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         len_by_group = [0] * n
         groups = self.attention_groups
         simple = len(groups) == 2 and isinstance(groups[0].spec, FullAttentionSpec)
-        align = self._alignment
+        align = self._cache_hit_alignment_tokens
         while True:
             cur = hit_length
             for spec, gids, cls in groups:
@@ -327,7 +325,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hits = [0] * n
         for spec, gids, cls in self.attention_groups:
             found, hit = cls.find_longest_cache_hit(
-                block_hashes, max_cache_hit_length, gids, self.block_pool, spec, self._alignment
+                block_hashes, max_cache_hit_length, gids, self.block_pool, spec, self._cache_hit_alignment_tokens
             )
             for gid, lst in zip(gids, found):
                 hit_blocks[gid] = lst

@@ -142,7 +142,7 @@ class KVCacheManager:
         admissions table's ``hit_gN`` columns. Touches nothing."""
         if not self.prefix_cache_lookup_enabled(request):
             return tuple(0 for _ in range(self.num_kv_cache_groups))
-        return self.coordinator.find_per_group_hit_lengths(request.block_hashes, request.num_tokens - 1)
+        return self.coordinator.find_longest_cache_hit_per_group(request.block_hashes, request.num_tokens - 1)[1]
 
     def allocate_slots(
         self,

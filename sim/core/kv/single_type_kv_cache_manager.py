@@ -438,7 +438,6 @@ class MambaManager(SingleTypeKVCacheManager):
             cache_hit_alignment_tokens=cache_hit_alignment_tokens,
         )
         self.mamba_cache_mode = spec.mamba_cache_mode
-        self._align = spec.mamba_cache_mode == "align"
         assert self.mamba_cache_mode == "align" or not self.enable_caching, "Mamba prefix caching requires align mode"
         self.has_prefill_checkpoint_blocks = self.mamba_cache_mode == "align" and spec.prefill_checkpoints
         self.corrected_mamba_accounting = corrected_mamba_accounting
@@ -458,21 +457,12 @@ class MambaManager(SingleTypeKVCacheManager):
         kv_cache_spec: KVCacheSpec,
         alignment_tokens: int,
     ) -> tuple[BlockLists, int]:
-        """Right to left: the first cached, aligned state ``i`` gives ``[null]*i + [state]``.
-
-        Most candidates are not cached even in the first group, so that group's map is
-        asked first (the answer is ``get_cached_block``'s: it misses there too)."""
+        """Right to left: the first cached, aligned state ``i`` gives ``[null]*i + [state]``."""
         bs = kv_cache_spec.block_size
         block_hashes = block_hashes_at(block_hashes, block_pool.hash_block_size, bs)
         computed: BlockLists = tuple([] for _ in kv_cache_group_ids)
-        first_group = block_pool.cached_block_hash_to_block.get(kv_cache_group_ids[0])
-        if first_group is None:
-            return computed, 0
         for i in range(min(max_length // bs, len(block_hashes)) - 1, -1, -1):
-            block_hash = block_hashes[i]
-            if block_hash not in first_group:
-                continue
-            cached = block_pool.get_cached_block(block_hash, kv_cache_group_ids)
+            cached = block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
             if cached is None:
                 continue
             if bs != alignment_tokens and ((i + 1) * bs) % alignment_tokens:
@@ -515,7 +505,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def _remove_blocks_in_range(self, request_id: str, first_block: int, last_block: int) -> None:
         """Align mode: free every non-null block in range (states leave null gaps)."""
-        if not self._align:
+        if self.mamba_cache_mode != "align":
             super()._remove_blocks_in_range(request_id, first_block, last_block)
             return
         blocks = self.req_to_blocks.get(request_id, [])
@@ -535,29 +525,17 @@ class MambaManager(SingleTypeKVCacheManager):
         self.num_retired_blocks[request_id] = last_block
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        """Align mode: retire the slots before ``(processed - 1) // B`` not yet retired (the
-        base rule, skipping the call when none is left), then the previous state block."""
-        if not self._align:
-            super().remove_skipped_blocks(request_id, processed_computed_tokens)
+        """The base rule (align mode: retire the slots before ``(processed - 1) // B`` not yet
+        retired), then, in align mode, the previous state block once processing has passed it."""
+        super().remove_skipped_blocks(request_id, processed_computed_tokens)
+        if self.mamba_cache_mode != "align":
             return
-        bs = self.block_size
-        blocks = self.req_to_blocks.get(request_id)
-        if blocks is not None:
-            last = (processed_computed_tokens - 1) // bs
-            if last > len(blocks):
-                last = len(blocks)
-            if self.num_retired_blocks.get(request_id, 0) < last:
-                self._remove_blocks_in_range(request_id, 0, last)
         idx = self.last_state_block_idx.get(request_id)
-        if idx is not None and idx < -(-processed_computed_tokens // bs) - 1:
+        if idx is not None and idx < cdiv(processed_computed_tokens, self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]
             if not blocks[idx].is_null:
                 self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
                 blocks[idx] = self._null_block
-
-    def checkpoint_position(self, num_tokens: int) -> int:
-        """vLLM ``get_mamba_prefill_checkpoint_position`` (no EAGLE, no lookahead)."""
-        return prefill_checkpoint_position(num_tokens, self.cache_hit_alignment_tokens)
 
     def _needs_internal_checkpoint(
         self, request_id: str, query_start: int, query_end: int, checkpoint_position: int, prefill_end: int
@@ -593,7 +571,7 @@ class MambaManager(SingleTypeKVCacheManager):
         In align mode count at most one new block (+1 checkpoint) per step."""
         if new_computed_blocks and new_computed_blocks[-1].block_hash in self.cached_blocks_this_step:
             return self.block_pool.num_gpu_blocks + 1
-        if not self._align:
+        if self.mamba_cache_mode != "align":
             return super().get_num_blocks_to_allocate(
                 request_id,
                 num_tokens,
@@ -605,8 +583,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 prefill_end,
             )
         num_tokens = num_tokens_main_model
-        bs = self.block_size
-        num_required = -(-num_tokens // bs)
+        num_required = cdiv(num_tokens, self.block_size)
         table = self.req_to_blocks.get(request_id)
         table_len = len(table) if table is not None else 0
         extra = 0
@@ -621,30 +598,25 @@ class MambaManager(SingleTypeKVCacheManager):
             num_new = num_required - after_local - extra
         else:
             num_new = num_required - len(new_computed_blocks) - table_len
-        checkpoint_position = 0
-        # (_needs_internal_checkpoint's own first test, hoisted: most chunks end before the prefill end.)
-        if self.has_prefill_checkpoint_blocks and num_tokens >= prefill_end:
-            checkpoint_position = self.checkpoint_position(num_tokens)
-            if not self._needs_internal_checkpoint(
-                request_id, total_computed_tokens, num_tokens, checkpoint_position, prefill_end
-            ):
-                checkpoint_position = 0
+        checkpoint_position = prefill_checkpoint_position(num_tokens, self.cache_hit_alignment_tokens)
+        if not self._needs_internal_checkpoint(
+            request_id, total_computed_tokens, num_tokens, checkpoint_position, prefill_end
+        ):
+            checkpoint_position = 0
         if not apply_admission_cap:
             if checkpoint_position > 0:
                 self.checkpoints[request_id] = (checkpoint_position, num_required - 2)
-            elif self.checkpoints:
+            else:
                 self.checkpoints.pop(request_id, None)
         if num_new > 0:
             num_new = min(num_new, 2 if checkpoint_position > 0 else 1)
-        if new_computed_blocks:
-            return num_new + extra + num_evictable(new_computed_blocks)
-        return num_new + extra
+        return num_new + extra + num_evictable(new_computed_blocks)
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
-        if not self._align:
+        if self.mamba_cache_mode != "align":
             return super().allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
-        num_required = -(-num_tokens_main_model // self.block_size)
+        num_required = cdiv(num_tokens_main_model, self.block_size)
         checkpoint_block = int(request_id in self.checkpoints)
         if num_required <= len(req_blocks) and not checkpoint_block:
             return []
@@ -688,7 +660,7 @@ class MambaManager(SingleTypeKVCacheManager):
         rid = request.request_id
         before = self.num_cached_block.get(rid, 0)
         after = super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
-        if self._align:
+        if self.mamba_cache_mode == "align":
             if rid in self.checkpoints:
                 key = self._cache_checkpoint_block(request, retention_interval)
             else:
@@ -718,7 +690,9 @@ class MambaManager(SingleTypeKVCacheManager):
         position, idx = checkpoint
         blocks = self.req_to_blocks[request.request_id]
         block = blocks[idx]
-        is_prompt_checkpoint = position == self.checkpoint_position(request.num_prompt_tokens)
+        is_prompt_checkpoint = position == prefill_checkpoint_position(
+            request.num_prompt_tokens, self.cache_hit_alignment_tokens
+        )
         retained = False
         if position % self.block_size == 0:
             bidx = position // self.block_size - 1
@@ -754,7 +728,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if num_tokens != prefill_checkpoint_position(request.num_prompt_tokens, hbs):
             return None
         blocks = self.req_to_blocks[request.request_id]
-        idx = -(-num_tokens // self.block_size) - 1
+        idx = cdiv(num_tokens, self.block_size) - 1
         if idx >= len(blocks):
             return None
         block = blocks[idx]
