@@ -473,15 +473,12 @@ class Scheduler:
         if n <= 0:
             # vLLM `continue`s here (not FCFS-strict): later requests may still run.
             return req_index + 1, budget, True
-        allocate_slots = self.kv.allocate_slots
         try:
-            new_blocks = allocate_slots(request, n)
+            new_blocks = self.kv.allocate_slots(request, n)
         except (AssertionError, ValueError) as exc:
             new_blocks = self._allocation_crash(request, exc)
         if new_blocks is None:  # (a crash also lands here: it returns no blocks)
-            new_blocks, req_index, budget = self._preempt_for(
-                request, n, req_index, budget, out, preempted, allocate_slots
-            )
+            new_blocks, req_index, budget = self._preempt_for(request, n, req_index, budget, out, preempted)
             if request.status is RequestStatus.FINISHED_ERROR:
                 return req_index, budget, True  # on_crash="record": it left `running`, the next one is at req_index
             if new_blocks is None:
@@ -494,18 +491,11 @@ class Scheduler:
     def _running_tokens(self, request: Request, budget: int, threshold: int) -> int:
         """The running loop's chunk for ``request``: what it still needs, clipped by the
         long-prefill threshold, the budget, ``max_model_len`` and the Mamba split."""
-        num_prompt = request.num_prompt_tokens
-        num_tokens = num_prompt + request.num_output_tokens
-        computed = request.num_computed_tokens
-        n = num_tokens - computed
+        n = request.num_tokens - request.num_computed_tokens
         if 0 < threshold < n:
             n = threshold
-        if n > budget:
-            n = budget
-        if n > self.max_model_len - computed - 1:
-            n = self.max_model_len - computed - 1
-        # The split only clips prefill chunks (it returns ``n`` once prefill is done).
-        if self.need_mamba_split and (computed < num_tokens - 1 or computed < num_prompt):
+        n = min(n, budget, self.max_model_len - request.num_computed_tokens - 1)
+        if self.need_mamba_split:
             n = self._mamba_block_aligned_split(request, n)
         return n
 
@@ -527,7 +517,6 @@ class Scheduler:
         budget: int,
         out: SchedulerOutput,
         preempted: list[Request],
-        allocate_slots: Callable[[Request, int], KVCacheBlocks | None],
     ) -> tuple[KVCacheBlocks | None, int, int]:
         """``allocate_slots`` gave ``request`` no blocks: preempt until it fits or it preempted itself.
 
@@ -558,7 +547,7 @@ class Scheduler:
             if victim is request:
                 break
             try:
-                new_blocks = allocate_slots(request, n)
+                new_blocks = self.kv.allocate_slots(request, n)
             except (AssertionError, ValueError) as exc:
                 new_blocks = self._allocation_crash(request, exc)
         return new_blocks, req_index, budget
@@ -949,8 +938,9 @@ class Scheduler:
         """Advance ``num_computed_tokens`` of every scheduled request (vLLM ``_update_after_schedule``).
 
         ``kinds`` holds the schedule-row kind of new and resumed requests; the
-        others were scheduled from ``running`` (they lead ``num_scheduled_tokens``,
-        in the order of ``scheduled_running_reqs``).
+        others were scheduled from ``running``. Also sums the batch for the
+        step-time model (decodes, prefill chunks) and lists the requests that
+        sample a token in ``update_from_output``.
 
         ``Request.num_in_flight_tokens`` is not advanced: without async
         scheduling a step's tokens are computed before the next ``schedule()``
@@ -958,38 +948,26 @@ class Scheduler:
         and decrement in ``update_from_output`` always meet at 0 where it is read.
         """
         num_scheduled = out.num_scheduled_tokens
-        reqs = out.scheduled_running_reqs
-        if len(reqs) < len(num_scheduled):
-            requests = self.requests
-            reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs) :]]
-        inflight_prefills = self._inflight_prefills
-        prefill_chunks = out.prefill_chunks
-        sampling = out.sampling_reqs
-        befores = out.computed_before
-        decode = decode_context = prefill = 0
-        for request, n in zip(reqs, num_scheduled.values()):
+        for rid, n in num_scheduled.items():
+            request = self.requests[rid]
             before = request.num_computed_tokens
-            befores.append(before)
-            request.num_computed_tokens = after = before + n
-            num_tokens = request.num_prompt_tokens + request.num_output_tokens
-            if after >= num_tokens:
-                sampling.append(request)
-                if inflight_prefills:
-                    inflight_prefills.pop(request.request_id, None)
-                if n == 1 and after == num_tokens:
-                    decode += 1
-                    decode_context += before
-                    continue
-            prefill += n
-            prefill_chunks.append((n, before))
-        out.decode_tokens += decode
-        out.decode_context_tokens += decode_context
-        out.prefill_tokens += prefill
+            out.computed_before.append(before)
+            request.num_computed_tokens += n
+            is_prefill_chunk = request.num_computed_tokens < request.num_tokens
+            if not is_prefill_chunk:
+                self._inflight_prefills.pop(rid, None)
+                out.sampling_reqs.append(request)
+            if not is_prefill_chunk and n == 1 and request.num_computed_tokens == request.num_tokens:
+                out.decode_tokens += 1
+                out.decode_context_tokens += before
+            else:
+                out.prefill_tokens += n
+                out.prefill_chunks.append((n, before))
         rec = self.recorder
         if rec is not None and rec.schedule_enabled:
             rids = list(num_scheduled)
-            row_kinds = [kinds.get(rid, "running") for rid in rids] if kinds else ["running"] * len(rids)
-            rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), befores)
+            row_kinds = [kinds.get(rid, "running") for rid in rids]
+            rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), out.computed_before)
 
     def _preempt_request(self, request: Request) -> None:
         """Recompute preemption: free every block, back to the front of ``waiting``.
