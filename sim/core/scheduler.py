@@ -374,53 +374,76 @@ class Scheduler:
         self.num_fallbacks = 0
         self.num_finished = 0
 
-    # ------------------------------------------------------------------ intake
-    def add_request(self, request: Request) -> None:
-        """Queue a new request (vLLM ``add_request``); injects its block hasher."""
-        if request.request_id in self.requests:
-            raise ValueError(f"request {request.request_id!r}: duplicate request id")
-        if request.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
-                f"max_model_len {self.max_model_len}"
+    def _mamba_block_aligned_split(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """vLLM ``_mamba_block_aligned_split`` without EAGLE and fine-grained hits.
+
+        Non-final prefill chunks end on Mamba block boundaries; a chunk also
+        stops at the last cacheable boundary ``floor((num_tokens - 1) / B) * B``
+        (unless the layers write it into a prefill checkpoint block from inside
+        the final chunk), at the block-floored shared-prefix junction, and at
+        the next boundary when it starts mid-block.
+        """
+        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+        num_tokens = request.num_prompt_tokens + request.num_output_tokens
+        prefill_end = num_tokens - 1 if num_tokens - 1 > request.num_prompt_tokens else request.num_prompt_tokens
+        if start >= prefill_end:
+            return num_new_tokens
+        bs = self.mamba_block_size
+        # vLLM aligns the checkpoint to the scheduler block size (the hash block only with
+        # fine-grained partial hits, which we do not model).
+        block_size = self.block_size
+        end = start + num_new_tokens
+        use_internal_checkpoint = (
+            self.mamba_has_prefill_checkpoints
+            and end >= prefill_end
+            and prefill_checkpoint_valid(
+                start, end, prefill_checkpoint_position(prefill_end, block_size), self.hash_block_size, bs
             )
-        request.set_block_hasher(self._block_hasher)
-        if self.checkpoint_policy is not None:
-            self.checkpoint_policy.on_arrival(request, self._prompt_block_hashes(request))
-        self.requests[request.request_id] = request
-        if self.connector is not None:
-            self.connector.on_new_request(request)  # vLLM 0.34: before enqueueing (may_load_async may read it)
-        self._enqueue_waiting_request(request)
+        )
+        if end < prefill_end:
+            config = self.config
+            max_prefill = config.max_num_batched_tokens
+            if 0 < config.long_prefill_token_threshold < max_prefill:
+                max_prefill = config.long_prefill_token_threshold
+            aligned_end = end // bs * bs
+            if aligned_end > start or bs <= max_prefill:
+                end = aligned_end
+        # The chunk ends at the nearest of these stops strictly inside (start, end).
+        junction = request.shared_prefix_boundary
+        junction_inside = start < junction < end
+        if not use_internal_checkpoint:
+            if start % bs:
+                next_boundary = (start // bs + 1) * bs  # > start
+                if next_boundary < end:
+                    end = next_boundary
+            last_cache_position = prefill_checkpoint_position(num_tokens, block_size)
+            if start < last_cache_position < end:
+                end = last_cache_position
+        if junction_inside:
+            junction_stop = start + (junction - start) // bs * bs
+            if start < junction_stop < end:
+                end = junction_stop
+        if request.extra_state_positions:  # a what-if placement: also stop at the next extra state
+            for position in request.extra_state_positions:
+                if position > start:
+                    stop = start + (position - start) // bs * bs
+                    if start < stop < end:
+                        end = stop
+                    break
+        return end - start if end > start else 0
 
-    def _enqueue_waiting_request(self, request: Request) -> None:
-        """vLLM 0.34: block holders, async loads (with a load cap) and the rest wait in their own queues."""
-        if self._holds_kv_blocks(request):
-            self.kv_holding_waiting.add(request)
-        elif (
-            self.connector is not None
-            and self.config.max_num_inflight_kv_loads
-            and self.connector.may_load_async(request)
-        ):
-            self.async_kv_waiting.add(request)
-        else:
-            self.waiting.add(request)
+    def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
+        """The per-group hits (the admissions table's ``hit_gN``) and the policy's lookup for a waiting request."""
+        hits = tuple(self.kv.find_per_group_hits(request))
+        lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
+        return hits, lookup
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.running or len(self.waiting) or len(self.kv_holding_waiting) or len(self.async_kv_waiting))
-
-    def get_request_counts(self) -> tuple[int, int]:
-        """``(running, waiting)``; waiting includes requests parked on an async load and the async queue."""
-        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
-
-    # --------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
         """Decide one engine step. Raises :class:`EngineCrash` (``on_crash="stop"``)."""
         out = SchedulerOutput(step=self.step, finished_req_ids=self.finished_req_ids)
@@ -618,59 +641,6 @@ class Scheduler:
         else:
             skipped.waiting.append(request)
 
-    def _next_waiting_queue(self, take_async: bool) -> _WaitQueue:
-        """vLLM 0.34: ``waiting`` or ``async_kv_waiting``, whichever head goes first (arrival order; priority
-        order under the priority policy; a tie goes to ``waiting``)."""
-        async_kv = self.async_kv_waiting
-        if not take_async or not len(async_kv):
-            return self.waiting
-        if not len(self.waiting):
-            return async_kv
-        first, head = async_kv.peek(), self.waiting.peek()
-        if self.priority:
-            ahead = (first.priority, first.arrival_time, first.request_id) < (
-                head.priority,
-                head.arrival_time,
-                head.request_id,
-            )
-        else:
-            ahead = first.arrival_time < head.arrival_time
-        return async_kv if ahead else self.waiting
-
-    def _reorder_waiting_by_cached_prefix(self) -> None:
-        """vLLM 0.34 cache-aware admission: within the window, plain waiting requests with the deepest cached
-        prefix go first.
-
-        Only requests that are ``WAITING`` with nothing computed move, among the slots they hold (ties keep
-        their order); a preempted or partly computed request keeps its exact position, and nothing beyond
-        the window moves. Off below the usage threshold. Reads the cache only (``get_num_cached_tokens``).
-        """
-        waiting = self.waiting
-        if len(waiting) < 2 or self.kv.usage < self.config.cache_aware_admission_threshold:
-            return
-        head = waiting.head(self.cache_aware_window)
-        slots = [i for i, r in enumerate(head) if r.status == RequestStatus.WAITING and not r.num_computed_tokens]
-        if len(slots) < 2:
-            return
-        cached = {i: self.kv.get_num_cached_tokens(head[i]) for i in slots}
-        order = sorted(slots, key=lambda i: (-cached[i], i))
-        if order == slots:
-            return
-        reordered = list(head)
-        for slot, source in zip(slots, order):
-            reordered[slot] = head[source]
-        waiting.replace_head(reordered)
-
-    def _admits_inflight_kv_load(self) -> bool:
-        """vLLM 0.34: whether one more async load stays within ``max_num_inflight_kv_loads``."""
-        cap = self.config.max_num_inflight_kv_loads
-        return cap is None or len(self._kv_loads_held) + len(self._aborted_kv_loads) < cap
-
-    @staticmethod
-    def _holds_kv_blocks(request: Request) -> bool:
-        return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-
-    # --------------------------------------------------- admission attempt
     def _try_admit(self, request: Request, budget: int, threshold: int, loads_only: bool = False) -> AdmissionAttempt:
         """One admission attempt for ``request`` (head of its queue), through its phases, recorded once.
 
@@ -882,11 +852,26 @@ class Scheduler:
             self._inflight_prefills[rid] = request
         return n
 
-    def _prefix_lookup(self, request: Request) -> tuple[tuple[int, ...], PrefixLookup]:
-        """The per-group hits (the admissions table's ``hit_gN``) and the policy's lookup for a waiting request."""
-        hits = tuple(self.kv.find_per_group_hits(request))
-        lookup = self.prefix_policy.lookup(self.kv, request, self.connector)
-        return hits, lookup
+    def _prompt_block_hashes(self, request: Request) -> list[int]:
+        """The prompt's hashes at the scheduler block size up to its own state (``PrefixFacts.block_hashes``)."""
+        bs = self.block_size
+        view = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
+        return [view[i] for i in range(prefill_checkpoint_position(request.num_prompt_tokens, bs) // bs)]
+
+    def _place_checkpoints(self, attempt: AdmissionAttempt, policy: BaseCheckpointPolicy) -> None:
+        """Where this prefill saves extra Mamba states (``request.extra_state_positions``), told to the pool."""
+        request = attempt.request
+        fa = self.kv.coordinator.full_attention_group_id
+        facts = PrefixFacts(
+            self.block_size,
+            self._prompt_block_hashes(request),
+            attempt.hits[fa] if fa is not None else attempt.computed,
+            attempt.computed,
+            prefill_checkpoint_position(request.num_prompt_tokens, self.block_size),
+            request.shared_prefix_boundary,
+        )
+        request.extra_state_positions = extra_state_positions(policy, request, facts)
+        self.kv.set_extra_state_positions(request)
 
     def _check(self, ok: bool, assertion: str, request: Request) -> None:
         """vLLM ``assert <assertion>``: a failed one is an engine crash."""
@@ -934,6 +919,22 @@ class Scheduler:
             connector_answer=attempt.answer,
         )
 
+    def _preempt_request(self, request: Request) -> None:
+        """Recompute preemption: free every block, back to the front of ``waiting``.
+
+        Its ``schedule`` row (0 tokens, ``preempted=True``) carries the
+        computed tokens it lost.
+        """
+        if self.recorder is not None:
+            self.recorder.record_schedule(request.request_id, "running", 0, request.num_computed_tokens, True)
+        self.kv.free(request)
+        self._inflight_prefills.pop(request.request_id, None)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
     def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
         """Advance ``num_computed_tokens`` of every scheduled request (vLLM ``_update_after_schedule``).
 
@@ -969,154 +970,6 @@ class Scheduler:
             row_kinds = [kinds.get(rid, "running") for rid in rids]
             rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), out.computed_before)
 
-    def _preempt_request(self, request: Request) -> None:
-        """Recompute preemption: free every block, back to the front of ``waiting``.
-
-        Its ``schedule`` row (0 tokens, ``preempted=True``) carries the
-        computed tokens it lost.
-        """
-        if self.recorder is not None:
-            self.recorder.record_schedule(request.request_id, "running", 0, request.num_computed_tokens, True)
-        self.kv.free(request)
-        self._inflight_prefills.pop(request.request_id, None)
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.prepend(request)
-
-    # ------------------------------------------------ checkpoint placement (a what-if)
-    def _prompt_block_hashes(self, request: Request) -> list[int]:
-        """The prompt's hashes at the scheduler block size up to its own state (``PrefixFacts.block_hashes``)."""
-        bs = self.block_size
-        view = block_hashes_at(request.block_hashes, self.hash_block_size, bs)
-        return [view[i] for i in range(prefill_checkpoint_position(request.num_prompt_tokens, bs) // bs)]
-
-    def _place_checkpoints(self, attempt: AdmissionAttempt, policy: BaseCheckpointPolicy) -> None:
-        """Where this prefill saves extra Mamba states (``request.extra_state_positions``), told to the pool."""
-        request = attempt.request
-        fa = self.kv.coordinator.full_attention_group_id
-        facts = PrefixFacts(
-            self.block_size,
-            self._prompt_block_hashes(request),
-            attempt.hits[fa] if fa is not None else attempt.computed,
-            attempt.computed,
-            prefill_checkpoint_position(request.num_prompt_tokens, self.block_size),
-            request.shared_prefix_boundary,
-        )
-        request.extra_state_positions = extra_state_positions(policy, request, facts)
-        self.kv.set_extra_state_positions(request)
-
-    # ----------------------------------------------------------- mamba split
-    def _mamba_block_aligned_split(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_local_computed_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-    ) -> int:
-        """vLLM ``_mamba_block_aligned_split`` without EAGLE and fine-grained hits.
-
-        Non-final prefill chunks end on Mamba block boundaries; a chunk also
-        stops at the last cacheable boundary ``floor((num_tokens - 1) / B) * B``
-        (unless the layers write it into a prefill checkpoint block from inside
-        the final chunk), at the block-floored shared-prefix junction, and at
-        the next boundary when it starts mid-block.
-        """
-        start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
-        num_tokens = request.num_prompt_tokens + request.num_output_tokens
-        prefill_end = num_tokens - 1 if num_tokens - 1 > request.num_prompt_tokens else request.num_prompt_tokens
-        if start >= prefill_end:
-            return num_new_tokens
-        bs = self.mamba_block_size
-        # vLLM aligns the checkpoint to the scheduler block size (the hash block only with
-        # fine-grained partial hits, which we do not model).
-        block_size = self.block_size
-        end = start + num_new_tokens
-        use_internal_checkpoint = (
-            self.mamba_has_prefill_checkpoints
-            and end >= prefill_end
-            and prefill_checkpoint_valid(
-                start, end, prefill_checkpoint_position(prefill_end, block_size), self.hash_block_size, bs
-            )
-        )
-        if end < prefill_end:
-            config = self.config
-            max_prefill = config.max_num_batched_tokens
-            if 0 < config.long_prefill_token_threshold < max_prefill:
-                max_prefill = config.long_prefill_token_threshold
-            aligned_end = end // bs * bs
-            if aligned_end > start or bs <= max_prefill:
-                end = aligned_end
-        # The chunk ends at the nearest of these stops strictly inside (start, end).
-        junction = request.shared_prefix_boundary
-        junction_inside = start < junction < end
-        if not use_internal_checkpoint:
-            if start % bs:
-                next_boundary = (start // bs + 1) * bs  # > start
-                if next_boundary < end:
-                    end = next_boundary
-            last_cache_position = prefill_checkpoint_position(num_tokens, block_size)
-            if start < last_cache_position < end:
-                end = last_cache_position
-        if junction_inside:
-            junction_stop = start + (junction - start) // bs * bs
-            if start < junction_stop < end:
-                end = junction_stop
-        if request.extra_state_positions:  # a what-if placement: also stop at the next extra state
-            for position in request.extra_state_positions:
-                if position > start:
-                    stop = start + (position - start) // bs * bs
-                    if start < stop < end:
-                        end = stop
-                    break
-        return end - start if end > start else 0
-
-    def _inflight_prefill_reserved_blocks(self) -> int:
-        """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""
-        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills.values())
-
-    def _request_remaining_blocks(self, request: Request) -> int:
-        """vLLM ``_request_remaining_blocks``: blocks to hold the full sequence (admission cap applied)."""
-        full = min(request.num_tokens, self.max_model_len)
-        return self.kv.coordinator.get_num_blocks_to_allocate(
-            request_id=request.request_id,
-            num_tokens=full,
-            new_computed_blocks=self.kv.empty_kv_cache_blocks.blocks,
-            total_computed_tokens=request.num_computed_tokens,
-            num_local_computed_tokens=request.num_computed_tokens,
-            num_tokens_main_model=full,
-            apply_admission_cap=True,
-            prefill_end=max(request.num_prompt_tokens, request.num_tokens - 1),
-        )
-
-    # ------------------------------------------------------ async KV loads
-    def update_from_kv_xfer_finished(
-        self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
-    ) -> None:
-        """The connector's finished transfers (vLLM ``_update_from_kv_xfer_finished``)."""
-        for rid in finished_recving:
-            request = self.requests.get(rid)
-            if request is None:
-                continue
-            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
-                self.finished_recving_kv_req_ids.add(rid)
-            elif request.is_finished():
-                self._aborted_kv_loads.discard(rid)
-                self._free_blocks(request)
-        for rid in finished_sending:
-            request = self.requests.get(rid)
-            if request is not None:
-                self._free_blocks(request)
-
-    def _update_waiting_for_remote_kv(self, request: Request) -> None:
-        """The load finished: cache the loaded blocks; a whole-prompt load recomputes the last token."""
-        self.kv.cache_blocks(request, request.num_computed_tokens)
-        if request.num_computed_tokens == request.num_tokens:
-            request.num_computed_tokens = request.num_tokens - 1
-        self.finished_recving_kv_req_ids.discard(request.request_id)
-
-    # ---------------------------------------------------- update from output
     def update_from_output(self, out: SchedulerOutput) -> list[Request]:
         """Apply the step's model output; returns the requests that finished.
 
@@ -1159,7 +1012,103 @@ class Scheduler:
         if self.recorder is not None and len(log):
             self.recorder.record_kv_event_log(log)
 
-    # ---------------------------------------------------------------- finish
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """vLLM 0.34 cache-aware admission: within the window, plain waiting requests with the deepest cached
+        prefix go first.
+
+        Only requests that are ``WAITING`` with nothing computed move, among the slots they hold (ties keep
+        their order); a preempted or partly computed request keeps its exact position, and nothing beyond
+        the window moves. Off below the usage threshold. Reads the cache only (``get_num_cached_tokens``).
+        """
+        waiting = self.waiting
+        if len(waiting) < 2 or self.kv.usage < self.config.cache_aware_admission_threshold:
+            return
+        head = waiting.head(self.cache_aware_window)
+        slots = [i for i, r in enumerate(head) if r.status == RequestStatus.WAITING and not r.num_computed_tokens]
+        if len(slots) < 2:
+            return
+        cached = {i: self.kv.get_num_cached_tokens(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        waiting.replace_head(reordered)
+
+    def _next_waiting_queue(self, take_async: bool) -> _WaitQueue:
+        """vLLM 0.34: ``waiting`` or ``async_kv_waiting``, whichever head goes first (arrival order; priority
+        order under the priority policy; a tie goes to ``waiting``)."""
+        async_kv = self.async_kv_waiting
+        if not take_async or not len(async_kv):
+            return self.waiting
+        if not len(self.waiting):
+            return async_kv
+        first, head = async_kv.peek(), self.waiting.peek()
+        if self.priority:
+            ahead = (first.priority, first.arrival_time, first.request_id) < (
+                head.priority,
+                head.arrival_time,
+                head.request_id,
+            )
+        else:
+            ahead = first.arrival_time < head.arrival_time
+        return async_kv if ahead else self.waiting
+
+    def _admits_inflight_kv_load(self) -> bool:
+        """vLLM 0.34: whether one more async load stays within ``max_num_inflight_kv_loads``."""
+        cap = self.config.max_num_inflight_kv_loads
+        return cap is None or len(self._kv_loads_held) + len(self._aborted_kv_loads) < cap
+
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        return request.num_computed_tokens > 0 or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        """vLLM 0.34: block holders, async loads (with a load cap) and the rest wait in their own queues."""
+        if self._holds_kv_blocks(request):
+            self.kv_holding_waiting.add(request)
+        elif (
+            self.connector is not None
+            and self.config.max_num_inflight_kv_loads
+            and self.connector.may_load_async(request)
+        ):
+            self.async_kv_waiting.add(request)
+        else:
+            self.waiting.add(request)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """``(running, waiting)``; waiting includes requests parked on an async load and the async queue."""
+        return len(self.running), len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or len(self.waiting) or len(self.kv_holding_waiting) or len(self.async_kv_waiting))
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
+
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (vLLM ``add_request``); injects its block hasher."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r}: duplicate request id")
+        if request.num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt of {request.num_prompt_tokens} tokens is longer than "
+                f"max_model_len {self.max_model_len}"
+            )
+        request.set_block_hasher(self._block_hasher)
+        if self.checkpoint_policy is not None:
+            self.checkpoint_policy.on_arrival(request, self._prompt_block_hashes(request))
+        self.requests[request.request_id] = request
+        if self.connector is not None:
+            self.connector.on_new_request(request)  # vLLM 0.34: before enqueueing (may_load_async may read it)
+        self._enqueue_waiting_request(request)
+
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> list[Request]:
         """Finish requests from outside (abort); returns those that were not finished yet."""
         if not status.is_finished:
@@ -1207,6 +1156,10 @@ class Scheduler:
         if not delay_free_blocks:
             self._free_blocks(request)
 
+    def _free_blocks(self, request: Request) -> None:
+        self.kv.free(request)
+        self.requests.pop(request.request_id, None)
+
     def _connector_finished(self, request: Request) -> bool:
         processed = max(0, request.num_computed_tokens - request.num_in_flight_tokens)
         self.kv.remove_skipped_blocks(request.request_id, processed)
@@ -1219,6 +1172,45 @@ class Scheduler:
             delay, _ = connector.request_finished(request, block_ids[0])
         return bool(delay)
 
-    def _free_blocks(self, request: Request) -> None:
-        self.kv.free(request)
-        self.requests.pop(request.request_id, None)
+    def _request_remaining_blocks(self, request: Request) -> int:
+        """vLLM ``_request_remaining_blocks``: blocks to hold the full sequence (admission cap applied)."""
+        full = min(request.num_tokens, self.max_model_len)
+        return self.kv.coordinator.get_num_blocks_to_allocate(
+            request_id=request.request_id,
+            num_tokens=full,
+            new_computed_blocks=self.kv.empty_kv_cache_blocks.blocks,
+            total_computed_tokens=request.num_computed_tokens,
+            num_local_computed_tokens=request.num_computed_tokens,
+            num_tokens_main_model=full,
+            apply_admission_cap=True,
+            prefill_end=max(request.num_prompt_tokens, request.num_tokens - 1),
+        )
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """Blocks the in-flight prefills still need (vLLM gates async loads on it)."""
+        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills.values())
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        """The load finished: cache the loaded blocks; a whole-prompt load recomputes the last token."""
+        self.kv.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.discard(request.request_id)
+
+    def update_from_kv_xfer_finished(
+        self, finished_recving: Iterable[str] = (), finished_sending: Iterable[str] = ()
+    ) -> None:
+        """The connector's finished transfers (vLLM ``_update_from_kv_xfer_finished``)."""
+        for rid in finished_recving:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(rid)
+            elif request.is_finished():
+                self._aborted_kv_loads.discard(rid)
+                self._free_blocks(request)
+        for rid in finished_sending:
+            request = self.requests.get(rid)
+            if request is not None:
+                self._free_blocks(request)

@@ -89,6 +89,7 @@ SAME_ORDER = {
         "SingleTypeKVCacheManager",
     ),
     ("sim.core.kv.single_type_kv_cache_manager", "MambaManager"): ("single_type_kv_cache_manager.py", "MambaManager"),
+    ("sim.core.scheduler", "Scheduler"): ("sched/scheduler.py", "Scheduler"),
 }
 
 
