@@ -189,7 +189,14 @@ class KVCacheManager:
         need_slot = min(main + num_lookahead_tokens, self.max_model_len)
         coordinator.remove_skipped_blocks(rid, max(0, total_computed - request.num_in_flight_tokens))
         need = coordinator.get_num_blocks_to_allocate(
-            rid, need_slot, computed_lists, total_computed, num_local, main, False, prefill_end
+            rid,
+            need_slot,
+            computed_lists,
+            num_local + num_external_computed_tokens,
+            num_local,
+            main,
+            False,
+            prefill_end,
         )
         if need + watermark > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
