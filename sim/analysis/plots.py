@@ -32,7 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sim.analysis.figures import PLOT_FORMATS, save_figure
+from sim.analysis.figures import PLOT_FORMATS, draw_ticks_once, grid, save_figure
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
 from sim.trace.output import write_file
@@ -97,6 +97,13 @@ def _empty(ax: Axes, message: str, *, shared_y: bool = False) -> None:
     ax.set_xticks([])
     if not shared_y:
         ax.set_yticks([])
+
+
+def _save(fig: Figure, path: str | Path, **kw: Any) -> Path:
+    """:func:`save_figure` with the figure's ticks drawn as :class:`~sim.analysis.figures.AxisMarks`
+    (:func:`draw_ticks_once`: the same ticks for about a third of the drawing time)."""
+    draw_ticks_once(fig)
+    return save_figure(fig, path, **kw)
 
 
 #: Major tick intervals per numeric axis, at most. Matplotlib's automatic count (9-10 on these axes) made
@@ -319,7 +326,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     fig.suptitle("KV-cache blocks over time")
     if steps.empty:
         _empty(axes[0, 0], "no steps recorded")
-        return save_figure(fig, path)
+        return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps)
     crashes = crash_positions(result, xcol)
     span = (float(steps[xcol].min()), float(steps[xcol].max()))
@@ -367,14 +374,14 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
         ax.set_title(panel.label, loc="left", fontsize=10)
         _finish_panel(ax)
     axes[-1, 0].set_xlabel(xlabel)
-    return save_figure(fig, path)
+    return _save(fig, path)
 
 
 def _finish_panel(ax: Axes) -> None:
     ax.set_ylabel("blocks")
     ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax.grid(alpha=0.3)
+    grid(ax)
 
 
 def _divergence_groups(kinds: Sequence[str], n: int) -> tuple[int, int] | None:
@@ -405,7 +412,7 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
     admitted = adm[adm["outcome"] != NOT_ADMITTED]
     if pair is None or admitted.empty:
         _empty(ax, "fewer than two KV-cache groups" if pair is None else "no admissions")
-        return save_figure(fig, path)
+        return _save(fig, path)
     gx, gy = pair
     xc, yc = f"hit_g{gx}", f"hit_g{gy}"
     counts = admitted.groupby([xc, yc, "outcome"], sort=True).size().reset_index(name="n")
@@ -435,8 +442,8 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
         color="#555555",
     )
     ax.legend(title="outcome (area ∝ count)", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(alpha=0.3)
-    return save_figure(fig, path)
+    grid(ax)
+    return _save(fig, path)
 
 
 def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
@@ -452,7 +459,7 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
     fig.suptitle("Evictions (cache entries removed)")
     if removed.empty or n == 0:
         _empty(axes[0, 0], "no evictions")
-        return save_figure(fig, path)
+        return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps) if not steps.empty else ("step", "engine step")
     crashes = crash_positions(result, xcol)
     for panel, ax in zip(panels, axes[:, 0]):
@@ -474,13 +481,13 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
         ax.set_title(
             f"{panel.label}: evictions {eviction_count(removed, panel.groups)}{shown}", loc="left", fontsize=10
         )
-        ax.grid(alpha=0.3)
+        grid(ax)
     if not steps.empty:
         axes[-1, 0].set_xlim(
             steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1)
         )
     axes[-1, 0].set_xlabel(xlabel)
-    return save_figure(fig, path)
+    return _save(fig, path)
 
 
 _LINESTYLES = ("-", "--", ":", "-.")
@@ -522,8 +529,8 @@ def plot_latency_cdfs(result: ResultSource, path: str | Path) -> Path:
             _empty(ax, f"no {name} data", shared_y=True)
             continue
         ax.set_xlabel(f"{name} ({latency_unit(result)})")
-        ax.grid(alpha=0.3)
-    return save_figure(fig, path)
+        grid(ax)
+    return _save(fig, path)
 
 
 def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
@@ -542,7 +549,7 @@ def _bars(ax: Axes, table: pd.DataFrame, ylabel: str, xlabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend(title="outcome", fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
+    grid(ax, "y")
 
 
 def _outcome_table(adm: pd.DataFrame, by: str | pd.Series) -> pd.DataFrame:
@@ -588,8 +595,8 @@ def plot_outcomes(result: ResultSource, path: str | Path) -> Path:
         ax.bar_label(bars, fontsize=8)
         ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
         ax.set_ylabel("count")
-        ax.grid(axis="y", alpha=0.3)
-    return save_figure(fig, path)
+        grid(ax, "y")
+    return _save(fig, path)
 
 
 def single_outcome(result: ResultSource) -> str | None:
@@ -614,7 +621,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     fig.suptitle(f"Connector ({summary_of(result).get('connector', '')})")
     if steps.empty or not connector_columns(steps):
         _empty(axes[0, 0], "no connector columns in the steps table")
-        return save_figure(fig, path)
+        return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps)
     ax = axes[0, 0]
     if "conn_tier_bytes" in steps:
@@ -627,7 +634,7 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
         )
     ax.set_ylabel("GB")
     ax.set_title("tier occupancy", loc="left", fontsize=10)
-    ax.grid(alpha=0.3)
+    grid(ax)
     ax = axes[1, 0]
     for col, colour in (("conn_loads_in_flight", "#1f77b4"), ("conn_stores_in_flight", "#ff7f0e")):
         if col in steps:
@@ -635,9 +642,9 @@ def plot_connector(result: ResultSource, path: str | Path) -> Path:
     ax.set_ylabel("transfers")
     ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax.grid(alpha=0.3)
+    grid(ax)
     ax.set_xlabel(xlabel)
-    return save_figure(fig, path)
+    return _save(fig, path)
 
 
 # ---------------------------------------------------------------- several runs
@@ -663,8 +670,8 @@ def compare_latency_cdfs(
         ax.set_ylabel("fraction of requests")
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    return save_figure(fig, path, force=force, notes=notes)
+        grid(ax)
+    return _save(fig, path, force=force, notes=notes)
 
 
 def compare_outcomes(
@@ -680,10 +687,10 @@ def compare_outcomes(
     fig.suptitle("Admission outcomes by run")
     if adm.empty:
         _empty(axes[0, 0], "no admissions")
-        return save_figure(fig, path, force=force, notes=notes)
+        return _save(fig, path, force=force, notes=notes)
     table = _outcome_table(adm, "run").reindex([str(k) for k in results], fill_value=0)
     _bars(axes[0, 0], table, "admission attempts", "run")
-    return save_figure(fig, path, force=force, notes=notes)
+    return _save(fig, path, force=force, notes=notes)
 
 
 def plot_hit_rate_by_turn(
@@ -702,7 +709,7 @@ def plot_hit_rate_by_turn(
     ax.set_title(f"Usable prefix hit rate by turn (turn indices with >= {min_turns} turns)")
     if not len(table) or table["usable_hit_rate"].isna().all():
         _empty(ax, "no later turns with reusable tokens")
-        return save_figure(fig, path)
+        return _save(fig, path)
     ax.plot(table["turn"], table["usable_hit_rate"], marker="o", color="C0", label="local hit (all groups)")
     for i, col in enumerate(c for c in table.columns if c.startswith("usable_hit_g")):
         ax.plot(
@@ -717,9 +724,9 @@ def plot_hit_rate_by_turn(
     ax.set_ylabel("reused / reusable tokens")
     ax.set_ylim(0, 1.02)
     ax.xaxis.set_major_locator(_locator(integer=True))
-    ax.grid(alpha=0.3)
+    grid(ax)
     ax.legend(fontsize=8)
-    return save_figure(fig, path)
+    return _save(fig, path)
 
 
 # ---------------------------------------------------------------- clusters
@@ -747,7 +754,7 @@ def plot_instances(result: ResultSource, path: str | Path, *, group_kinds: Seque
     fig.suptitle("KV-cache blocks per instance")
     if steps.empty:
         _empty(axes[0, 0], "no steps recorded")
-        return save_figure(fig, path)
+        return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps)
     pair = _divergence_groups(kinds, n) or (0,)
     routed = summary_of(result).get("cluster", {}).get("routed") or []
@@ -767,7 +774,7 @@ def plot_instances(result: ResultSource, path: str | Path, *, group_kinds: Seque
             )
         _finish_panel(ax)
     axes[-1, 0].set_xlabel(xlabel)
-    return save_figure(fig, path)
+    return _save(fig, path)
 
 
 @dataclass(frozen=True)
@@ -832,7 +839,7 @@ def plot_router(result: ResultSource, path: str | Path) -> Path:
         fig.suptitle("Router")
         for ax in axes.flat:
             _empty(ax, "not a cluster run")
-        return save_figure(fig, path)
+        return _save(fig, path)
     fig.suptitle(f"Router: {panel.router}, {len(panel.instances)} instances")
     labels = [str(i) for i in panel.instances]
     x = np.arange(len(labels))
@@ -851,19 +858,19 @@ def plot_router(result: ResultSource, path: str | Path) -> Path:
     load_ax.set_title("load: queued requests (running + waiting)", fontsize=10)
     for ax in (hits, routed_ax, usable_ax, load_ax):
         ax.set_xticks(x, labels)
-        ax.grid(axis="y", alpha=0.3)
+        grid(ax, "y")
     usable_ax.set_xlabel("instance")
     load_ax.set_xlabel("instance")
     if panel.mean_queued is None or panel.peak_queued is None:
         _empty(load_ax, "no steps recorded")
-        return save_figure(fig, path)
+        return _save(fig, path)
     load_ax.bar(x - 0.2, panel.mean_queued, 0.4, label="time-weighted mean", color="#1f77b4")
     load_ax.bar_label(
         load_ax.bar(x + 0.2, panel.peak_queued, 0.4, label="peak", color="#aec7e8"), fmt="%.0f", fontsize=7
     )
     load_ax.set_ylabel("requests")
     load_ax.legend(fontsize=8, loc="upper center")
-    return save_figure(fig, path)
+    return _save(fig, path)
 
 
 #: Below this many finished requests a latency CDF says nothing (a two-request step-clock script): left out.

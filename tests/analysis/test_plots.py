@@ -179,6 +179,7 @@ def test_connector_panel_only_with_connector_columns(tmp_path, tables):
 from matplotlib.figure import Figure  # noqa: E402
 
 import sim.analysis.plots as plots_module  # noqa: E402
+from sim.analysis.figures import axis_ticks  # noqa: E402
 from sim.analysis.plots import plot_latency_cdfs, single_outcome, step_change_points  # noqa: E402
 
 
@@ -242,13 +243,55 @@ def test_step_change_points_draw_the_same_step_function():
     assert list(step_change_points(np.array([], dtype=int))) == []
 
 
-def test_only_ticks_in_view_are_built(tmp_path, tables, drawn):
+def test_only_ticks_in_view_are_drawn(tmp_path, tables, drawn):
     plot_divergence(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path / "d.png")
-    for axis in (drawn[0].axes[0].xaxis, drawn[0].axes[0].yaxis):
+    ax = drawn[0].axes[0]
+    for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
         lo, hi = sorted(axis.get_view_interval())
-        locs = axis.get_majorticklocs()
+        locs, labels = axis_ticks(ax, name)
         assert 2 <= len(locs) <= plots_module.MAX_TICKS + 1
-        assert all(lo <= v <= hi for v in locs) and len(axis.majorTicks) == len(locs)
+        assert all(lo <= v <= hi for v in locs) and len(labels) == len(locs)
+        assert len(axis.majorTicks) <= 1  # matplotlib's own ticks are not used (one is made with the axes)
+
+
+def _tick_free(monkeypatch):
+    """Draw the run figures with matplotlib's own ticks and grid lines (the reference for AxisMarks)."""
+    monkeypatch.setattr(plots_module, "draw_ticks_once", lambda fig: None)
+    monkeypatch.setattr(plots_module, "grid", lambda ax, axis="both", alpha=0.3: ax.grid(axis=axis, alpha=alpha))
+
+
+def test_axis_marks_draw_matplotlib_s_pixels(tmp_path, tables, monkeypatch):
+    """Ticks, tick labels, grid lines and axis labels drawn by AxisMarks are matplotlib's, pixel for pixel:
+    shared x axes (labels on the bottom panel only), a shared y axis, categorical bars, the connector's
+    panels, an empty panel."""
+    monkeypatch.setattr(plots_module, "MIN_REQUESTS_FOR_CDFS", 1)
+    steps = tables["steps"].assign(
+        conn_tier_bytes=[i * 10**9 for i in range(7)], conn_loads_in_flight=1, conn_stores_in_flight=0
+    )
+    result = LoadedResult.from_tables(dict(tables, steps=steps), summary={"connector": "offload"}, group_kinds=KINDS)
+    ours = plot_all(result, tmp_path / "ours")
+    _tick_free(monkeypatch)
+    theirs = plot_all(result, tmp_path / "theirs")
+    assert [p.name for p in ours] == [p.name for p in theirs] and len(ours) == 7
+    for a, b in zip(ours[:-1], theirs[:-1]):
+        assert np.array_equal(imread(a), imread(b)), a.name
+
+
+def test_axes_matplotlib_would_draw_otherwise_keep_their_ticks():
+    from sim.analysis.figures import AxisMarks, draw_ticks_once, grid
+
+    fig = Figure()
+    plain, logged, styled = fig.subplots(1, 3)
+    for ax in (plain, logged, styled):
+        ax.plot([1, 10, 100], [1, 2, 3])
+        grid(ax)
+    logged.set_xscale("log")
+    styled.tick_params(axis="y", labelsize=5)
+    draw_ticks_once(fig)
+    marked = {(fig.axes.index(ax), a.axis_name) for ax in fig.axes for a in ax.artists if isinstance(a, AxisMarks)}
+    assert marked == {(0, "x"), (0, "y"), (1, "y"), (2, "x")}
+    assert logged.xaxis.get_tick_params()["gridOn"] and styled.yaxis.get_tick_params()["gridOn"]  # grid kept
+    assert axis_ticks(plain, "x")[1] and axis_ticks(logged, "x")[1] and axis_ticks(styled, "y")[1]
 
 
 def test_latency_panels_share_one_labelled_fraction_axis(tmp_path, tables, drawn):
@@ -258,12 +301,9 @@ def test_latency_panels_share_one_labelled_fraction_axis(tmp_path, tables, drawn
     assert [ax.get_ylabel() for ax in (ttft, tpot, e2e)] == ["fraction of requests", "", ""]
     assert [t.get_text() for t in tpot.texts] == ["no TPOT data"]
     # The empty TPOT panel keeps the shared ticks: the others still read 0 to 1.
-    assert list(ttft.get_yticks()) == list(e2e.get_yticks()) and ttft.get_yticks()[-1] == 1.0
-
-    def labelled(ax):
-        return [lab.get_text() for lab in ax.get_yticklabels() if lab.get_visible() and lab.get_text()]
-
-    assert labelled(ttft)[-1] == "1.00" and labelled(tpot) == labelled(e2e) == []
+    (ttft_y, ttft_labels), (e2e_y, e2e_labels) = axis_ticks(ttft, "y"), axis_ticks(e2e, "y")
+    assert ttft_y == e2e_y == axis_ticks(tpot, "y")[0] and ttft_y[-1] == 1.0
+    assert ttft_labels[-1] == "1.00" and axis_ticks(tpot, "y")[1] == e2e_labels == []
 
 
 def test_legends_fit_inside_their_figures(tmp_path, tables, drawn, monkeypatch):
@@ -323,5 +363,5 @@ def test_short_panels_get_fewer_y_ticks(tmp_path, tables, drawn):
     plot_divergence(LoadedResult.from_tables(tables, group_kinds=KINDS), tmp_path / "d.png")
     usage, divergence = drawn
     for ax in usage.axes:  # stacked 2-inch panels (the pool's 0-250 would take 50-block steps: 6 ticks)
-        assert 2 <= len(ax.get_yticks()) <= SHORT_AXIS_TICKS + 1, ax.get_title(loc="left")
-    assert len(divergence.axes[0].get_yticks()) > SHORT_AXIS_TICKS + 1  # a tall axis keeps its ticks
+        assert 2 <= len(axis_ticks(ax, "y")[0]) <= SHORT_AXIS_TICKS + 1, ax.get_title(loc="left")
+    assert len(axis_ticks(divergence.axes[0], "y")[0]) > SHORT_AXIS_TICKS + 1  # a tall axis keeps its ticks
