@@ -120,6 +120,42 @@ class QuietDecodeScheduler(Scheduler):
         self.num_quiet_decodes += quiet
         return budget
 
+    def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        """The core's :meth:`~sim.core.scheduler.Scheduler._update_after_schedule`, in one pass without a
+        lookup per request: the requests scheduled from ``running`` lead ``num_scheduled_tokens`` in the
+        order of ``scheduled_running_reqs`` (both loops append to both together), so only new and resumed
+        requests are looked up; totals are summed in locals and ``num_tokens`` is read from its two terms.
+        Same ``Request`` and ``SchedulerOutput`` changes, in the same order."""
+        num_scheduled = out.num_scheduled_tokens
+        reqs = out.scheduled_running_reqs
+        if len(reqs) < len(num_scheduled):
+            requests = self.requests
+            reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs) :]]
+        inflight_prefills = self._inflight_prefills
+        prefill_chunks = out.prefill_chunks
+        sampling = out.sampling_reqs
+        befores = out.computed_before
+        decode = decode_context = prefill = 0
+        for request, n in zip(reqs, num_scheduled.values()):
+            before = request.num_computed_tokens
+            befores.append(before)
+            request.num_computed_tokens = after = before + n
+            num_tokens = request.num_prompt_tokens + request.num_output_tokens
+            if after >= num_tokens:
+                sampling.append(request)
+                if inflight_prefills:
+                    inflight_prefills.pop(request.request_id, None)
+                if n == 1 and after == num_tokens:
+                    decode += 1
+                    decode_context += before
+                    continue
+            prefill += n
+            prefill_chunks.append((n, before))
+        out.decode_tokens += decode
+        out.decode_context_tokens += decode_context
+        out.prefill_tokens += prefill
+        self._record_schedule_rows(out, kinds)
+
     def _prefix_lookup(self, request: Request) -> LookupResult:
         """The core's lookup, or the kept one while no event named the request's hashes (module docstring)."""
         lookups = self.head_lookups

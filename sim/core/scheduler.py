@@ -948,27 +948,33 @@ class Scheduler:
         and nothing reads the count inside the step, so vLLM's increment here
         and decrement in ``update_from_output`` always meet at 0 where it is read.
         """
-        num_scheduled = out.num_scheduled_tokens
-        for rid, n in num_scheduled.items():
-            request = self.requests[rid]
+        for req_id, n in out.num_scheduled_tokens.items():
+            request = self.requests[req_id]
             before = request.num_computed_tokens
-            out.computed_before.append(before)
             request.num_computed_tokens += n
-            is_prefill_chunk = request.num_computed_tokens < request.num_tokens
-            if not is_prefill_chunk:
-                self._inflight_prefills.pop(rid, None)
-                out.sampling_reqs.append(request)
-            if not is_prefill_chunk and n == 1 and request.num_computed_tokens == request.num_tokens:
+            out.computed_before.append(before)
+            num_tokens = request.num_tokens
+            if request.num_computed_tokens < num_tokens:  # vLLM's `is_prefill_chunk`
+                out.prefill_tokens += n
+                out.prefill_chunks.append((n, before))
+                continue
+            self._inflight_prefills.pop(req_id, None)
+            out.sampling_reqs.append(request)
+            if n == 1 and request.num_computed_tokens == num_tokens:
                 out.decode_tokens += 1
                 out.decode_context_tokens += before
             else:
                 out.prefill_tokens += n
                 out.prefill_chunks.append((n, before))
+        self._record_schedule_rows(out, kinds)
+
+    def _record_schedule_rows(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
+        """The step's ``schedule`` rows, one per scheduled request (``kinds``: new / resumed, else running)."""
         rec = self.recorder
         if rec is not None and rec.schedule_enabled:
-            rids = list(num_scheduled)
+            rids = list(out.num_scheduled_tokens)
             row_kinds = [kinds.get(rid, "running") for rid in rids]
-            rec.record_schedule_rows(rids, row_kinds, list(num_scheduled.values()), out.computed_before)
+            rec.record_schedule_rows(rids, row_kinds, list(out.num_scheduled_tokens.values()), out.computed_before)
 
     def update_from_output(self, out: SchedulerOutput) -> list[Request]:
         """Apply the step's model output; returns the requests that finished.
