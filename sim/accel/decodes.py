@@ -12,8 +12,9 @@ request directly; every other request takes the core's pass
 What it keeps: every step's ``SchedulerOutput`` and every ``Request`` are the
 ones the core builds (the request is scheduled in the same place of
 ``scheduled_running_reqs`` and ``num_scheduled_tokens`` with the same one
-token, and ``_update_after_schedule`` is the core's; ``update_from_output`` is the
-core's with two calls per sampled token inlined or skipped where their answer is known).
+token; ``_update_after_schedule`` is the core's in one pass without a lookup per running
+request, and ``update_from_output`` the core's with two calls per sampled token inlined or
+skipped where their answer is known).
 Only calls whose answer is known are skipped. Chosen once by the
 engine's build, together with :class:`~sim.accel.quiet.QuietKVCacheManager`;
 ``tests/test_fastpath_differential.py`` is the contract.
