@@ -24,6 +24,7 @@ import pytest
 
 from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.accel.quiet import QuietHorizons
+from sim.accel.replicas import ReplicaCoordinator
 from sim.api import RunOptions, run_scenario
 from sim.config import load_scenario, scenario_from_text
 from sim.core.kv.kv_cache_manager import KVCacheManager
@@ -195,10 +196,13 @@ def test_random_scenarios_identical_with_and_without_fast_paths(seed: int) -> No
     _assert_same(scenario_from_text(random_scenario(seed), f"<fuzz {seed}>", overrides=OVERRIDES))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", _tiered(range(12), fast=2))
 def test_identical_mamba_groups_identical_with_and_without_fast_paths(seed: int, layer: LayerCounts) -> None:
-    _assert_same(scenario_from_text(random_scenario(seed, REPLICA_LAYOUTS), f"<replicas {seed}>", overrides=OVERRIDES))
+    """Replica groups (sim.accel.replicas): the followers apply their leader's decisions."""
+    scenario = scenario_from_text(random_scenario(seed, REPLICA_LAYOUTS), f"<replicas {seed}>", overrides=OVERRIDES)
+    built = build_components(scenario, fast_paths=True)
+    assert built is not None and isinstance(built.kv_manager.coordinator, ReplicaCoordinator)
+    _assert_same(scenario)
     assert layer.skips + layer.decodes > 0
 
 

@@ -10,6 +10,10 @@ contract.
 * :class:`~sim.accel.quiet.QuietKVCacheManager`: quiet horizons around
   ``allocate_slots`` (most running-loop calls give a request a few more tokens
   inside blocks it already holds; the per-group steps then change nothing).
+* :class:`~sim.accel.replicas.ReplicaCoordinator`: identical align-mode Mamba groups (Nemotron-H has six)
+  decide each request's skip, count, allocation, caching and free once, on the first of them; the others
+  (:class:`~sim.accel.replicas.MambaFollower`) apply that decision to their own tables and blocks, in their
+  place in the group order (built by the manager above where the layout has them).
 * :class:`~sim.accel.decodes.QuietDecodeScheduler`: the running loop schedules a
   decode inside its quiet horizon without the chunk computation and the
   ``allocate_slots`` call (built together with the manager above);
@@ -27,12 +31,15 @@ from sim.accel.decodes import QuietDecodeScheduler
 from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.accel.lookups import HeadOfLineLookups
 from sim.accel.quiet import QuietHorizons, QuietKVCacheManager, quiet_horizon
+from sim.accel.replicas import MambaFollower, ReplicaCoordinator
 
 __all__ = [
     "HeadOfLineLookups",
+    "MambaFollower",
     "QuietDecodeScheduler",
     "QuietHorizons",
     "QuietKVCacheManager",
+    "ReplicaCoordinator",
     "SharedPrefixBlockHasher",
     "quiet_horizon",
 ]

@@ -23,7 +23,9 @@ from __future__ import annotations
 from typing import Final, Sequence
 
 from sim.accel.lookups import HeadOfLineLookups
+from sim.accel.replicas import ReplicaCoordinator
 from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
+from sim.core.kv.kv_cache_coordinator import KVCacheOptions
 from sim.core.kv.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from sim.core.kv.single_type_kv_cache_manager import (
     FullAttentionManager,
@@ -118,10 +120,15 @@ class QuietHorizons:
         max_model_len: int,
         watermark_blocks: int,
         max_tokens: int,
+        deciding: ReplicaCoordinator | None = None,
     ) -> None:
         if not groups:
             raise ValueError("QuietHorizons needs at least one group")
         self._groups = tuple(groups)
+        #: With replica groups, their followers' bounds are their leaders' (same table shapes): only the
+        #: deciding groups are asked, while the replicas are on.
+        self._replicas = deciding
+        self._deciding = tuple(deciding.deciding_managers) if deciding is not None else self._groups
         self.max_model_len = max_model_len
         self.max_tokens = max_tokens
         self._watermark = watermark_blocks > 0
@@ -142,7 +149,8 @@ class QuietHorizons:
         if first is None:
             return
         max_main = max_processed = NO_BOUND
-        for group in self._groups:
+        replicas = self._replicas
+        for group in self._deciding if replicas is None or replicas.replicas_on else self._groups:
             bounds = quiet_horizon(group, request_id)
             if bounds is None:
                 return
@@ -201,9 +209,23 @@ class QuietKVCacheManager(KVCacheManager):
         if not self.supports(kv_cache_config):
             raise ValueError("quiet horizons need full-attention / align-mode Mamba groups of one block size")
         super().__init__(kv_cache_config, **options)  # type: ignore[arg-type]
+        kv_options = KVCacheOptions(
+            self.block_pool.enable_kv_cache_events,
+            options.get("max_in_flight_tokens"),  # type: ignore[arg-type]
+            bool(options.get("corrected_mamba_accounting", False)),
+            options.get("eviction_policy"),  # type: ignore[arg-type]
+            options.get("eviction_context"),  # type: ignore[arg-type]
+        )
+        #: The replica groups' coordinator (sim.accel.replicas) where the layout has them, else None.
+        self.replicas: ReplicaCoordinator | None = None
+        if ReplicaCoordinator.applies(kv_cache_config, kv_options):
+            # Built in place of the core's coordinator before anything used it (the LRU pool it made is dropped).
+            self.replicas = self.coordinator = ReplicaCoordinator(kv_cache_config, kv_options)
+            self.block_pool = self.coordinator.block_pool
         managers = self.coordinator.single_type_managers
         self.quiet = QuietHorizons(
             managers,
+            deciding=self.replicas,
             max_model_len=self.max_model_len,
             watermark_blocks=self.watermark_blocks,
             # A chunk longer than the alignment may export a Mamba prefill checkpoint.

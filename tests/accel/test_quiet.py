@@ -25,6 +25,15 @@ LAYOUTS = [
     # One common block size given per group: the layer applies (block 32).
     [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "block_size": 32}],
     [{"type": "mamba", "prefill_checkpoints": True}, "full_attention", {"type": "mamba", "prefill_checkpoints": True}],
+    # Replica groups (sim.accel.replicas): Nemotron-H's shape, and two classes next to each other.
+    [*[{"type": "mamba", "prefill_checkpoints": True}] * 4, "full_attention"],
+    [
+        "mamba",
+        {"type": "mamba", "prefill_checkpoints": True},
+        "full_attention",
+        "mamba",
+        {"type": "mamba", "prefill_checkpoints": True},
+    ],
 ]
 #: Mixed block sizes, sliding windows: the quiet rules do not cover them, the build takes the plain manager.
 UNSUPPORTED = [
