@@ -20,8 +20,9 @@ crash on any instance stops the whole cluster (``on_crash: stop``), as a dead en
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import simpy
@@ -31,6 +32,7 @@ from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.cluster.instances import instance_scenarios
 from sim.cluster.pd import PREFILL_LEG_SUFFIX, DecodePort, Disaggregation, PrefillPort
 from sim.cluster.router import InstanceState, Router, create_router
+from sim.cluster.stretch import DecodeRun, StretchLoop, unit_steps
 from sim.cluster.tier import InstancePort, SharedTier, check_tier
 from sim.cluster.view import KVCacheView
 from sim.config.scenario import Scenario
@@ -123,6 +125,11 @@ class ArrivalFeed:
         self.sessions: SessionDriver | None = None
         #: Submitted requests not routed yet, by id, in submission order.
         self._pending: dict[str, Request] = {}
+        #: The arrival times of the requests submitted at build time, in order, and how many were routed
+        #: (``next_arrival``); None once a request is submitted while the run runs.
+        self._arrivals: list[float] | None = []
+        self._num_routed = 0
+        self._running = False
         #: A P/D cluster: the proxy, the router of the prefill instances and both subsets (instance indices).
         self.pd: Disaggregation | None = None
         self.prefill_router: Router | None = None
@@ -134,6 +141,11 @@ class ArrivalFeed:
         delay = float(request.arrival_time) - float(self.env.now)
         assert delay >= 0, (request.request_id, request.arrival_time, self.env.now)
         self._pending[request.request_id] = request
+        if self._arrivals is not None:
+            if self._running:
+                self._arrivals = None
+            else:
+                self._arrivals.append(float(request.arrival_time))
         event = simpy.Event(self.env)
         event._ok = True
         event._value = None
@@ -144,6 +156,15 @@ class ArrivalFeed:
     def unrouted(self) -> list[Request]:
         """Requests not routed yet (the run stopped before their arrival), in arrival order."""
         return sorted(self._pending.values(), key=lambda r: r.arrival_time)
+
+    def next_arrival(self) -> float | None:
+        """The arrival time of the next request to route (``math.inf``: none), or None when requests may be
+        released while the run runs (closed-loop sessions, a P/D cluster's decode legs): then any time may
+        bring one (:mod:`sim.cluster.stretch`)."""
+        arrivals = self._arrivals
+        if arrivals is None or self.sessions is not None or self.pd is not None:
+            return None
+        return arrivals[self._num_routed] if self._num_routed < len(arrivals) else math.inf
 
     def may_route(self) -> bool:
         """Whether a request may still be routed: one is pending, or a running one may release a turn."""
@@ -161,6 +182,7 @@ class ArrivalFeed:
 
     def _route(self, request: Request) -> None:
         del self._pending[request.request_id]
+        self._num_routed += 1
         if self.hasher is not None and request.hash_block_size == 0:
             request.set_block_hasher(self.hasher)
         now = float(self.env.now)
@@ -225,7 +247,11 @@ class ClusterRun:
         feed: ArrivalFeed,
         rejected: list[Request],
         tier: SharedTier | None = None,
+        rebuild: Callable[[], ClusterRun] | None = None,
     ) -> None:
+        #: The same run without quiet stretches (:mod:`sim.cluster.stretch`), for a stop that a stretch
+        #: cannot settle exactly.
+        self.rebuild = rebuild
         self.scenario = scenario
         self.tier = tier
         self.env = env
@@ -241,6 +267,7 @@ class ClusterRun:
         self._executed = True
         loops = [i.loop for i in self.instances if i.loop is not None]
         status, message = "complete", ""
+        self.feed._running = True
         try:
             with interruptible():  # inside sim.run_scenario's deferred section: a signal stops the loop
                 self.env.run(until=simpy.AllOf(self.env, [loop.process for loop in loops]))
@@ -259,6 +286,9 @@ class ClusterRun:
         finally:
             for loop in loops:
                 loop.close()
+        settled = [loop.settle() for loop in loops if isinstance(loop, StretchLoop)]
+        if not all(settled) and status != "interrupted" and self.rebuild is not None:
+            return self.rebuild().execute()
         return self._record(status, message)
 
     def _record(self, status: str, message: str) -> ClusterRecord:
@@ -371,9 +401,12 @@ def _router(scenario: Scenario) -> Router:
         raise ScenarioError(str(exc)) from None
 
 
-def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> ClusterRun:
-    """Wire every instance of ``scenario`` (which has a ``cluster`` section) and the arrival feed."""
+def build_cluster_run(scenario: Scenario, options: RunOptions | None = None, *, stretches: bool = True) -> ClusterRun:
+    """Wire every instance of ``scenario`` (which has a ``cluster`` section) and the arrival feed. With the fast
+    paths, an instance takes quiet stretches of steps as one event (:mod:`sim.cluster.stretch`) unless
+    ``stretches`` is False."""
     options = options or RunOptions()
+    stretches = stretches and options.use_fast_paths()
     cluster = scenario.cluster
     assert cluster is not None
     requests, rejected = scenario_workload(instance_scenarios(scenario)[0])
@@ -406,14 +439,15 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None) -> 
     tier = _shared_tier(scenario, instances, env)
     _disaggregate(scenario, instances, feed)
     for instance, rng in zip(instances, connector_rngs):
-        instance.loop = _instance_loop(env, instance, rng, options, feed)
+        instance.loop = _instance_loop(env, instance, rng, options, feed, stretches)
     if tier is not None:
         connector = instances[0].components.connector
         assert isinstance(connector, OffloadConnector)
         tier.chunk_tokens = connector.C
     for request in sorted(sessions.initial if sessions else requests, key=lambda r: r.arrival_time):
         feed.submit(request)
-    return ClusterRun(scenario, env, instances, feed, rejected, tier)
+    rebuild = (lambda: build_cluster_run(scenario, options, stretches=False)) if stretches else None
+    return ClusterRun(scenario, env, instances, feed, rejected, tier, rebuild)
 
 
 def _disaggregate(scenario: Scenario, instances: list[Instance], feed: ArrivalFeed) -> None:
@@ -464,7 +498,12 @@ def _connector_rngs(seed: int, count: int) -> list[np.random.Generator]:
 
 
 def _instance_loop(
-    env: simpy.Environment, instance: Instance, rng: np.random.Generator, options: RunOptions, feed: ArrivalFeed
+    env: simpy.Environment,
+    instance: Instance,
+    rng: np.random.Generator,
+    options: RunOptions,
+    feed: ArrivalFeed,
+    stretches: bool,
 ) -> EngineLoop:
     components = instance.components
     scenario = components.scenario
@@ -481,7 +520,12 @@ def _instance_loop(
         if not feed.may_route():
             feed.wake_all()
 
-    return EngineLoop(
+    loop_cls: type[EngineLoop] = EngineLoop
+    extra: dict[str, Any] = {}
+    if stretches and connector is None:
+        loop_cls = StretchLoop
+        extra = {"next_arrival": feed.next_arrival, "decode_run": _decode_run(components)}
+    return loop_cls(
         env=env,
         scheduler=components.scheduler,
         requests=[],
@@ -499,4 +543,14 @@ def _instance_loop(
         max_steps=options.max_steps,
         on_finished=on_finished,
         held_open=feed.may_route,
+        **extra,
     )
+
+
+def _decode_run(components: Components) -> DecodeRun:
+    """The durations of a stretch's decode-only steps: what the engine loop's step duration
+    (:func:`sim.engine.run._step_duration_fn`) gives each of them."""
+    model = components.step_time_model
+    if components.scenario.clock == "steps" or model is None:
+        return unit_steps
+    return model.decode_run

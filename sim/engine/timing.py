@@ -512,6 +512,49 @@ class StepTimeModel:
             decode_context=decode_context,
         )
 
+    def decode_run(self, requests: int, context: int, start: float, until: float, limit: int) -> list[float]:
+        """Durations of consecutive decode-only steps of ``requests`` decodes, the first over ``context``
+        context tokens in all and each next one over ``requests`` more: the steps that start before ``until``
+        (the first at ``start``, each at the previous one's end, ``start + d`` in float), at most ``limit``.
+        Each is :meth:`step_time_of_batch` ``(requests, context, ())`` bit for bit; the terms that do not
+        depend on the context are summed once, in :meth:`_gpu_seconds`'s order."""
+        out: list[float] = []
+        t = start
+        if not requests or self._windows or (self._attn_layers and len(self._attn_classes) != 1):
+            while len(out) < limit and t < until:
+                d = self.step_time_of_batch(requests, context, ())
+                out.append(d)
+                t += d
+                context += requests
+            return out
+        p = self.params
+        base = p.step_overhead_s + p.per_request_overhead_s * requests
+        memo = self._token_memo.get(requests)
+        gemms, small = memo if memo is not None else self._token_terms(requests)
+        head = 0.0
+        if self._lm_consts is not None:
+            lm = self._request_memo.get(requests)
+            head = lm if lm is not None else self._lm_head_time(requests)
+        fixed = gemms
+        if self._mamba_layers:
+            fixed += self._state_time(requests, requests)
+        attention = bool(self._attn_layers)
+        if attention:
+            count, _, kv_bytes, heads = self._attn_classes[0]
+            kernel = self.decode_kernel_time
+        while len(out) < limit and t < until:
+            total = fixed
+            if attention:
+                total += count * kernel(kv_bytes, heads, requests, context) + 0.0
+            total += small
+            if self._lm_consts is not None:
+                total += head
+            d = base + total
+            out.append(d)
+            t += d
+            context += requests
+        return out
+
     def step_time_totals(
         self,
         num_requests: int,

@@ -488,6 +488,50 @@ class Recorder:
         if spill is not None and len(self.steps) >= spill.rows:
             spill.spill("steps", self.steps)
 
+    def record_steps(
+        self,
+        first_step: int,
+        starts: Sequence[float],
+        durations: Sequence[float],
+        running: int,
+        waiting: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        free_blocks: int,
+        blocks_per_group: Sequence[int],
+        cached_per_group: Sequence[int],
+    ) -> None:
+        """The rows of consecutive engine steps ``first_step, first_step + 1, ...`` that start at ``starts`` and
+        differ in nothing else (a quiet stretch, ``sim.cluster.stretch``): the rows :meth:`record_step` records
+        for each after ``set_clock(step, start)``, with no extension column. The clock is left at the last."""
+        k = len(starts)
+        if not k:
+            return
+        steps = self.steps
+        if self._num_step_columns != len(steps.names):
+            raise KeyError(f"record_steps takes no extension columns (the table has {len(steps.names)} columns)")
+        data = steps.data
+        data["step"].extend(range(first_step, first_step + k))
+        data["time_s"].extend(starts)
+        data["duration_s"].extend(durations)
+        for name, value in (
+            ("running", running),
+            ("waiting", waiting),
+            ("prefill_tokens", prefill_tokens),
+            ("decode_tokens", decode_tokens),
+            ("free_blocks", free_blocks),
+        ):
+            data[name].extend([value] * k)
+        for (blocks_name, cached_name), blocks, cached in zip(
+            self._group_step_names, blocks_per_group, cached_per_group
+        ):
+            data[blocks_name].extend([blocks] * k)
+            data[cached_name].extend([cached] * k)
+        self.set_clock(first_step + k - 1, starts[-1])
+        spill = self.spill
+        if spill is not None and len(steps) >= spill.rows:
+            spill.spill("steps", steps)
+
     def _check_step_extras(self, extra: Mapping[str, object]) -> None:
         """Add the extension columns ``extra`` names; a row must fill every extension column there is."""
         steps = self.steps
