@@ -196,8 +196,8 @@ class GroupPanel:
 
 
 def group_panels(steps: pd.DataFrame, kinds: Sequence[str]) -> list[GroupPanel]:
-    """Groups merged into panels by kind (e.g. Nemotron-H's six Mamba groups: one ``"g0-g5 mamba ×6"``
-    panel). Groups of one kind share the pool and the scheduler's decisions, so their blocks in use
+    """Groups merged into panels by kind (e.g. Nemotron-H's six Mamba groups: one ``"g0–g5 mamba (6 groups)"``
+    panel, as the summary names them). Groups of one kind share the pool and the scheduler's decisions, so their blocks in use
     agree; their cached counts and evictions may differ, which a merged panel draws as a band and a sum.
     Without kinds every group is its own panel."""
     n = max(infer_num_groups(steps.columns), len(kinds))
@@ -216,8 +216,8 @@ def group_panels(steps: pd.DataFrame, kinds: Sequence[str]) -> list[GroupPanel]:
             panels.append(GroupPanel(_group_label(members[0], kinds), (members[0],)))
             continue
         contiguous = members == list(range(members[0], members[-1] + 1))
-        names = f"g{members[0]}-g{members[-1]}" if contiguous else ",".join(f"g{m}" for m in members)
-        panels.append(GroupPanel(f"{names} {kinds[members[0]]} ×{len(members)}", tuple(members)))
+        names = f"g{members[0]}–g{members[-1]}" if contiguous else ",".join(f"g{m}" for m in members)
+        panels.append(GroupPanel(f"{names} {kinds[members[0]]} ({len(members)} groups)", tuple(members)))
     return panels
 
 
@@ -298,6 +298,8 @@ def _series(
     if np.array_equal(lo, hi):
         _step(ax, x, lo, label=label, color=colour, linestyle=style)
         return
+    # The line first: a shared legend lists it before the band.
+    _step(ax, x, hi, color=colour, linestyle=style, linewidth=0.8, label=label)
     rows = step_change_points(lo, hi)
     ax.fill_between(
         x[rows],
@@ -309,19 +311,24 @@ def _series(
         label=f"{label} (min-max of {len(groups)})",
         linewidth=0,
     )
-    _step(ax, x, hi, color=colour, linestyle=style, linewidth=0.8)
+
+
+#: What an eviction count counts, named in block_usage's legend (the raster's and the summary's count too).
+EVICTION_DEFINITION = "evictions: cache entries removed, per group"
 
 
 def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
     """Free blocks of the shared pool, then per group panel (groups of one kind merged) blocks in use
-    and cached blocks per step; evictions as ticks (few) or a density (many); crashes marked."""
+    and cached blocks per step; evictions as ticks (few) or a density (many), their count in the panel's
+    title; crashes marked. One legend for the figure, right of the panels, naming what an eviction count
+    counts (:data:`EVICTION_DEFINITION`)."""
     t = tables_of(result)
     steps, kv = t["steps"], t["kv_events"]
     n = infer_num_groups(steps.columns)
     kinds = _kinds(result, group_kinds, n)
     panels = group_panels(steps, kinds) if not steps.empty else []
     fig, axes = _figure(
-        len(panels) + 1, 1, width=11.0, height=2.0 * (len(panels) + 1) + 0.8, sharex=True, legend_right=3.6
+        len(panels) + 1, 1, width=11.0, height=2.0 * (len(panels) + 1) + 0.8, sharex=True, legend_right=3.0
     )
     fig.suptitle("KV-cache blocks over time")
     if steps.empty:
@@ -331,17 +338,18 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     crashes = crash_positions(result, xcol)
     span = (float(steps[xcol].min()), float(steps[xcol].max()))
     ax = axes[0, 0]
-    _step(ax, steps[xcol].to_numpy(), steps["free_blocks"].to_numpy(), color="#7f7f7f", label="free blocks")
+    _step(ax, steps[xcol].to_numpy(), steps["free_blocks"].to_numpy(), color="#7f7f7f", label="free blocks (pool)")
     _mark_crashes(ax, crashes, True)
     ax.set_title("shared block pool", loc="left", fontsize=10)
-    _finish_panel(ax)
+    _usage_axes(ax)
     removed = kv[kv["kind"] == "removed"]
+    unit = "steps" if xcol == "step" else "s"
     for panel, ax in zip(panels, axes[1:, 0]):
         _series(ax, steps, xcol, "blocks_g", panel.groups, "blocks in use", "#1f77b4", "-")
         _series(ax, steps, xcol, "cached_g", panel.groups, "cached blocks", "#9467bd", "--")
         # Marks per group, like the count: the first group's evictions (a merged panel's groups agree).
         ev = removed[removed["group"] == panel.groups[0]]
-        count = eviction_count(removed, panel.groups)
+        title = f"{panel.label}: evictions {eviction_count(removed, panel.groups)}"
         kind, xs, counts = eviction_marks(ev[xcol], span)
         if kind == "ticks" and len(xs):
             ax.plot(
@@ -351,7 +359,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 marker="|",
                 markersize=12,
                 color="#d62728",
-                label=f"evictions: {count}",
+                label=f"{EVICTION_DEFINITION}\n(one tick each; count in the panel title)",
             )
         elif kind == "density":
             # Scaled into the panel (no second y axis, which cost a third of this figure's time).
@@ -367,14 +375,40 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 fill=True,
                 color="#d62728",
                 alpha=0.3,
-                label=f"evictions: {count}\nbars: per {(xs[1] - xs[0]):.3g} {'steps' if xcol == 'step' else 's'}, "
-                f"peak {peak}",
+                label=f"{EVICTION_DEFINITION}\n(bars: per {(xs[1] - xs[0]):.3g} {unit}, the panel's peak\n"
+                "at 40% height; count in the panel title)",
             )
+            title += f", bars peak {peak}"
         _mark_crashes(ax, crashes, False)
-        ax.set_title(panel.label, loc="left", fontsize=10)
-        _finish_panel(ax)
+        ax.set_title(title, loc="left", fontsize=10)
+        _usage_axes(ax)
     axes[-1, 0].set_xlabel(xlabel)
+    _figure_legend(fig, axes[0, 0])
     return _save(fig, path)
+
+
+def _usage_axes(ax: Axes) -> None:
+    ax.set_ylabel("blocks")
+    ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
+    grid(ax)
+
+
+def _figure_legend(fig: Figure, top: Axes) -> None:
+    """One legend for every panel of ``fig`` (each label once, in drawing order), right of the panels and
+    level with the top of ``top``."""
+    handles: dict[str, Any] = {}
+    for ax in fig.axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        box = top.get_position()
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="upper left",
+            bbox_to_anchor=(box.x1 + 0.1 / fig.get_figwidth(), box.y1),
+            fontsize=8,
+        )
 
 
 def _finish_panel(ax: Axes) -> None:
@@ -447,24 +481,26 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
 
 
 def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds: Sequence[str] | None = None) -> Path:
-    """One dot per evicted cache entry: time (or step) × block id, one panel per group panel
-    (groups of one kind merged, the first one drawn); crashes marked."""
+    """One dot per evicted cache entry: time (or step) × block id, one colour per group panel (groups of
+    one kind merged, the first one drawn) in one axes (the groups share the pool's block ids), each
+    panel's count in the legend; crashes marked."""
     t = tables_of(result)
     kv, steps = t["kv_events"], t["steps"]
     n = max(infer_num_groups(t["admissions"].columns), infer_num_groups(steps.columns))
     kinds = _kinds(result, group_kinds, n)
     removed = kv[kv["kind"] == "removed"]
     panels = group_panels(steps, kinds) if n else []
-    fig, axes = _figure(max(len(panels), 1), 1, height=2.0 * max(len(panels), 1) + 0.8, sharex=True, sharey=True)
+    fig, axes = _figure(width=10.0, height=4.2, legend_right=2.9)
+    ax = axes[0, 0]
     fig.suptitle("Evictions (cache entries removed)")
     if removed.empty or n == 0:
-        _empty(axes[0, 0], "no evictions")
+        _empty(ax, "no evictions")
         return _save(fig, path)
     xcol, xlabel = _time_axis(result, steps) if not steps.empty else ("step", "engine step")
-    crashes = crash_positions(result, xcol)
-    for panel, ax in zip(panels, axes[:, 0]):
+    for panel in panels:
         g = panel.groups[0]
         ev = removed[removed["group"] == g]
+        shown = f" (g{g} shown)" if len(panel.groups) > 1 else ""
         ax.scatter(
             ev[xcol],
             ev["block_id"].astype(float),
@@ -473,20 +509,23 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
             color=f"C{g % 10}",
             linewidths=0,
             rasterized=len(ev) > 2000,
+            label=f"{panel.label}:\n{eviction_count(removed, panel.groups)}{shown}",
         )
-        _mark_crashes(ax, crashes, False)
-        ax.set_ylabel("block id")
-        ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
-        shown = f" (g{g} shown)" if len(panel.groups) > 1 else ""
-        ax.set_title(
-            f"{panel.label}: evictions {eviction_count(removed, panel.groups)}{shown}", loc="left", fontsize=10
-        )
-        grid(ax)
+    _mark_crashes(ax, crash_positions(result, xcol), True)
+    ax.set_ylabel("block id")
+    ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
+    grid(ax)
     if not steps.empty:
-        axes[-1, 0].set_xlim(
-            steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1)
-        )
-    axes[-1, 0].set_xlabel(xlabel)
+        ax.set_xlim(steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1))
+    ax.set_xlabel(xlabel)
+    ax.legend(
+        title="evictions per group",
+        fontsize=8,
+        title_fontsize=9,
+        markerscale=2.5,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     return _save(fig, path)
 
 
@@ -880,7 +919,7 @@ MIN_REQUESTS_FOR_CDFS = 20
 FIGURES: Mapping[str, str] = {
     "block_usage": "free blocks of the shared pool; per group panel blocks in use, cached blocks, evictions per group",
     "divergence": "each admission's full-attention hit against its Mamba (or second group's) hit, by outcome",
-    "eviction_raster": "one dot per evicted cache entry: time (or step) by block id, per group panel",
+    "eviction_raster": "one dot per evicted cache entry: time (or step) by block id, one colour per group panel",
     "latency_cdfs": "TTFT, TPOT and E2E latency distributions of the finished requests",
     "outcomes": "admission outcomes: final per request, and per attempt",
     "connector": "the connector's own per-step columns (tier blocks, loads in flight)",

@@ -117,14 +117,14 @@ from sim.analysis.plots import (  # noqa: E402
 def test_groups_of_one_kind_share_a_panel(tables):
     steps = tables["steps"].assign(blocks_g2=tables["steps"]["blocks_g1"], cached_g2=tables["steps"]["cached_g1"] + 1)
     panels = group_panels(steps, ["mamba", "full_attention", "mamba"])
-    assert [(p.label, p.groups) for p in panels] == [("g0,g2 mamba ×2", (0, 2)), ("g1 (full_attention)", (1,))]
+    assert [(p.label, p.groups) for p in panels] == [("g0,g2 mamba (2 groups)", (0, 2)), ("g1 (full_attention)", (1,))]
     six = group_panels(
         steps.assign(
             blocks_g3=0, cached_g3=0, blocks_g4=0, cached_g4=0, blocks_g5=0, cached_g5=0, blocks_g6=0, cached_g6=0
         ),
         ["mamba"] * 6 + ["full_attention"],
     )
-    assert [p.label for p in six] == ["g0-g5 mamba ×6", "g6 (full_attention)"]
+    assert [p.label for p in six] == ["g0–g5 mamba (6 groups)", "g6 (full_attention)"]
     assert [p.groups for p in group_panels(steps, [])] == [(0,), (1,), (2,)]
     lo, hi = series_band(steps, "cached_g", (1, 2))
     assert list(lo) == list(steps["cached_g1"]) and list(hi) == list(steps["cached_g1"] + 1)
@@ -308,8 +308,11 @@ def test_latency_panels_share_one_labelled_fraction_axis(tmp_path, tables, drawn
 
 def test_legends_fit_inside_their_figures(tmp_path, tables, drawn, monkeypatch):
     """No cut legends (issue 34: block_usage's "...peak 152 per 0.996 s at 40% heig"), also with the
-    density's two-line eviction label and a crash entry."""
+    density's three-line eviction label and a crash entry; block_usage has one legend for its panels, clear
+    of them, that names what an eviction count counts, and each panel's title gives the count."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from sim.analysis.plots import EVICTION_DEFINITION
 
     monkeypatch.setattr(plots_module, "MIN_REQUESTS_FOR_CDFS", 1)
     kv = tables["kv_events"]
@@ -318,20 +321,27 @@ def test_legends_fit_inside_their_figures(tmp_path, tables, drawn, monkeypatch):
     busy = dict(tables, kv_events=pd.concat([kv, many], ignore_index=True))
     result = LoadedResult.from_tables(busy, summary={"clock": "time"}, group_kinds=KINDS)
     plot_all(result, tmp_path)
-    legends = 0
+    by_title = {}
     for fig in drawn:
         renderer = FigureCanvasAgg(fig).get_renderer()
-        for ax in fig.axes:
-            legend = ax.get_legend()
-            if legend is None:
-                continue
-            legends += 1
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+        by_title[fig.get_suptitle()] = legends
+        for legend in legends:
             box = legend.get_window_extent(renderer)
             assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, (fig.get_suptitle(), box)
             assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, (fig.get_suptitle(), box)
-    texts = [t.get_text() for fig in drawn for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
-    assert any(t.startswith("evictions: 402\nbars: per") for t in texts) and "crash" in texts, texts
-    assert legends >= 4
+            for ax in fig.axes:  # beside the panels, not over them
+                assert not box.overlaps(ax.get_window_extent(renderer)) or legend.axes is ax, fig.get_suptitle()
+    usage = next(fig for fig in drawn if fig.get_suptitle() == "KV-cache blocks over time")
+    (legend,) = by_title["KV-cache blocks over time"]
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert any(t.startswith(EVICTION_DEFINITION + "\n(bars: per") for t in texts) and "crash" in texts, texts
+    assert "cache entries removed, per group" in EVICTION_DEFINITION
+    titles = [ax.get_title(loc="left") for ax in usage.axes]
+    assert titles[1].startswith("g0 (full_attention): evictions 402, bars peak"), titles
+    (raster,) = by_title["Evictions (cache entries removed)"]
+    assert [t.get_text() for t in raster.get_texts()][0].startswith("g0 (full_attention):\n402"), raster
+    assert sum(len(v) for v in by_title.values()) == 3  # block usage, divergence, raster
 
 
 def test_png_is_savefig_s_pixels_in_rgb_when_opaque(tmp_path, tables, drawn):
