@@ -20,7 +20,7 @@ import matplotlib
 import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
-from matplotlib.axis import Axis
+from matplotlib.axis import Axis, XAxis, YAxis
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.markers import TICKDOWN, TICKLEFT, MarkerStyle
@@ -129,6 +129,60 @@ def grid(ax: Axes, axis: str = "both", alpha: float = 0.3) -> None:
             _GRIDS[which] = alpha
 
 
+class _TicksOnDemand:
+    """An axis that builds no tick until one is drawn. Matplotlib builds a first major and minor tick for
+    every axis when the axes is made and again when it is cleared (to give them the clip path), about 2 ms
+    an axes; the run figures draw their ticks with :class:`AxisMarks` and never use them. A tick built
+    later (an axis left to matplotlib) gets the same parameters (the axis keeps them for new ticks) and the
+    same clip path."""
+
+    axes: Any
+    majorTicks: list[Any]
+    minorTicks: list[Any]
+
+    def reset_ticks(self) -> None:
+        self.majorTicks = []
+        self.minorTicks = []
+        patch = getattr(self.axes, "patch", None)
+        if patch is not None:
+            self.set_clip_path(patch)  # type: ignore[attr-defined]
+
+    def _get_tick(self, major: bool) -> Any:
+        tick = super()._get_tick(major)  # type: ignore[misc]
+        patch = getattr(self.axes, "patch", None)
+        if patch is not None:
+            tick.set_clip_path(patch)
+        return tick
+
+
+class _XAxis(_TicksOnDemand, XAxis):
+    pass
+
+
+class _YAxis(_TicksOnDemand, YAxis):
+    pass
+
+
+class RunAxes(Axes):
+    """The axes of the run figures (``sim.analysis.plots``): matplotlib's, with axes that build their
+    ticks only when drawn (:class:`_TicksOnDemand`)."""
+
+    def clear(self) -> None:
+        super().clear()
+        # Building a tick places the spines (their default position, and the transform from it); with
+        # no tick built, place them here, or the top and right spines are drawn in data coordinates.
+        for spine in self.spines.values():
+            spine.get_position()
+
+    def _init_axis(self) -> None:
+        self.xaxis = _XAxis(self, clear=False)
+        self.spines.bottom.register_axis(self.xaxis)
+        self.spines.top.register_axis(self.xaxis)
+        self.yaxis = _YAxis(self, clear=False)
+        self.spines.left.register_axis(self.yaxis)
+        self.spines.right.register_axis(self.yaxis)
+
+
 class AxisMarks(Artist):
     """One axis' major ticks drawn as three artists: the grid lines and the tick marks as one line each
     (segments broken by NaN), and the labels by one text moved from label to label. Matplotlib draws a
@@ -207,6 +261,10 @@ class AxisMarks(Artist):
         )
         for part in (*self._parts, self._text):
             part.set_figure(fig)
+
+    def set_clip_path(self, path: Any, transform: Any = None) -> None:
+        """Not clipped as a whole (``Axes.add_artist`` would build a clip path for nothing): the grid line
+        clips itself to the axes, the marks and labels lie outside it."""
 
     def draw(self, renderer: Any) -> None:
         if not self.get_visible():

@@ -32,7 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sim.analysis.figures import PLOT_FORMATS, draw_ticks_once, grid, save_figure
+from sim.analysis.figures import PLOT_FORMATS, RunAxes, draw_ticks_once, grid, save_figure
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
 from sim.trace.output import write_file
@@ -168,7 +168,7 @@ def _figure(
     fig = Figure(figsize=(width, height))
     # A fixed title height: matplotlib's automatic one measures every tick label at draw time.
     with matplotlib.rc_context({"axes.titley": 1.0}):
-        axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+        axes = fig.subplots(nrows, ncols, squeeze=False, subplot_kw={"axes_class": RunAxes}, **kw)
     fig.subplots_adjust(
         left=0.85 / width,
         right=1 - (0.25 + legend_right) / width,
@@ -334,6 +334,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     if steps.empty:
         _empty(axes[0, 0], "no steps recorded")
         return _save(fig, path)
+    fig.supylabel("blocks", x=0.25 / fig.get_figwidth(), fontsize=10)  # every panel's unit, said once
     xcol, xlabel = _time_axis(result, steps)
     crashes = crash_positions(result, xcol)
     span = (float(steps[xcol].min()), float(steps[xcol].max()))
@@ -359,7 +360,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 marker="|",
                 markersize=12,
                 color="#d62728",
-                label=f"{EVICTION_DEFINITION}\n(one tick each; count in the panel title)",
+                label=f"{EVICTION_DEFINITION}\n(one tick each)",
             )
         elif kind == "density":
             # Scaled into the panel (no second y axis, which cost a third of this figure's time).
@@ -375,8 +376,7 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 fill=True,
                 color="#d62728",
                 alpha=0.3,
-                label=f"{EVICTION_DEFINITION}\n(bars: per {(xs[1] - xs[0]):.3g} {unit}, the panel's peak\n"
-                "at 40% height; count in the panel title)",
+                label=f"{EVICTION_DEFINITION}\n(bars: per {(xs[1] - xs[0]):.3g} {unit}, peak at 40% height)",
             )
             title += f", bars peak {peak}"
         _mark_crashes(ax, crashes, False)
@@ -388,7 +388,6 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
 
 
 def _usage_axes(ax: Axes) -> None:
-    ax.set_ylabel("blocks")
     ax.yaxis.set_major_locator(_y_locator(ax, integer=True))
     grid(ax)
 
@@ -563,11 +562,11 @@ def plot_latency_cdfs(result: ResultSource, path: str | Path) -> Path:
     axes[0, 0].set_ylabel("fraction of requests")
     axes[0, 0].set_ylim(0, 1.02)
     for ax, (col, name) in zip(axes[0], _LATENCIES):
-        ax.set_title(name)
+        # The unit in the title: no x label repeating it (a text fewer to draw per panel).
+        ax.set_title(f"{name} ({latency_unit(result)})")
         if not _ecdf(ax, done[col]):
             _empty(ax, f"no {name} data", shared_y=True)
             continue
-        ax.set_xlabel(f"{name} ({latency_unit(result)})")
         grid(ax)
     return _save(fig, path)
 

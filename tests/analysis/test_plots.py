@@ -251,29 +251,44 @@ def test_only_ticks_in_view_are_drawn(tmp_path, tables, drawn):
         locs, labels = axis_ticks(ax, name)
         assert 2 <= len(locs) <= plots_module.MAX_TICKS + 1
         assert all(lo <= v <= hi for v in locs) and len(labels) == len(locs)
-        assert len(axis.majorTicks) <= 1  # matplotlib's own ticks are not used (one is made with the axes)
+        assert axis.majorTicks == [] == axis.minorTicks  # no matplotlib tick is built (RunAxes)
 
 
 def _tick_free(monkeypatch):
-    """Draw the run figures with matplotlib's own ticks and grid lines (the reference for AxisMarks)."""
+    """Draw the run figures with matplotlib's own axes, ticks and grid lines (the reference for RunAxes and
+    AxisMarks)."""
+    from matplotlib.axes import Axes
+
+    monkeypatch.setattr(plots_module, "RunAxes", Axes)
     monkeypatch.setattr(plots_module, "draw_ticks_once", lambda fig: None)
     monkeypatch.setattr(plots_module, "grid", lambda ax, axis="both", alpha=0.3: ax.grid(axis=axis, alpha=alpha))
 
 
 def test_axis_marks_draw_matplotlib_s_pixels(tmp_path, tables, monkeypatch):
-    """Ticks, tick labels, grid lines and axis labels drawn by AxisMarks are matplotlib's, pixel for pixel:
-    shared x axes (labels on the bottom panel only), a shared y axis, categorical bars, the connector's
-    panels, an empty panel."""
+    """Ticks, tick labels, grid lines and axis labels drawn by AxisMarks on RunAxes are matplotlib's on its
+    own axes, pixel for pixel: shared x axes (labels on the bottom panel only), a shared y axis,
+    categorical bars, the connector's panels, an empty panel, per-axes legends (the compare figures)."""
     monkeypatch.setattr(plots_module, "MIN_REQUESTS_FOR_CDFS", 1)
     steps = tables["steps"].assign(
         conn_tier_bytes=[i * 10**9 for i in range(7)], conn_loads_in_flight=1, conn_stores_in_flight=0
     )
     result = LoadedResult.from_tables(dict(tables, steps=steps), summary={"connector": "offload"}, group_kinds=KINDS)
-    ours = plot_all(result, tmp_path / "ours")
+    runs = {"a": result, "b": LoadedResult.from_tables(tables, group_kinds=KINDS)}
+
+    def draw(out):
+        return [
+            *plot_all(result, out),
+            compare_latency_cdfs(runs, out / "cmp_latency.png"),
+            compare_outcomes(runs, out / "cmp_outcomes.png"),
+        ]
+
+    ours = draw(tmp_path / "ours")
     _tick_free(monkeypatch)
-    theirs = plot_all(result, tmp_path / "theirs")
-    assert [p.name for p in ours] == [p.name for p in theirs] and len(ours) == 7
-    for a, b in zip(ours[:-1], theirs[:-1]):
+    theirs = draw(tmp_path / "theirs")
+    ours.remove(tmp_path / "ours" / "index.md")
+    theirs.remove(tmp_path / "theirs" / "index.md")
+    assert [p.name for p in ours] == [p.name for p in theirs] and len(ours) == 8
+    for a, b in zip(ours, theirs):
         assert np.array_equal(imread(a), imread(b)), a.name
 
 
