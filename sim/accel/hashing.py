@@ -6,6 +6,7 @@ Chosen by the engine's build with the rest of the speed layer (``fast_paths``); 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Final, Sequence, cast
 
 from sim.core.kv.hashing import BlockHash, HashedRequest, RequestBlockHasher, chain_pieces, extend_block_hashes
@@ -18,6 +19,10 @@ from sim.core.tokens import (
     output_stream,
     stream_head,
 )
+
+#: How many prompt starts :class:`SharedPrefixBlockHasher` remembers (a conversation's next turn comes
+#: within minutes; the Mooncake trace starts about 24 000 an hour at two keys a request).
+MAX_PREFIXES: Final = 1 << 16
 
 #: What a prompt's hashes are reused under: ``(lora_name, cache_salt)`` and the first one or two stream
 #: segments' ``(stream, start, length)``, flattened (plain tuples hash and compare in C).
@@ -53,8 +58,10 @@ class SharedPrefixBlockHasher(RequestBlockHasher):
     def __init__(self, hash_block_size: int) -> None:
         super().__init__(hash_block_size)
         #: prefix key -> (prompt segments, block hashes) of the last request hashed with that start;
-        #: the hash list is the request's own (it only grows, so its head stays valid).
-        self._prefixes: dict[_PrefixKey, tuple[tuple[Segment, ...], list[BlockHash]]] = {}
+        #: the hash list is the request's own (it only grows, so its head stays valid). At most
+        #: :data:`MAX_PREFIXES` keys, the least recently hashed dropped first: each holds a request's prompt and
+        #: hashes, and a long trace's starts are mostly distinct (a dropped start is only hashed again).
+        self._prefixes: OrderedDict[_PrefixKey, tuple[tuple[Segment, ...], list[BlockHash]]] = OrderedDict()
 
     def __call__(self, request: HashedRequest) -> None:
         hashes = request.block_hashes
@@ -80,8 +87,13 @@ class SharedPrefixBlockHasher(RequestBlockHasher):
             request.lora_name,
             request.cache_salt,
         )
-        for key in keys:
-            self._prefixes[key] = (segments, hashes)
+        if keys:
+            prefixes = self._prefixes
+            for key in keys:
+                prefixes[key] = (segments, hashes)
+                prefixes.move_to_end(key)
+            while len(prefixes) > MAX_PREFIXES:
+                prefixes.popitem(last=False)
 
     @staticmethod
     def _prefix_keys(segments: Sequence[Segment], lora_name: str | None, cache_salt: str | None) -> list[_PrefixKey]:

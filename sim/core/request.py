@@ -166,6 +166,14 @@ class Request:
         self.num_output_tokens += n
         self.update_block_hashes()
 
+    def retire(self) -> None:
+        """Let go of what only a running request needs (its prompt's segments, block hashes and hasher), once
+        it has finished and nothing will read them again: a long run holds every request it was given, and
+        these are most of one. The counts (prompt and output tokens, hits, preemptions) stay."""
+        self.prompt = ()
+        self.block_hashes = []
+        self._block_hasher = None
+
     def get_max_cache_hit_length(self, bound: int | None = None) -> int:
         """The longest prefix-cache hit allowed: ``num_tokens - 1`` (the last token is always recomputed),
         tightened by :attr:`prefix_cache_hit_limit` and by ``bound`` when given (vLLM 0.34)."""

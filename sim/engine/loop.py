@@ -112,6 +112,9 @@ class EngineLoop:
     #: While this returns True the loop never ends or stalls for want of work: more requests may still be
     #: released to it (a cluster's router, :mod:`sim.cluster.run`); it sleeps until :meth:`wake`.
     held_open: Callable[[], bool] | None = None
+    #: Retire each request as it finishes (:meth:`Request.retire`): only when nothing reads a finished
+    #: request's prompt or block hashes after its step (no connector, no sessions, no cluster, no ideal hit rate).
+    retire_finished: bool = False
 
     times: dict[str, RequestTimes] = field(default_factory=dict)
     #: Arrived requests the connector routed and has handed over since the last step (``route_arrival``).
@@ -312,6 +315,9 @@ class EngineLoop:
             self.times[request.request_id].finished = end
         if finished and self.on_finished is not None:
             self.on_finished(finished, end)
+        if self.retire_finished:
+            for request in finished:
+                request.retire()
         # Nothing ran and nothing moved: sleep until something new can happen.
         self._idle = not (output.num_scheduled_tokens or output.preempted_req_ids)
         self.num_finished += len(finished)

@@ -62,6 +62,10 @@ class RunOptions:
     #: environment sets ``HYBRIDSIM_PLAIN=1``. Off runs the plain vLLM-mirroring path
     #: (identical tables, slower), for differential tests and debugging.
     fast_paths: bool | None = None
+    #: Let a finished request's prompt content and block hashes go (:meth:`~sim.core.request.Request.retire`)
+    #: where nothing reads them after the run (no connector, sessions or ideal hit rate); off for a caller that
+    #: reads the run's requests afterwards (``hybridsim replay --shrink``'s probe).
+    retire_finished: bool = True
 
     def use_fast_paths(self) -> bool:
         if self.fast_paths is not None:
@@ -138,18 +142,23 @@ _OUTCOME_RANK = {"ok": 0, "recompute": 1, "corrupt": 2, "crash": 3}
 
 
 def _worst_outcomes(request_ids: Iterable[str], outcomes: Iterable[str]) -> dict[str, str]:
-    """Each request's worst admission outcome (``ok`` < ``recompute`` < ``corrupt`` < ``crash``)."""
+    """Each request's worst admission outcome (``ok`` < ``recompute`` < ``corrupt`` < ``crash``); a request whose
+    outcomes are all ``ok`` is left out (read it as ``worst.get(rid, "ok")``)."""
     worst: dict[str, str] = {}
     for rid, outcome in zip(request_ids, outcomes):
-        if outcome in _OUTCOME_RANK and _OUTCOME_RANK[outcome] >= _OUTCOME_RANK.get(worst.get(rid, "ok"), 0):
+        # "ok" ranks lowest and is the default: only worse outcomes are kept (a long run's ids are many).
+        if (
+            outcome != "ok"
+            and outcome in _OUTCOME_RANK
+            and _OUTCOME_RANK[outcome] >= _OUTCOME_RANK.get(worst.get(rid, "ok"), 0)
+        ):
             worst[rid] = outcome
     return worst
 
 
 def _record_requests(components: Components, loop: EngineLoop, stopped: bool) -> None:
     rec = components.recorder
-    admissions = rec.admissions.data
-    worst = _worst_outcomes(admissions["request_id"], admissions["outcome"])
+    worst = _worst_outcomes(rec.column_values("admissions", "request_id"), rec.column_values("admissions", "outcome"))
     crashed = loop.crash.request_id if loop.crash is not None else None
     for request in components.requests:
         t = loop.times.get(request.request_id)
@@ -326,6 +335,10 @@ def build_run(
         progress=progress.update if progress else pause_hook("run"),
         max_steps=options.max_steps,
         on_finished=sessions.on_finished if sessions is not None else None,
+        retire_finished=options.retire_finished
+        and connector is None
+        and sessions is None
+        and not scenario.outputs.ideal_hit_rate,
     )
     if sessions is not None:
         sessions.release = loop.release

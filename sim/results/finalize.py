@@ -9,6 +9,7 @@ plots are drawn on top by ``sim.run`` and the CLI.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,16 +54,27 @@ class RunResult(LoadedResult):
 
 def _crash_detail(recorder: Recorder, crash: dict[str, Any]) -> dict[str, Any]:
     """The crash marker with the crashing request's last admission (per-group hits, local, external, boundary)."""
-    admissions = recorder.admissions.data
+    admissions = recorder.admissions
     detail = dict(crash)
-    for i in range(len(admissions["request_id"]) - 1, -1, -1):
-        if admissions["request_id"][i] == crash["request_id"]:
-            detail["hits"] = [admissions[f"hit_g{g}"][i] for g in range(recorder.num_groups)]
-            detail["local_tokens"] = admissions["local_tokens"][i]
-            detail["external_tokens"] = admissions["external_tokens"][i]
-            detail["claimed_boundary"] = admissions["claimed_boundary"][i]
+    rid = crash["request_id"]
+    # The run's admissions, spilled (sim.trace.spill) and held, read back one column at a time.
+    ids = list(recorder.column_values("admissions", "request_id"))
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == rid:
+            names = [f"hit_g{g}" for g in range(recorder.num_groups)]
+            names += ["local_tokens", "external_tokens", "claimed_boundary"]
+            if i >= admissions.spilled:
+                row = {name: admissions.data[name][i - admissions.spilled] for name in names}
+            else:
+                row = {
+                    name: next(itertools.islice(recorder.column_values("admissions", name), i, None)) for name in names
+                }
+            detail["hits"] = [row[f"hit_g{g}"] for g in range(recorder.num_groups)]
+            detail["local_tokens"] = row["local_tokens"]
+            detail["external_tokens"] = row["external_tokens"]
+            detail["claimed_boundary"] = row["claimed_boundary"]
             #: Which attempt of the request crashed (``hybridsim explain --attempt``, 1-based).
-            detail["attempt"] = admissions["request_id"][: i + 1].count(crash["request_id"])
+            detail["attempt"] = ids[: i + 1].count(rid)
             break
     return detail
 

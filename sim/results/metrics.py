@@ -143,16 +143,19 @@ class _ArrowColumns(Mapping[str, ColumnArray]):
 
 
 class _RunColumns(Mapping[str, ColumnArray]):
-    """One table of a run's :class:`~sim.trace.schema.ArrowTables` read without making it whole until a
-    column is asked for: the summary reads only the ``steps`` table's column names and row count, and a long
-    run's ``steps`` rows are mostly spilled to disk (:mod:`sim.trace.spill`)."""
+    """One table of a run's :class:`~sim.trace.schema.ArrowTables` read a column at a time, never made whole: a
+    long run's ``admissions`` and ``steps`` rows are mostly spilled to disk (:mod:`sim.trace.spill`), and the
+    summary reads only ``steps``' column names and row count and some of ``admissions``' columns."""
 
     def __init__(self, tables: ArrowTables, name: str) -> None:
         self.tables = tables
         self.name = name
 
     def __getitem__(self, column: str) -> ColumnArray:
-        return _ArrowColumns(self.tables.table(self.name))[column]
+        values = self.tables.column(self.name, column)
+        if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+            return values
+        return numpy_of(values)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.tables.column_names(self.name))
@@ -212,7 +215,7 @@ def _columns_of(
             name: _PackedKVColumns(events)
             if name == "kv_events" and events is not None
             else _RunColumns(source, name)
-            if name == "steps"
+            if name in ("admissions", "steps")
             else _ArrowColumns(source.table(name))
             for name in source
         }
@@ -493,11 +496,21 @@ def _eviction_section(kv: TableColumns, num_groups: int) -> dict[str, Any]:
     removed = _equal_to(kv["kind"], "removed")
     groups = np.asarray(kv["group"])
     causes, cause_values = _coded(kv["cause"])
+    # A run's spilled rows (sim.trace.spill) are counted by the recorder as they leave: (group, cause) -> rows.
+    spilled = kv.events.removed_spilled if isinstance(kv, _PackedKVColumns) else {}
     by_group = {}
     for g in range(num_groups):
         of_group = removed & (groups == g)
-        by_group[f"g{g}"] = {"total": int(of_group.sum()), "by_cause": _coded_counts(causes, cause_values, of_group)}
-    return {"total": int(removed.sum()), "by_group": by_group}
+        by_cause = _coded_counts(causes, cause_values, of_group)
+        total = int(of_group.sum())
+        if spilled:
+            for (group, cause), n in spilled.items():
+                if group == g:
+                    by_cause[cause] = by_cause.get(cause, 0) + n
+                    total += n
+            by_cause = dict(sorted(by_cause.items()))
+        by_group[f"g{g}"] = {"total": total, "by_cause": by_cause}
+    return {"total": int(removed.sum()) + sum(spilled.values()), "by_group": by_group}
 
 
 @dataclass(frozen=True)

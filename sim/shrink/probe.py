@@ -166,7 +166,7 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
     """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CapacityWarning)
-        run = build_run(scenario, RunOptions(max_steps=max_steps))
+        run = build_run(scenario, RunOptions(max_steps=max_steps, retire_finished=False))
     capacity = [str(w.message) for w in caught if issubclass(w.category, CapacityWarning)]
     for w in caught:  # anything else is not ours to swallow
         if not issubclass(w.category, CapacityWarning):
@@ -176,7 +176,8 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
         run.env.run(until=loop.process)
     except (StopRun, InvariantViolation):  # a crash, a stall, the step cap: what was recorded is the observation
         pass
-    cols = components.recorder.admissions.data
+    recorder = components.recorder
+    cols = {name: list(recorder.column_values("admissions", name)) for name in recorder.admissions.names}
     group_types = [g.spec.kind for g in components.kv_cache_config.groups]
     admissions: list[Admitted] = []
     crash_site, crash_divergence = "step", ""

@@ -18,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence, Union
 
 from sim.trace.dtypes import FIXED_DTYPES, FLOAT, INT, PER_GROUP
 
@@ -222,6 +222,8 @@ class KVEventTable:
 
     __slots__ = (
         "names",
+        "spilled",
+        "removed_spilled",
         "kind",
         "group",
         "block_id",
@@ -235,6 +237,11 @@ class KVEventTable:
 
     def __init__(self) -> None:
         self.names = kv_event_columns()
+        #: Rows moved out to a :class:`TableSpill` (the first ``spilled`` rows, ``seq < spilled``); the
+        #: columns and runs hold the rows after them.
+        self.spilled = 0
+        #: ``(group, cause) -> rows`` of the spilled ``removed`` events (the summary's eviction counts).
+        self.removed_spilled: dict[tuple[int, str], int] = {}
         self.kind = CodedStrings()
         self.group: PackedColumn = array("i")
         self.block_id: PackedColumn = array("i")
@@ -257,16 +264,53 @@ class KVEventTable:
         self.request_id.extend(log.request_id)
         self.cause.extend(log.cause)
 
+    def drop_first(self, rows: int) -> None:
+        """Forget the first ``rows`` held rows (a spill took them): they count in :attr:`spilled`, their
+        ``removed`` events in :attr:`removed_spilled`; a run they end early keeps its later rows."""
+        if not 0 < rows <= self.held:
+            raise ValueError(f"cannot drop {rows} of {self.held} held kv_events rows")
+        kind = self.kind
+        if "removed" in kind.values:
+            removed = kind.values.index("removed")
+            codes = kind.codes
+            rows_removed = [i for i in range(rows) if codes[i] == removed]
+            if rows_removed:
+                counts = self.removed_spilled
+                group, cause, causes = self.group, self.cause.codes, self.cause.values
+                for i in rows_removed:
+                    key = (int(group[i]), causes[cause[i]])
+                    counts[key] = counts.get(key, 0) + 1
+        del kind.codes[:rows]
+        del self.cause.codes[:rows]
+        del self.group[:rows]
+        del self.block_id[:rows]
+        del self.block_hash[:rows]
+        del self.request_id[:rows]
+        left, runs = rows, 0
+        lengths = self.run_lengths
+        while left and lengths[runs] <= left:
+            left -= lengths[runs]
+            runs += 1
+        del self.run_steps[:runs], self.run_times[:runs], lengths[:runs]
+        if left:
+            lengths[0] -= left
+        self.spilled += rows
+
+    @property
+    def held(self) -> int:
+        """Rows still held (after the :attr:`spilled` ones)."""
+        return len(self.kind)
+
     @property
     def data(self) -> dict[str, list]:
-        """The nine columns as lists (``seq`` and the stamps expanded from the runs)."""
+        """The nine columns of the held rows as lists (``seq`` and the stamps expanded from the runs)."""
         step: list[int] = []
         time_s: list[float] = []
         for s, t, n in zip(self.run_steps, self.run_times, self.run_lengths):
             step.extend([s] * n)
             time_s.extend([t] * n)
         return {
-            "seq": list(range(len(self.kind))),
+            "seq": list(range(self.spilled, len(self))),
             "step": step,
             "time_s": time_s,
             "kind": self.kind.tolist(),
@@ -278,7 +322,8 @@ class KVEventTable:
         }
 
     def __len__(self) -> int:
-        return len(self.kind)
+        """Rows recorded (spilled and held): the next event's ``seq``."""
+        return self.spilled + len(self.kind)
 
 
 #: The schema dtypes a packed column can hold, and the ``array`` typecode it is packed as.
@@ -299,17 +344,19 @@ def _packed_columns(table: str, names: Sequence[str]) -> dict[str, str]:
 
 
 class TableSpill(Protocol):
-    """Where a long run's ``steps`` rows go while it runs (:class:`sim.trace.spill.ArrowSpill`): the recorder
-    hands over a table each time it holds :attr:`rows` rows; :meth:`spill` moves whole groups of ``rows``
-    rows out of ``columns`` (their first rows, in order) and adds them to ``columns.spilled``, or leaves a
+    """Where a long run's ``steps`` and ``kv_events`` rows go while it runs (:class:`sim.trace.spill.ArrowSpill`):
+    the recorder hands over a table each time it holds :attr:`rows` rows; :meth:`spill` moves whole groups of
+    ``rows`` rows out of ``columns`` (their first rows, in order) and adds them to ``columns.spilled``, or leaves a
     table it cannot spill (one with extension columns) as it is; after the run :meth:`batches` gives the
     spilled groups back as Arrow tables, in order."""
 
     rows: int
 
-    def spill(self, table: str, columns: Columns) -> None: ...
+    def spill(self, table: str, columns: Columns | KVEventTable) -> None: ...
 
     def batches(self, table: str) -> Iterator[pa.Table]: ...
+
+    def column(self, table: str, name: str) -> list[pa.Array]: ...
 
 
 class Recorder:
@@ -355,7 +402,11 @@ class Recorder:
         """Append a pool's event log (``sim.core.kv.block_pool.KVEventLog``), stamped with the current step and time;
         then hand it to :attr:`kv_event_listener`, if one is set (a cluster's router view)."""
         if len(log):
-            self.kv_events.append_log(log, self.step, self.time_s)
+            events = self.kv_events
+            events.append_log(log, self.step, self.time_s)
+            spill = self.spill
+            if spill is not None and events.held >= spill.rows:
+                spill.spill("kv_events", events)
             if self.kv_event_listener is not None:
                 self.kv_event_listener(log, self.time_s)
 
@@ -416,6 +467,9 @@ class Recorder:
         cols["connector_answer"].append(connector_answer)
         for append, h in zip(self._hit_appends, hits):
             append(h)
+        spill = self.spill
+        if spill is not None and len(self.admissions) >= spill.rows:
+            spill.spill("admissions", self.admissions)
 
     def record_schedule(
         self, request_id: str, kind: str, num_scheduled_tokens: int, num_computed_tokens: int, preempted: bool
@@ -540,6 +594,15 @@ class Recorder:
         if len(extra) + len(self._group_step_names) * 2 + 8 != len(steps.names):
             missing = sorted(set(steps.names[8 + 2 * self.num_groups :]) - extra.keys())
             raise KeyError(f"row does not match columns: missing {missing}, unknown []")
+
+    def column_values(self, table: str, name: str) -> Iterator[Any]:
+        """One column of ``admissions`` or ``steps`` as Python values in recording order, the spilled rows
+        (read back a group at a time) then the held ones: for the few readers of the whole run's rows."""
+        columns: Columns = getattr(self, table)
+        if columns.spilled and self.spill is not None:
+            for chunk in self.spill.column(table, name):
+                yield from chunk.to_pylist()
+        yield from columns.data[name]
 
     def record_request(self, **row) -> None:
         """One finished (or failed) request (docs/design.md §6 ``requests``)."""

@@ -394,8 +394,8 @@ def _decoded(column: CodedStrings, lo: int, hi: int) -> pa.StringArray:
     return pa.StringArray.from_buffers(len(codes), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data))
 
 
-def _kv_event_columns(events: KVEventTable, lo: int, hi: int) -> dict[str, Sequence[object] | np.ndarray | pa.Array]:
-    """Rows ``lo:hi`` of the ``kv_events`` columns: ``seq`` and the clock stamps expanded from the runs
+def kv_event_columns_of(events: KVEventTable, lo: int, hi: int) -> dict[str, Sequence[object] | np.ndarray | pa.Array]:
+    """Held rows ``lo:hi`` (after the ``events.spilled`` ones) of the ``kv_events`` columns: ``seq`` and the clock stamps expanded from the runs
     with NumPy (``np.arange`` / ``np.repeat``: a run holds the values its rows do), the packed event fields
     read through their buffers (the coded strings decoded by Arrow), the request ids as recorded."""
     lengths = np.asarray(events.run_lengths, dtype=np.int64)
@@ -403,7 +403,7 @@ def _kv_event_columns(events: KVEventTable, lo: int, hi: int) -> dict[str, Seque
     first, last = np.searchsorted(ends, lo, side="right"), np.searchsorted(ends - lengths, hi, side="left")
     counts = np.minimum(ends[first:last], hi) - np.maximum(ends[first:last] - lengths[first:last], lo)
     return {
-        "seq": np.arange(lo, hi, dtype=np.int64),
+        "seq": np.arange(events.spilled + lo, events.spilled + hi, dtype=np.int64),
         "step": np.repeat(np.asarray(events.run_steps[first:last], dtype=np.int64), counts),
         "time_s": np.repeat(np.asarray(events.run_times[first:last], dtype=np.float64), counts),
         "kind": _decoded(events.kind, lo, hi),
@@ -416,17 +416,19 @@ def _kv_event_columns(events: KVEventTable, lo: int, hi: int) -> dict[str, Seque
 
 
 def kv_event_batches(events: KVEventTable, rows: int = ROW_GROUP_ROWS) -> Iterator[pa.Table]:
-    """The ``kv_events`` table ``rows`` rows at a time, in order (at least one table, maybe empty): the
-    rows of :func:`table_from_recorded`, without ever holding the whole table as Arrow."""
-    n = len(events)
-    for lo in range(0, max(n, 1), rows):
-        yield arrow_table("kv_events", _kv_event_columns(events, lo, min(lo + rows, n)))
+    """The held ``kv_events`` rows ``rows`` rows at a time, in order (at least one table, maybe empty, unless
+    rows were spilled): the rows of :func:`table_from_recorded`, without ever holding the whole table as Arrow."""
+    n = events.held
+    for lo in range(0, n if events.spilled else max(n, 1), rows):
+        yield arrow_table("kv_events", kv_event_columns_of(events, lo, min(lo + rows, n)))
 
 
 def table_from_recorded(table: str, columns: Columns | KVEventTable) -> pa.Table:
     """One recorder table as its Arrow table."""
     if isinstance(columns, KVEventTable):
-        return arrow_table(table, _kv_event_columns(columns, 0, len(columns)))
+        if columns.spilled:
+            raise ValueError(f"{table}: {columns.spilled} rows were spilled; read them with ArrowTables")
+        return arrow_table(table, kv_event_columns_of(columns, 0, columns.held))
     return arrow_table(table, {name: columns.data[name] for name in columns.names})
 
 
@@ -456,7 +458,7 @@ def recorded_tables(recorder: Recorder) -> ArrowTables:
     return ArrowTables(
         {name: table_from_recorded(name, columns) for name, columns in recorded.items()},
         kv_events=recorder.kv_events,
-        spill=recorder.spill if spilled else None,
+        spill=recorder.spill if spilled or recorder.kv_events.spilled else None,
         spilled=spilled,
     )
 
@@ -504,12 +506,23 @@ class ArrowTables(Mapping[str, "pd.DataFrame"]):
     def table(self, name: str) -> pa.Table:
         """One table as Arrow (the packed ``kv_events`` made whole and kept)."""
         if name == "kv_events" and self._kv_events is not None:
-            self._arrow[name] = table_from_recorded(name, self._kv_events)
+            events = self._kv_events
+            if events.spilled:
+                self._arrow[name] = pa.concat_tables(list(self.batches(name))).combine_chunks()
+            else:
+                self._arrow[name] = table_from_recorded(name, events)
             self._kv_events = None
         if name in self._spilled:
             self._arrow[name] = pa.concat_tables(list(self.batches(name))).combine_chunks()
             del self._spilled[name]
         return self._arrow[name]
+
+    def column(self, name: str, column: str) -> pa.ChunkedArray:
+        """One column of one table, without making a spilled table whole (its groups' column read back)."""
+        if name in self._spilled and self._spill is not None:
+            tail = self._arrow[name].column(column)
+            return pa.chunked_array(self._spill.column(name, column) + tail.chunks, type=tail.type)
+        return self.table(name).column(column)
 
     def column_names(self, name: str) -> list[str]:
         """One table's column names, without making a spilled table whole."""
@@ -531,7 +544,12 @@ class ArrowTables(Mapping[str, "pd.DataFrame"]):
         """One table as consecutive Arrow tables of at most :data:`ROW_GROUP_ROWS` rows (the packed
         ``kv_events`` converted one at a time; another table whole)."""
         if name == "kv_events" and self._kv_events is not None:
-            return kv_event_batches(self._kv_events)
+            events = self._kv_events
+            if events.spilled:
+                if self._spill is None:
+                    raise ValueError(f"kv_events has {events.spilled} spilled rows but no spill was given")
+                return itertools.chain(self._spill.batches(name), kv_event_batches(events))
+            return kv_event_batches(events)
         if name in self._spilled and self._spill is not None:
             return self._spilled_batches(name, self._spill)
         return iter([self._arrow[name]])

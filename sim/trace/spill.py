@@ -22,11 +22,11 @@ from typing import IO, Iterator
 import pyarrow as pa
 
 from sim.trace import schema
-from sim.trace.recorder import Columns
-from sim.trace.schema import arrow_table, column_dtype
+from sim.trace.recorder import Columns, KVEventTable
+from sim.trace.schema import arrow_table, column_dtype, kv_event_columns_of
 
-#: The tables a run spills (the others are held whole: ``kv_events`` packed, the rest small).
-SPILLED_TABLES: tuple[str, ...] = ("steps",)
+#: The tables a run spills (the others are held whole).
+SPILLED_TABLES: tuple[str, ...] = ("kv_events", "admissions", "steps")
 
 
 class ArrowSpill:
@@ -42,10 +42,14 @@ class ArrowSpill:
         self._files: dict[str, IO[bytes]] = {}
         self._writers: dict[str, pa.ipc.RecordBatchStreamWriter] = {}
         self._last_step: dict[str, int] = {}
+        self._schemas: dict[str, pa.Schema] = {}
         self._refused: set[str] = set()
 
-    def spill(self, table: str, columns: Columns) -> None:
+    def spill(self, table: str, columns: Columns | KVEventTable) -> None:
         """Move the first whole groups of ``columns`` out to the file (see :class:`~sim.trace.recorder.TableSpill`)."""
+        if isinstance(columns, KVEventTable):
+            self._spill_kv_events(table, columns)
+            return
         if table not in SPILLED_TABLES or table in self._refused:
             return
         if any(column_dtype(table, name) is None for name in columns.names):
@@ -54,10 +58,12 @@ class ArrowSpill:
         rows = self.rows
         while len(columns) >= rows:
             data = columns.data
-            steps = data["step"]
-            first, last = steps[0], steps[rows - 1]
+            steps = data["step"][:rows]
+            # The table's sort key (``step``, a stable sort) never goes back along a run, so the groups in
+            # recording order are the sorted table's rows: checked, as the bytes depend on it.
+            first, last = min(steps), max(steps)
             previous = self._last_step.get(table)
-            if previous is not None and first <= previous:
+            if previous is not None and first < previous:
                 raise AssertionError(f"{table}: step {first} recorded after step {previous} was spilled")
             group = arrow_table(table, {name: data[name][:rows] for name in columns.names})
             self._writer(table, group.schema).write_table(group)
@@ -66,23 +72,50 @@ class ArrowSpill:
             columns.spilled += rows
             self._last_step[table] = last
 
+    def _spill_kv_events(self, table: str, events: KVEventTable) -> None:
+        """The packed ``kv_events``' first whole groups, each the Arrow table the writer would make of them
+        (:func:`~sim.trace.schema.kv_event_batches`); the summary's eviction counts are kept by the table."""
+        if table != "kv_events":
+            raise ValueError(f"a packed kv_events table given as {table!r}")
+        rows = self.rows
+        while events.held >= rows:
+            group = arrow_table(table, kv_event_columns_of(events, 0, rows))
+            self._writer(table, group.schema).write_table(group)
+            events.drop_first(rows)
+
     def _writer(self, table: str, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
         writer = self._writers.get(table)
         if writer is None:
             fh = self._files[table] = tempfile.TemporaryFile(prefix=f"hybridsim-{table}-")
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = self._writers[table] = pa.ipc.new_stream(fh, schema, options=options)
+            self._schemas[table] = schema
         return writer
+
+    def _rewound(self, table: str) -> IO[bytes] | None:
+        """The file of ``table``'s groups at its start (its stream ended: no group is added after the run)."""
+        writer = self._writers.pop(table, None)
+        if writer is not None:
+            writer.close()  # the stream's end marker
+        fh = self._files.get(table)
+        if fh is not None:
+            fh.seek(0)
+        return fh
+
+    def column(self, table: str, name: str) -> list[pa.Array]:
+        """One column of the spilled groups of ``table``, one array a group (only that column is read and
+        decompressed); none if nothing was spilled."""
+        fh = self._rewound(table)
+        if fh is None:
+            return []
+        options = pa.ipc.IpcReadOptions(included_fields=[self._schemas[table].get_field_index(name)])
+        return [batch.column(0) for batch in pa.ipc.open_stream(fh, options=options)]
 
     def batches(self, table: str) -> Iterator[pa.Table]:
         """The spilled groups of ``table`` as Arrow tables, in order, one at a time (none if nothing was spilled)."""
-        writer = self._writers.pop(table, None)
-        if writer is not None:
-            writer.close()  # the stream's end marker; no group is added after the run
-        fh = self._files.get(table)
+        fh = self._rewound(table)
         if fh is None:
             return
-        fh.seek(0)
         pending: list[pa.RecordBatch] = []
         held = 0
         for batch in pa.ipc.open_stream(fh):

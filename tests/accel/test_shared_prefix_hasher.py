@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import sim.accel.hashing as accel_hashing
 from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.core.kv import hashing
 from sim.core.kv.hashing import RequestBlockHasher
@@ -148,3 +149,27 @@ def test_a_conversations_next_turn_hashes_only_its_new_blocks(monkeypatch):
     # the next turn shares 29 tokens (t1's last trace block is partial): its blocks 0 and 1 are t1's
     _request("t2", StreamBlocksSegment("mc:", (0, 1, 2, 3, 4, 5), 8, 44)).set_block_hasher(hasher)
     assert len(digests) == 2 + 2  # only blocks [20, 30) and [30, 40) are hashed
+
+
+def test_the_hasher_remembers_at_most_max_prefixes_starts_the_latest_kept(monkeypatch):
+    """A long trace's prompt starts are mostly distinct: the table keeps the most recently hashed
+    ``MAX_PREFIXES`` keys (each holds a prompt and its hashes); a start dropped is hashed afresh, the same."""
+    monkeypatch.setattr(accel_hashing, "MAX_PREFIXES", 3)
+    hasher = SharedPrefixBlockHasher(10)
+    for i in range(6):  # six conversations, two keys each: only the last three keys stay
+        request = _request(f"c{i}", StreamBlocksSegment("mc:", (10 * i, 10 * i + 1, 10 * i + 2), 8, 24))
+        request.set_block_hasher(hasher)
+        assert request.block_hashes == _alone(request, 10)
+    assert len(hasher._prefixes) == 3 and list(hasher._prefixes)[-1][-1] == 50  # c5's keys are the latest
+    digests: list[bytes] = []
+    digest = hashing.xxh3_64_intdigest
+    monkeypatch.setattr(hashing, "xxh3_64_intdigest", lambda data, seed=0: digests.append(data) or digest(data, seed))
+    latest = _request("c5b", StreamBlocksSegment("mc:", (50, 51, 52, 53), 8, 32))
+    latest.set_block_hasher(hasher)  # c5's start is kept: its first two blocks are taken from c5
+    assert latest.block_hashes == _alone(latest, 10)
+    kept = len(digests)
+    digests.clear()
+    first = _request("c0b", StreamBlocksSegment("mc:", (0, 1, 2, 3), 8, 32))
+    first.set_block_hasher(hasher)  # c0's start was dropped: every block is hashed again, to the same hashes
+    assert first.block_hashes == _alone(first, 10)
+    assert len(digests) == kept + 2

@@ -1,15 +1,19 @@
-"""The ``steps`` spill (sim/trace/spill.py): a run's ``steps`` rows leave memory a row group at a time and
-come back as the same table, and the bundle's bytes are those of the table written whole."""
+"""The spill (sim/trace/spill.py): a run's ``steps`` and ``kv_events`` rows leave memory a row group at a time
+and come back as the same table, and the bundle's bytes are those of the table written whole."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from support.cli import CRASHING
 
 import sim.trace.schema as schema
 from sim.api import RunOptions, run_scenario
+from sim.results.metrics import run_summary
 from sim.trace.recorder import Recorder
 from sim.trace.schema import recorded_tables
 from sim.trace.spill import ArrowSpill
@@ -43,6 +47,62 @@ def test_a_table_with_extension_columns_is_not_spilled() -> None:
         _record_steps(ArrowSpill(rows=100), 250).steps.add_column("late", None)
 
 
+def _record_events(spill: ArrowSpill | None, logs: int) -> Recorder:
+    """``logs`` event logs of 1 to 7 rows: stored, removed (two causes, two groups) and cleared events."""
+    rec = Recorder(2, spill=spill)
+    for i in range(logs):
+        rec.set_clock(i, i * 0.25)
+        n = 1 + i % 7
+        kinds = [("stored", "removed", "removed", "cleared")[(i + j) % 4] for j in range(n)]
+        log = SimpleNamespace(
+            kind=kinds,
+            group=[(i + j) % 2 for j in range(n)],
+            block_id=[i + j for j in range(n)],
+            block_hash=[(i * 7919 + j) << 40 for j in range(n)],
+            request_id=[f"r{i % 5}"] * n,
+            cause=[("evicted", "freed")[(i * j) % 2] if k == "removed" else "" for j, k in enumerate(kinds)],
+        )
+        rec.record_kv_event_log(_Log(log, n))
+    return rec
+
+
+class _Log:
+    def __init__(self, ns: SimpleNamespace, n: int) -> None:
+        self.kind, self.group, self.block_id = ns.kind, ns.group, ns.block_id
+        self.block_hash, self.request_id, self.cause = ns.block_hash, ns.request_id, ns.cause
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+
+def test_spilled_kv_events_come_back_as_the_same_table_and_counts() -> None:
+    """Groups of 100 rows leave as the log runs cross them (a run split in two keeps its stamp); ``seq``
+    goes on from the spilled rows (``len`` is the next seq, as ``lookup_seq`` reads it); the summary's
+    eviction counts are the unspilled table's."""
+    spilled, whole = _record_events(ArrowSpill(rows=100), 200), _record_events(None, 200)
+    events = spilled.kv_events
+    assert len(events) == len(whole.kv_events) == 794
+    assert (events.spilled, events.held) == (700, 94)
+    tables, expected = recorded_tables(spilled), recorded_tables(whole)
+    assert tables.num_rows("kv_events") == 794
+    assert [t.num_rows for t in tables.batches("kv_events")] == [100] * 7 + [94]
+    assert tables.table("kv_events").equals(expected.table("kv_events"))
+    groups = ["full_attention", "mamba"]
+    assert (
+        run_summary(recorded_tables(spilled), group_kinds=groups)["evictions"]
+        == run_summary(recorded_tables(whole), group_kinds=groups)["evictions"]
+    )
+    assert sum(events.removed_spilled.values()) > 0
+
+
+def test_kv_events_spilled_to_the_last_row_write_no_empty_group(tmp_path: Path) -> None:
+    spilled, whole = _record_events(ArrowSpill(rows=794), 200), _record_events(None, 200)
+    assert (spilled.kv_events.spilled, spilled.kv_events.held) == (794, 0)
+    assert [t.num_rows for t in recorded_tables(spilled).batches("kv_events")] == [794]
+    assert recorded_tables(spilled).table("kv_events").equals(recorded_tables(whole).table("kv_events"))
+
+
 def _steps_bytes(out: Path) -> str:
     return hashlib.sha256((out / "steps.parquet").read_bytes()).hexdigest()
 
@@ -58,4 +118,63 @@ def test_a_run_spills_its_steps_and_writes_the_same_bundle(tmp_path: Path, monke
     whole = run_scenario(SCENARIO, tmp_path / "whole", options=options)
     assert spilled.summary == whole.summary
     assert _steps_bytes(tmp_path / "spilled") == _steps_bytes(tmp_path / "whole")
+    for name in ("kv_events", "admissions", "requests", "summary"):
+        suffix = ".json" if name == "summary" else ".parquet"
+        assert (tmp_path / "spilled" / f"{name}{suffix}").read_bytes() == (
+            tmp_path / "whole" / f"{name}{suffix}"
+        ).read_bytes()
     assert (tmp_path / "spilled" / "manifest.json").read_bytes() == (tmp_path / "whole" / "manifest.json").read_bytes()
+
+
+def _bundle_files(out: Path) -> dict[str, bytes]:
+    """Every file of a bundle (the bundle's own path, which ``crash.json`` names, taken out)."""
+    own = str(out).encode()
+    files = {
+        str(p.relative_to(out)): p.read_bytes().replace(own, b"OUT") for p in sorted(out.rglob("*")) if p.is_file()
+    }
+    manifest = json.loads(files.pop("manifest.json"))  # its hashes of the crash.json files cover that path
+    manifest["files"] = {name: sha for name, sha in manifest["files"].items() if "crash.json" not in name}
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.mark.parametrize(
+    ("scenario", "rows"),
+    [
+        ("repro/pr48425-mamba-deeper-ext16.yaml", 2),
+        ("repro/taint-propagation.yaml", 3),
+        ("golden-pressure.yaml", 16),
+        ("crash", 1),
+        ("crash", 2),
+    ],
+)
+def test_a_run_that_spills_every_table_writes_the_same_bundle(
+    tmp_path: Path, monkeypatch, scenario: str, rows: int
+) -> None:
+    """Row groups of a few rows: ``kv_events``, ``admissions`` and ``steps`` spill during the run (a crashing
+    run's ``crash.json`` reads the crashing admission back from the spill); every file of the bundle is the
+    unspilled run's, byte for byte."""
+    monkeypatch.setattr(schema, "ROW_GROUP_ROWS", rows)
+    path = SCENARIO.parent / scenario
+    if scenario == "crash":
+        path = tmp_path / "crash.yaml"
+        path.write_text(CRASHING)
+    options = RunOptions(write_plots=False)
+    spilled_tables: set[str] = set()
+    spill = ArrowSpill.spill
+
+    def counting(self: ArrowSpill, table: str, columns: object) -> None:
+        before = columns.spilled  # type: ignore[attr-defined]
+        spill(self, table, columns)  # type: ignore[arg-type]
+        if columns.spilled > before:  # type: ignore[attr-defined]
+            spilled_tables.add(table)
+
+    monkeypatch.setattr(ArrowSpill, "spill", counting)
+    spilled = run_scenario(path, tmp_path / "spilled", options=options)
+    assert spilled_tables == {"kv_events", "admissions", "steps"}
+    monkeypatch.setattr(ArrowSpill, "spill", lambda self, table, columns: None)
+    whole = run_scenario(path, tmp_path / "whole", options=options)
+    assert spilled.summary == whole.summary
+    assert spilled.crash_detail == whole.crash_detail
+    assert (scenario == "crash") == (spilled.crash_detail is not None and "hits" in spilled.crash_detail)
+    assert _bundle_files(tmp_path / "spilled") == _bundle_files(tmp_path / "whole")
