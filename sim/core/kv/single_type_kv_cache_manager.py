@@ -47,7 +47,7 @@ BlockLists = tuple[list[KVCacheBlock], ...]
 
 def num_evictable(blocks: Sequence[KVCacheBlock]) -> int:
     """Hit blocks still in the free queue: touching them takes a free block."""
-    return sum(1 for b in blocks if b.ref_cnt == 0 and not b.is_null)
+    return len([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
 
 
 def trim_null_head(blocks: list[KVCacheBlock]) -> list[KVCacheBlock]:
