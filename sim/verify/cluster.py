@@ -7,26 +7,49 @@ through vLLM's scheduler, and its decision trace is compared with the instance's
 The router itself is hybridsim's (vLLM has none): what is verified is that every engine decides as vLLM does
 given its arrivals.
 
-Not verifiable: what a one-instance scenario cannot verify, a shared tier (``cluster.tier``: its answers
-depend on every instance's stores, and the harness replays only the none and scripted connectors), prefill and
-decode instances (for the same reason), and a cluster that crashed (the crash stops every
-instance at once, which no single vLLM engine does; verify the crashing instance through its replay bundle).
+With a shared tier (``cluster.tier``) each instance's connector answers from a store every instance changes:
+the cluster run records every answer each instance's connector gave its scheduler
+(:mod:`sim.verify.replay`), and the instance's vLLM engine gets a connector that answers the same, in the same
+order (``HybridsimReplayConnector``); a call the record does not hold is a difference.
+
+Not verifiable: what a one-instance scenario cannot verify, prefill and decode instances (a decode instance's
+arrivals wait on another engine), and a cluster that crashed (the crash stops every instance at once, which no
+single vLLM engine does; verify the crashing instance through its replay bundle).
 """
 
 from __future__ import annotations
 
 import warnings
 
-from sim.api import RunOptions, run_scenario
 from sim.cluster.instances import instance_scenarios
 from sim.config.scenario import Scenario
 from sim.engine.build import CapacityWarning, build_components, scenario_workload
+from sim.engine.run import RunOptions
 from sim.results.cluster import select_instance
+from sim.results.finalize import RunResult
 from sim.verify import vllm_side
-from sim.verify.compare import first_difference
+from sim.verify.compare import Difference, first_difference
 from sim.verify.decisions import decision_trace
 from sim.verify.lower import lower, not_verifiable_reason
+from sim.verify.replay import ConnectorRecording, record_connector, replay_script
 from sim.verify.run import Verdict, VerifyStatus
+from sim.verify.vllm_side import DecisionTrace
+
+
+def run_recorded(scenario: Scenario, record: bool) -> tuple[RunResult, list[ConnectorRecording] | None]:
+    """Run the cluster ``scenario``; with ``record``, every instance's connector answers as well."""
+    from sim.cluster.run import build_cluster_run
+    from sim.results.cluster import finalize_cluster
+
+    cluster = build_cluster_run(scenario, RunOptions(write_plots=False))
+    recordings = None
+    if record:
+        recordings = []
+        for instance in cluster.instances:
+            connector = instance.components.connector
+            assert connector is not None, "a recorded cluster gives every instance a connector"
+            recordings.append(record_connector(connector, instance.components.scheduler))
+    return finalize_cluster(cluster.execute()), recordings
 
 
 def verify_cluster(scenario: Scenario) -> Verdict:
@@ -39,30 +62,24 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             "outputs": scenario.outputs.model_copy(update={"schedule_table": True, "plots": False}),
         }
     )
-    if scenario.cluster.tier is not None:
-        return Verdict(
-            scenario.name,
-            VerifyStatus.NOT_VERIFIABLE,
-            "cluster.tier: the shared tier's answers depend on every instance's stores, and the harness replays "
-            "only the none and scripted connectors (verify the cluster without cluster.tier)",
-        )
     if scenario.cluster.disaggregated:
         return Verdict(
             scenario.name,
             VerifyStatus.NOT_VERIFIABLE,
             "cluster.instances: prefill/decode roles: a decode instance's arrivals wait on another engine's "
-            "prefill and its connector pulls what that engine computed; the harness replays only the none and "
-            "scripted connectors (verify the colocated cluster)",
+            "prefill and its connector pulls what that engine computed; the harness replays a shared tier's "
+            "recorded answers, not a P/D hand-over yet (verify the colocated cluster)",
         )
+    replayed = scenario.cluster.tier is not None
     instances = instance_scenarios(run)
     for i, instance in enumerate(instances):
-        reason = not_verifiable_reason(instance)
+        reason = not_verifiable_reason(instance, replayed=replayed)
         if reason is not None:
             return Verdict(scenario.name, VerifyStatus.NOT_VERIFIABLE, f"instance {i}: {reason}")
     vllm_side.check_release(scenario.vllm_version)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CapacityWarning)
-        result = run_scenario(run, None, options=RunOptions(write_plots=False))
+        result, recordings = run_recorded(run, replayed)
     if result.summary.get("crash") is not None:
         where = result.summary["crash"].get("instance")
         return Verdict(
@@ -71,10 +88,19 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             f"the cluster crashed on instance {where}; a crash stops every instance at once, which no single "
             "vLLM engine does (verify that instance's replay bundle)",
         )
+    if recordings is not None:
+        for i, rec in enumerate(recordings):
+            if rec.load_errors:
+                return Verdict(
+                    scenario.name,
+                    VerifyStatus.NOT_VERIFIABLE,
+                    f"instance {i}: {rec.load_errors} blocks failed to load; the harness replays no load errors",
+                )
     requests = result.tables["requests"]
     home = {str(r): int(i) for r, i in zip(requests["request_id"], requests["instance"])}
     fresh, _ = scenario_workload(instances[0])
     verdicts: list[str] = []
+    first: tuple[Difference, DecisionTrace, DecisionTrace] | None = None
     for i, instance in enumerate(instances):
         mine = [r for r in fresh if home.get(r.request_id) == i]
         if not mine:
@@ -84,11 +110,19 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             warnings.simplefilter("ignore", CapacityWarning)
             components = build_components(instance, workload=(mine, []))
         assert components is not None
-        theirs = vllm_side.run_script(lower(instance, components))
+        replay = replay_script(recordings[i]) if recordings is not None else None
+        theirs = vllm_side.run_script(lower(instance, components, replay=replay))
         own = select_instance(result, i)
         ours = decision_trace(own.tables, result.summary["instances"][i])
         diff = first_difference(ours, theirs)
-        if diff is not None:
-            return Verdict(scenario.name, VerifyStatus.DIFFER, f"instance {i} differs", diff, ours, theirs)
-        verdicts.append(f"instance {i}: identical ({len(mine)} requests)")
+        if diff is None:
+            verdicts.append(f"instance {i}: identical ({len(mine)} requests)")
+            continue
+        where = f"step {diff.step}" if diff.step is not None else "the end of the run"
+        verdicts.append(f"instance {i}: differs at {where} ({diff.what})")
+        if first is None:
+            first = (diff, ours, theirs)
+    if first is not None:
+        diff, ours, theirs = first
+        return Verdict(scenario.name, VerifyStatus.DIFFER, "; ".join(verdicts), diff, ours, theirs)
     return Verdict(scenario.name, VerifyStatus.IDENTICAL, "; ".join(verdicts))

@@ -91,7 +91,23 @@ def _item_difference(a: list, b: list, name: str) -> tuple[str, Any, Any] | None
 
 
 def first_difference(ours: DecisionTrace, theirs: DecisionTrace) -> Difference | None:
-    """The first place ``ours`` (hybridsim) and ``theirs`` (vLLM) disagree, or ``None``."""
+    """The first place ``ours`` (hybridsim) and ``theirs`` (vLLM) disagree, or ``None``.
+
+    With a replayed connector, a call the record does not hold (``replay_mismatches``: vLLM asked where
+    hybridsim's scheduler did not, or at another step) is a difference too: the decisions' first
+    difference when it comes earlier, else the mismatch (at the same step it is the cause)."""
+    diff = _first_decision_difference(ours, theirs)
+    mismatches = theirs.get("replay_mismatches") or []
+    if not mismatches:
+        return diff
+    first = min(mismatches, key=lambda m: (m["step"] is None, m["step"] or 0))
+    if diff is not None and (first["step"] is None or (diff.step is not None and diff.step < first["step"])):
+        return diff
+    extra = [f"{len(mismatches)} replay mismatches in all"] if len(mismatches) > 1 else []
+    return Difference(first["step"], "connector replay", "(recorded answers)", first["message"], extra)
+
+
+def _first_decision_difference(ours: DecisionTrace, theirs: DecisionTrace) -> Difference | None:
     a, b = _by_step(ours), _by_step(theirs)
     steps = sorted(set(a) | set(b))
     crash_a, crash_b = ours["crash"], theirs["crash"]

@@ -30,7 +30,7 @@ distinct tokens do not is not verifiable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
@@ -44,6 +44,7 @@ from sim.verify.vllm_side import (
     ConnectorScript,
     GroupScript,
     LoweredScript,
+    ReplayScript,
     RequestScript,
 )
 
@@ -54,8 +55,9 @@ VERIFIABLE_POLICIES = ("pr48425", "max_per_group")
 VERIFIABLE_CONNECTORS = ("none", "scripted")
 
 
-def not_verifiable_reason(scenario: Scenario) -> str | None:
-    """Why vLLM cannot be run on ``scenario`` (``None``: it can).
+def not_verifiable_reason(scenario: Scenario, replayed: bool = False) -> str | None:
+    """Why vLLM cannot be run on ``scenario`` (``None``: it can); ``replayed``: its connector's answers are
+    replayed from a recording (:mod:`sim.verify.replay`), so any connector type is taken.
 
     Refused: the time clock (vLLM's scheduler has no simulated time), prefix
     policies other than ``pr48425`` (vLLM as shipped) and ``max_per_group``
@@ -75,7 +77,7 @@ def not_verifiable_reason(scenario: Scenario) -> str | None:
     if policy not in VERIFIABLE_POLICIES:
         return f"scheduler.prefix_policy: {policy!r} is not in vLLM (verifiable: {', '.join(VERIFIABLE_POLICIES)})"
     ctype = scenario.connector.type
-    if ctype not in VERIFIABLE_CONNECTORS:
+    if ctype not in VERIFIABLE_CONNECTORS and not replayed:
         return f"connector.type: {ctype!r} has no vLLM counterpart in the harness (verifiable: none, scripted)"
     eviction = scenario.cache.model_dump().get("eviction_policy", "lru")
     if eviction != "lru":
@@ -251,10 +253,17 @@ def max_steps_bound(script: LoweredScript) -> int:
     return last + 4 * tokens + 100
 
 
-def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
+def lower(
+    scenario: Scenario,
+    built: Components | None = None,
+    replay: ReplayScript | None = None,
+    arrival_steps: Mapping[str, int] | None = None,
+) -> LoweredScript:
     """The lowered script of a verifiable scenario (raises :class:`NotVerifiable` otherwise);
-    ``built``: the scenario's components if already built."""
-    reason = not_verifiable_reason(scenario)
+    ``built``: the scenario's components if already built; ``replay``: the connector's recorded answers
+    (the script's connector is then the harness's replaying one, whatever the scenario's);
+    ``arrival_steps``: the step each request entered the scheduler, where that is not its arrival."""
+    reason = not_verifiable_reason(scenario, replayed=replay is not None)
     if reason is not None:
         raise NotVerifiable(reason)
     components = built if built is not None else build_components(scenario)
@@ -272,15 +281,19 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
     output_base, prompts = tokens.output_base, tokens.prompts
     requests: list[RequestScript] = []
     for r in ordered:
-        if r.arrival_time != int(r.arrival_time):
+        if arrival_steps is not None and r.request_id in arrival_steps:
+            arrival = arrival_steps[r.request_id]
+        elif r.arrival_time != int(r.arrival_time):
             raise NotVerifiable(f"request {r.request_id}: arrival {r.arrival_time} is not a whole step")
+        else:
+            arrival = int(r.arrival_time)
         for lora in (r.lora_name, r.cache_salt):
             if lora:
                 raise NotVerifiable(f"request {r.request_id}: LoRA names and cache salts are not lowered")
         requests.append(
             {
                 "id": r.request_id,
-                "arrival_step": int(r.arrival_time),
+                "arrival_step": arrival,
                 "prompt_token_ids": prompts[r.request_id],
                 "max_tokens": int(r.output_len),
                 "priority": int(r.priority),
@@ -308,10 +321,13 @@ def lower(scenario: Scenario, built: Components | None = None) -> LoweredScript:
         "cache_aware_admission_threshold": s.cache_aware_admission_threshold,
         "max_num_inflight_kv_loads": s.max_num_inflight_kv_loads,
         "prefix_policy": s.prefix_policy,  # type: ignore[typeddict-item]
-        "connector": _connector(components),
+        "connector": replay if replay is not None else _connector(components),
         "requests": requests,
         "actions": _actions(scenario, components),
         "max_steps": 0,
     }
     script["max_steps"] = max_steps_bound(script)
+    if replay is not None:
+        last = max([b for _, b in replay["steps"]] + [int(f[0]) for f in replay["finished"]] + [0])
+        script["max_steps"] = max(script["max_steps"], last + 100)
     return script

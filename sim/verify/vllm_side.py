@@ -58,7 +58,14 @@ Lowered script (:class:`LoweredScript`, produced by ``sim/verify/lower.py``)
   ``holds`` answered ``max(0, min(N, num_tokens - 1) aligned - local)``,
   ``load_async`` bool or per-request map, ``async_load_steps``,
   ``supports_divergent_local_hybrid_hits``; under 0.34 it answers
-  ``may_load_async`` with ``load_async`` for that request).
+  ``may_load_async`` with ``load_async`` for that request), or a
+  :class:`ReplayScript` (``kind: replay``: a connector's answers recorded in a
+  hybridsim run, ``sim/verify/replay.py``; each request's
+  ``get_num_new_matched_tokens`` calls answered in order, ``may_load_async``,
+  ``delay_free`` and ``has_pending_block_frees`` likewise; the recorded
+  ``finished_recving`` / ``finished_sending`` handed to the scheduler's
+  ``_update_from_kv_xfer_finished`` before the step they were handed over in;
+  ``steps``, the steps hybridsim's engine ran, where an idle harness goes next).
 * ``requests``: :class:`RequestScript` each: ``id``, ``arrival_step`` (added
   just before that step's ``schedule()``), explicit ``prompt_token_ids``,
   ``max_tokens``, ``priority`` and ``output_token_base`` (the k-th sampled
@@ -98,12 +105,18 @@ Decision trace (:class:`DecisionTrace`, returned by :func:`run_script`)
 * ``finished``: request id -> number of generated tokens, for finished requests.
 * ``num_steps``: steps run; ``stopped``: ``""`` or why the run stopped early
   (``crash``, ``max_steps``, ``stalled``).
+* ``replay_mismatches`` (a replayed connector only): each call the record did
+  not hold or held for another step or local hit (``step``, ``message``), and
+  at the end each recorded lookup vLLM never asked for; the comparison treats
+  one as a difference at its step.
 
 Idle steps: after a step that scheduled nothing and preempted nothing, with
 no async load in flight or finished in it, the harness skips to the next step with an arrival
 or an action (the skipped steps would repeat the same failed attempts on an
 unchanged cache), as hybridsim's engine sleeps; with none left and requests
-remaining, the run stops as ``stalled``.
+remaining, the run stops as ``stalled``. With a replayed connector it skips to
+the next step hybridsim's engine ran (whose transfers may have changed the
+connector's answers) if that comes first.
 
 ``run_script(script, record=False)`` only steps (no trace is built; for
 ``make bench``).
@@ -118,7 +131,7 @@ import shutil
 import sys
 import tempfile
 import traceback
-from typing import Any, Iterator, Literal, Optional, TypedDict, Union
+from typing import Any, Iterator, Literal, NotRequired, Optional, TypedDict, Union
 
 # --------------------------------------------------------------------------- formats
 
@@ -136,6 +149,22 @@ class ConnectorScript(TypedDict):
     load_async: Union[bool, dict[str, bool]]
     async_load_steps: int
     supports_divergent_local_hybrid_hits: bool
+
+
+class ReplayScript(TypedDict):
+    """A connector's recorded answers (``sim/verify/replay.py``), answered back in the same order."""
+
+    kind: Literal["replay"]
+    supports_divergent_local_hybrid_hits: bool
+    #: request id -> ``[step, num_computed_tokens, tokens or None, load_async]`` per call, in call order.
+    lookups: dict[str, list[list[Any]]]
+    may_load_async: dict[str, list[bool]]
+    delay_free: dict[str, list[bool]]
+    pending_block_frees: list[bool]
+    #: ``[step, finished_recving, finished_sending]``: handed to the scheduler before that step's schedule().
+    finished: list[list[Any]]
+    #: ``[first, last]`` runs of the steps the engine ran.
+    steps: list[list[int]]
 
 
 class RequestScript(TypedDict):
@@ -176,7 +205,7 @@ class LoweredScript(TypedDict):
     cache_aware_admission_threshold: Optional[float]
     max_num_inflight_kv_loads: Optional[int]
     prefix_policy: Literal["pr48425", "max_per_group"]
-    connector: Optional[ConnectorScript]
+    connector: Optional[Union[ConnectorScript, ReplayScript]]
     requests: list[RequestScript]
     actions: list[ActionScript]
     max_steps: int
@@ -215,16 +244,24 @@ class CrashTrace(TypedDict):
     message: str
 
 
+class ReplayMismatch(TypedDict):
+    step: Optional[int]
+    message: str
+
+
 class DecisionTrace(TypedDict):
     steps: list[StepTrace]
     crash: Optional[CrashTrace]
     finished: dict[str, int]
     num_steps: int
     stopped: str
+    #: A replayed connector (:class:`ReplayScript`): where vLLM asked what the record does not hold.
+    replay_mismatches: NotRequired[list[ReplayMismatch]]
 
 
-SCRIPT_VERSION = 3
+SCRIPT_VERSION = 4
 CONNECTOR_CLASS_NAME = "HybridsimScriptedConnector"
+REPLAY_CLASS_NAME = "HybridsimReplayConnector"
 #: The vLLM releases this harness drives, oldest first.
 SUPPORTED_VERSIONS = ("0.33", "0.34")
 #: Scheduler keys that exist only from 0.34 on (passed to ``SchedulerConfig`` only when set).
@@ -468,6 +505,138 @@ def _define_connector() -> None:
     HybridsimScriptedConnector.__module__ = __name__
     globals()[CONNECTOR_CLASS_NAME] = HybridsimScriptedConnector
 
+    class HybridsimReplayConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
+        """Answers the scheduler with what hybridsim's connector answered it (a :class:`ReplayScript`).
+
+        Each request's ``get_num_new_matched_tokens`` calls get the recorded answers in call order, its
+        ``may_load_async`` and ``request_finished_all_groups`` calls likewise, ``has_pending_block_frees``
+        the recorded answers in call order. The harness hands the scheduler the recorded
+        ``finished_recving`` / ``finished_sending`` sets before the step they were handed over in
+        (:meth:`finished_at`). A call the record does not hold (vLLM asks where hybridsim's scheduler did
+        not), or one asked at another step or with another local hit, is a difference: it is noted in
+        :attr:`mismatches` and answered neutrally (0 tokens, no delay), and the run goes on.
+        """
+
+        def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
+            super().__init__(vllm_config, role, kv_cache_config)
+            script: ReplayScript = vllm_config.kv_transfer_config.kv_connector_extra_config["script"]
+            self.script = script
+            self.lookups = {rid: list(calls) for rid, calls in script["lookups"].items()}
+            self.asked: dict[str, int] = {}
+            self.may = {rid: list(a) for rid, a in script["may_load_async"].items()}
+            self.delay = {rid: list(a) for rid, a in script["delay_free"].items()}
+            self.pending = list(script["pending_block_frees"])
+            self.finished = {int(f[0]): (list(f[1]), list(f[2])) for f in script["finished"]}
+            self.runs = [(int(a), int(b)) for a, b in script["steps"]]
+            self.step = 0
+            self.loading: dict[str, int] = {}  # the harness's idle rule reads it; replayed loads are not counted
+            self.mismatches: list[ReplayMismatch] = []
+
+        def _mismatch(self, message: str, step: Optional[int] = None) -> None:
+            self.mismatches.append({"step": self.step if step is None else step, "message": message})
+
+        @property
+        def supports_divergent_local_hybrid_hits(self) -> bool:
+            return bool(self.script["supports_divergent_local_hybrid_hits"])
+
+        @property
+        def requires_kv_delivery(self) -> bool:
+            return False
+
+        def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
+            rid = request.request_id
+            n = self.asked.get(rid, 0)
+            self.asked[rid] = n + 1
+            calls = self.lookups.get(rid, [])
+            if n >= len(calls):
+                self._mismatch(
+                    f"vLLM asked the connector about request {rid} (call {n + 1}, local {num_computed_tokens}); "
+                    f"hybridsim's scheduler asked it {len(calls)} times"
+                )
+                return 0, False
+            step, local, ext, load_async = calls[n]
+            if step != self.step or local != num_computed_tokens:
+                self._mismatch(
+                    f"request {rid}, call {n + 1}: vLLM asked at step {self.step} with local {num_computed_tokens}, "
+                    f"hybridsim's scheduler at step {step} with local {local}"
+                )
+            return (None if ext is None else int(ext)), bool(load_async)
+
+        def may_load_async(self, request: Any) -> bool:
+            answers = self.may.get(request.request_id)
+            if not answers:
+                self._mismatch(f"vLLM asked may_load_async for request {request.request_id}; hybridsim's did not")
+                return False
+            return bool(answers.pop(0))
+
+        def has_pending_block_frees(self) -> bool:
+            if not self.pending:
+                self._mismatch("vLLM asked has_pending_block_frees more often than hybridsim's scheduler")
+                return False
+            return bool(self.pending.pop(0))
+
+        def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+            return None
+
+        def finished_at(self, step: int) -> Optional[tuple[list[str], list[str]]]:
+            """The recorded ``(finished_recving, finished_sending)`` handed over before step ``step``."""
+            return self.finished.get(step)
+
+        def next_step(self, step: int) -> Optional[int]:
+            """The first step ``>= step`` that hybridsim's engine ran (``None``: it ran none)."""
+            for a, b in self.runs:
+                if b >= step:
+                    return max(a, step)
+            return None
+
+        def last_step(self) -> int:
+            return max([b for _, b in self.runs] + list(self.finished) + [0])
+
+        def unused(self) -> None:
+            """Note every recorded lookup vLLM never asked for (at the end of the run)."""
+            for rid, calls in self.lookups.items():
+                n = self.asked.get(rid, 0)
+                if n < len(calls):
+                    self._mismatch(
+                        f"hybridsim's scheduler asked the connector about request {rid} {len(calls)} times, "
+                        f"vLLM {n} times",
+                        int(calls[n][0]),
+                    )
+
+        def step_finished_recving(self) -> set[str]:
+            return set()
+
+        def build_connector_meta(self, scheduler_output: Any) -> Any:
+            return v["KVConnectorMetadata"]()
+
+        def _finished(self, request: Any) -> tuple[bool, Optional[dict]]:
+            answers = self.delay.get(request.request_id)
+            if not answers:
+                self._mismatch(f"request {request.request_id} finished in vLLM, not in hybridsim")
+                return False, None
+            return bool(answers.pop(0)), None
+
+        def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
+            return self._finished(request)
+
+        def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
+            return self._finished(request)
+
+        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+            return None
+
+        def wait_for_layer_load(self, layer_name: str) -> None:
+            return None
+
+        def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+            return None
+
+        def wait_for_save(self) -> None:
+            return None
+
+    HybridsimReplayConnector.__module__ = __name__
+    globals()[REPLAY_CLASS_NAME] = HybridsimReplayConnector
+
 
 # --------------------------------------------------------------------------- building the scheduler
 
@@ -589,8 +758,9 @@ def build_scheduler(script: LoweredScript) -> Any:
     )
     kv_transfer = None
     if script["connector"] is not None:
+        replay = script["connector"].get("kind") == "replay"
         kv_transfer = v["KVTransferConfig"](
-            kv_connector=CONNECTOR_CLASS_NAME,
+            kv_connector=REPLAY_CLASS_NAME if replay else CONNECTOR_CLASS_NAME,
             kv_connector_module_path=__name__,
             kv_role="kv_both",
             kv_connector_extra_config={
@@ -978,14 +1148,15 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
     named = {a["request"] for a in script["actions"] if a["kind"] == "evict"}
     prompts = {r["id"]: _make_request(r, script["hash_block_size"]) for r in script["requests"] if r["id"] in named}
     bases = {r["id"]: int(r["output_token_base"]) for r in script["requests"]}
-    last_event = max([*arrivals, *actions], default=0)
+    connector = scheduler.connector
+    replay = connector if script["connector"] is not None and script["connector"].get("kind") == "replay" else None
+    last_event = max([*arrivals, *actions, replay.last_step() if replay is not None else 0], default=0)
     steps: list[StepTrace] = []
     crash: Optional[CrashTrace] = None
     finished: dict[str, int] = {}
     generated: dict[str, int] = {}
     stopped = ""
     step = 0
-    connector = scheduler.connector
     # 0.33's ModelRunnerOutput maps request ids to rows; 0.34 reads the rows in req_ids order.
     by_index = v["release"] == "0.33"
     while True:
@@ -994,11 +1165,22 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
             break
         if step > last_event and not scheduler.has_requests():
             break
+        if replay is not None:
+            replay.step = step
         try:
             for a in actions.get(step, ()):
                 _apply_action(scheduler, a, prompts, script)
             for r in arrivals.get(step, ()):
                 scheduler.add_request(_make_request(r, script["hash_block_size"]))
+            if replay is not None:
+                done = replay.finished_at(step)
+                if done is not None:
+                    # What hybridsim's engine handed its scheduler before this step's schedule(), through
+                    # vLLM's own handler, in hybridsim's (sorted) order: lists, not sets, so the frees are
+                    # made in one order whatever the process's string hashing.
+                    scheduler._update_from_kv_xfer_finished(
+                        v["KVConnectorOutput"](finished_recving=done[0], finished_sending=done[1])
+                    )
             out = scheduler.schedule()
             scheduled = [[rid, int(n)] for rid, n in out.num_scheduled_tokens.items()]
             rec.current = None
@@ -1044,13 +1226,29 @@ def run_script(script: LoweredScript, record: bool = True) -> DecisionTrace:
             # Nothing ran, nothing is loading or just loaded: the next steps would repeat this one
             # until an arrival or an action changes something, so go there (as
             # hybridsim's engine sleeps); with none left, requests that remain are stuck.
+            # A replayed connector's answers change with its transfers, which wake hybridsim's engine:
+            # go to the next step it ran.
             future = [k for k in (*arrivals, *actions) if k >= step]
+            if replay is not None:
+                woke = replay.next_step(step)
+                future += [] if woke is None else [woke]
             if not future:
                 if scheduler.has_requests():
                     stopped = "stalled"
                 break
             step = min(future)
-    return {"steps": steps, "crash": crash, "finished": finished, "num_steps": step, "stopped": stopped}
+    result: DecisionTrace = {
+        "steps": steps,
+        "crash": crash,
+        "finished": finished,
+        "num_steps": step,
+        "stopped": stopped,
+    }
+    if replay is not None:
+        if not crash and stopped != "max_steps":
+            replay.unused()
+        result["replay_mismatches"] = list(replay.mismatches)
+    return result
 
 
 def main(argv: Optional[list[str]] = None) -> int:

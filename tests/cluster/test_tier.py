@@ -262,12 +262,16 @@ def test_a_tier_with_an_own_connector_is_refused() -> None:
         _run(text)
 
 
-def test_verify_refuses_a_tier_cluster_in_one_line() -> None:
+def test_verify_refuses_a_tier_cluster_on_the_time_clock_in_one_line() -> None:
+    """A tier cluster is verified by replaying its recorded answers (tests/verify/test_cluster_replay.py); what
+    its instances cannot verify is still refused, naming the instance."""
     from sim.verify.cluster import verify_cluster
     from sim.verify.run import VerifyStatus
 
-    verdict = verify_cluster(scenario_from_text(DIVERGENCE))
-    assert verdict.status is VerifyStatus.NOT_VERIFIABLE and verdict.reason.startswith("cluster.tier:")
+    verdict = verify_cluster(
+        scenario_from_text(DIVERGENCE.replace("clock: steps", "clock: time\nhardware: {preset: h100-80g}"))
+    )
+    assert verdict.status is VerifyStatus.NOT_VERIFIABLE and verdict.reason.startswith("instance 0: clock: time")
     assert "\n" not in verdict.reason
 
 
