@@ -41,7 +41,9 @@ def run_recorded(scenario: Scenario, record: bool) -> tuple[RunResult, list[Conn
     from sim.cluster.run import build_cluster_run
     from sim.results.cluster import finalize_cluster
 
-    cluster = build_cluster_run(scenario, RunOptions(write_plots=False))
+    # Recorded: no quiet stretches (every recorded instance has a connector, which stretches skip anyway; a
+    # stretched run that reruns without them would leave the wrapped connectors behind).
+    cluster = build_cluster_run(scenario, RunOptions(write_plots=False), stretches=not record)
     recordings = None
     if record:
         recordings = []
