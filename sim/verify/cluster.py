@@ -7,14 +7,15 @@ through vLLM's scheduler, and its decision trace is compared with the instance's
 The router itself is hybridsim's (vLLM has none): what is verified is that every engine decides as vLLM does
 given its arrivals.
 
-With a shared tier (``cluster.tier``) each instance's connector answers from a store every instance changes:
-the cluster run records every answer each instance's connector gave its scheduler
-(:mod:`sim.verify.replay`), and the instance's vLLM engine gets a connector that answers the same, in the same
-order (``HybridsimReplayConnector``); a call the record does not hold is a difference.
+With a shared tier (``cluster.tier``) each instance's connector answers from a store every instance changes,
+and with prefill/decode roles from another engine's prefill: the cluster run records every answer each
+instance's connector gave its scheduler (:mod:`sim.verify.replay`), and the instance's vLLM engine gets a
+connector that answers the same, in the same order (``HybridsimReplayConnector``); a call the record does not
+hold is a difference. A P/D cluster's prefill instances get the prefill legs (``<id>@prefill``) as their
+requests, and a decode instance's request arrives at the step its scheduler got it (its leg done).
 
-Not verifiable: what a one-instance scenario cannot verify, prefill and decode instances (a decode instance's
-arrivals wait on another engine), and a cluster that crashed (the crash stops every instance at once, which no
-single vLLM engine does; verify the crashing instance through its replay bundle).
+Not verifiable: what a one-instance scenario cannot verify, and a cluster that crashed (the crash stops every
+instance at once, which no single vLLM engine does; verify the crashing instance through its replay bundle).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import warnings
 
 from sim.cluster.instances import instance_scenarios
+from sim.cluster.pd import prefill_leg
 from sim.config.scenario import Scenario
 from sim.engine.build import CapacityWarning, build_components, scenario_workload
 from sim.engine.run import RunOptions
@@ -64,15 +66,8 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             "outputs": scenario.outputs.model_copy(update={"schedule_table": True, "plots": False}),
         }
     )
-    if scenario.cluster.disaggregated:
-        return Verdict(
-            scenario.name,
-            VerifyStatus.NOT_VERIFIABLE,
-            "cluster.instances: prefill/decode roles: a decode instance's arrivals wait on another engine's "
-            "prefill and its connector pulls what that engine computed; the harness replays a shared tier's "
-            "recorded answers, not a P/D hand-over yet (verify the colocated cluster)",
-        )
-    replayed = scenario.cluster.tier is not None
+    disaggregated = scenario.cluster.disaggregated
+    replayed = scenario.cluster.tier is not None or disaggregated
     instances = instance_scenarios(run)
     for i, instance in enumerate(instances):
         reason = not_verifiable_reason(instance, replayed=replayed)
@@ -101,10 +96,15 @@ def verify_cluster(scenario: Scenario) -> Verdict:
     requests = result.tables["requests"]
     home = {str(r): int(i) for r, i in zip(requests["request_id"], requests["instance"])}
     fresh, _ = scenario_workload(instances[0])
+    if disaggregated:  # the prefill instances' requests are the legs the proxy made
+        fresh = fresh + [prefill_leg(r) for r in fresh]
     verdicts: list[str] = []
     first: tuple[Difference, DecisionTrace, DecisionTrace] | None = None
     for i, instance in enumerate(instances):
         mine = [r for r in fresh if home.get(r.request_id) == i]
+        added = recordings[i].added if recordings is not None else None
+        if added is not None:  # the requests its scheduler saw (a P/D request waits for its leg first)
+            mine = [r for r in mine if r.request_id in added]
         if not mine:
             verdicts.append(f"instance {i}: no requests")
             continue
@@ -113,7 +113,9 @@ def verify_cluster(scenario: Scenario) -> Verdict:
             components = build_components(instance, workload=(mine, []))
         assert components is not None
         replay = replay_script(recordings[i]) if recordings is not None else None
-        theirs = vllm_side.run_script(lower(instance, components, replay=replay))
+        # A decode instance's request reaches its scheduler when its prefill leg is done, not at its arrival.
+        arrivals = added if disaggregated else None
+        theirs = vllm_side.run_script(lower(instance, components, replay=replay, arrival_steps=arrivals))
         own = select_instance(result, i)
         ours = decision_trace(own.tables, result.summary["instances"][i])
         diff = first_difference(ours, theirs)

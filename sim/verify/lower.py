@@ -277,6 +277,9 @@ def lower(
     everyone = sorted(components.requests, key=lambda r: r.arrival_time)
     # A prompt longer than max_model_len never reaches vLLM's scheduler (its input processor rejects it).
     ordered = [r for r in everyone if r.num_prompt_tokens <= s.max_model_len]
+    if arrival_steps is not None:  # in the order they entered the scheduler
+        rank = {rid: k for k, rid in enumerate(arrival_steps)}
+        ordered.sort(key=lambda r: (arrival_steps.get(r.request_id, int(r.arrival_time)), rank.get(r.request_id, -1)))
     tokens = lowered_token_ids(everyone, ordered)
     output_base, prompts = tokens.output_base, tokens.prompts
     requests: list[RequestScript] = []

@@ -124,6 +124,7 @@ connector's answers) if that comes first.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -528,6 +529,7 @@ def _define_connector() -> None:
             self.pending = list(script["pending_block_frees"])
             self.finished = {int(f[0]): (list(f[1]), list(f[2])) for f in script["finished"]}
             self.runs = [(int(a), int(b)) for a, b in script["steps"]]
+            self.ends = [b for _, b in self.runs]
             self.step = 0
             self.loading: dict[str, int] = {}  # the harness's idle rule reads it; replayed loads are not counted
             self.mismatches: list[ReplayMismatch] = []
@@ -584,10 +586,8 @@ def _define_connector() -> None:
 
         def next_step(self, step: int) -> Optional[int]:
             """The first step ``>= step`` that hybridsim's engine ran (``None``: it ran none)."""
-            for a, b in self.runs:
-                if b >= step:
-                    return max(a, step)
-            return None
+            k = bisect.bisect_left(self.ends, step)
+            return max(self.runs[k][0], step) if k < len(self.runs) else None
 
         def last_step(self) -> int:
             return max([b for _, b in self.runs] + list(self.finished) + [0])

@@ -192,12 +192,16 @@ def test_a_pd_link_without_roles_a_tier_with_roles_and_an_own_connector_are_refu
         _run(ONE + "connector: {type: offload, capacity_gb: 1}\n")
 
 
-def test_verify_refuses_a_pd_cluster_in_one_line() -> None:
+def test_verify_refuses_a_pd_cluster_on_the_time_clock_in_one_line() -> None:
+    """A P/D cluster is verified by replaying its recorded answers (tests/verify/test_cluster_replay.py); what
+    its instances cannot verify is still refused, naming the instance."""
     from sim.verify.cluster import verify_cluster
     from sim.verify.run import VerifyStatus
 
-    verdict = verify_cluster(scenario_from_text(ONE))
-    assert verdict.status is VerifyStatus.NOT_VERIFIABLE and verdict.reason.startswith("cluster.instances:")
+    verdict = verify_cluster(
+        scenario_from_text(ONE.replace("clock: steps", "clock: time\nhardware: {preset: h100-80g}"))
+    )
+    assert verdict.status is VerifyStatus.NOT_VERIFIABLE and verdict.reason.startswith("instance 0: clock: time")
     assert "\n" not in verdict.reason
 
 

@@ -1,5 +1,6 @@
-"""``verify`` on a cluster with a shared tier: each instance's connector answers are recorded during the cluster
-run (sim/verify/replay.py) and replayed to that instance's vLLM engine by the harness's replay connector.
+"""``verify`` on a cluster with a shared tier or P/D roles: each instance's connector answers are recorded during
+the cluster run (sim/verify/replay.py) and replayed to that instance's vLLM engine by the harness's replay
+connector.
 
 The recording must change nothing and hold what the scheduler was told; the replay must give vLLM's decisions
 on both supported releases, and a tampered or missing answer must make the verdict ``differ``, never crash."""
@@ -175,3 +176,41 @@ def test_an_answer_missing_from_the_record_makes_verify_say_different(
     assert verdict.difference is not None and verdict.difference.what == "connector replay"
     assert "hybridsim's scheduler asked it" in verdict.difference.theirs
     assert "instance 1: differs" in verdict.reason
+
+
+#: Two prefill and two decode instances: the legs run on the prefill instances and keep their blocks until the
+#: decode instance's pull is done (delay_free, then finished_sending); a decode instance's request reaches its
+#: scheduler when its leg is done, its connector answers the pull and reports it in finished_recving.
+PD = TIER.replace("name: tier-replay", "name: pd-replay").replace(
+    """  instances: 2
+  router: {policy: round_robin}
+  tier: {capacity_gb: 0.01, chunk_tokens: 32, transfer_steps: 3}""",
+    """  instances: [{role: prefill}, {role: prefill}, {role: decode}, {role: decode}]
+  router: {policy: least_loaded}
+  pd: {transfer_steps: 2}""",
+)
+
+
+def test_a_pd_recording_holds_the_hand_overs() -> None:
+    result, recordings = _recorded(PD)
+    requests = result.tables["requests"]
+    for i, rec in enumerate(recordings):
+        mine = requests[requests["instance"] == i]
+        if i < 2:  # prefill: every leg's free waits for its pull, released by a finished_sending
+            assert mine["request_id"].str.endswith("@prefill").all()
+            assert all(a == [True] for a in rec.delay_free.values())
+            assert sorted(rid for f in rec.finished for rid in f[2]) == sorted(rec.delay_free)
+        else:  # decode: each request reached the scheduler after its arrival, and pulled asynchronously
+            arrival = dict(zip(mine["request_id"], mine["arrival_s"]))
+            assert set(rec.added) == set(arrival)
+            assert all(rec.added[rid] >= arrival[rid] for rid in rec.added)
+            assert any(rec.added[rid] > arrival[rid] for rid in rec.added)
+            assert sum(len(f[1]) for f in rec.finished) > 0
+
+
+@pytest.mark.slow
+def test_each_pd_instance_decides_as_vllm_with_its_recorded_answers(vllm: str) -> None:
+    verdict = verify_scenario(scenario_from_text(PD + f"vllm_version: '{vllm}'\n"))
+    assert verdict.status is VerifyStatus.IDENTICAL, (verdict.reason, verdict.difference)
+    for i in range(4):
+        assert f"instance {i}: identical" in verdict.reason
