@@ -25,6 +25,10 @@ contract.
 * :class:`~sim.accel.hashing.SharedPrefixBlockHasher`: a prompt's blocks inside a
   start it shares with an earlier prompt take that prompt's hashes; output blocks
   are hashed straight from the output stream (with any layout).
+* :func:`~sim.accel.stretch.quiet_steps` / :func:`~sim.accel.stretch.take_quiet_steps`:
+  how many of the next steps are quiet decodes of every running request, and
+  taking them at once (a cluster instance's loop, ``sim.cluster.stretch``, takes
+  such a stretch as one event).
 """
 
 from sim.accel.decodes import QuietDecodeScheduler
