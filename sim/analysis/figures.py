@@ -183,6 +183,10 @@ class RunAxes(Axes):
         self.spines.right.register_axis(self.yaxis)
 
 
+#: Characters no taller than "l" and no deeper than "p" (matplotlib's line height of a one-line text).
+_SHORT_GLYPHS = frozenset("0123456789.,+-\u2212 ")
+
+
 class AxisMarks(Artist):
     """One axis' major ticks drawn as three artists: the grid lines and the tick marks as one line each
     (segments broken by NaN), and the labels by one text moved from label to label. Matplotlib draws a
@@ -271,7 +275,7 @@ class AxisMarks(Artist):
             return
         for part in self._parts:
             part.draw(renderer)
-        boxes = []
+        boxes: list[Bbox] = []
         text = self._text
         for loc, label in zip(self.locs, self.labels):
             if not label:
@@ -279,7 +283,9 @@ class AxisMarks(Artist):
             text.set_text(label)
             text.set_position((loc, 0.0) if self.axis_name == "x" else (0.0, loc))
             text.draw(renderer)
-            boxes.append(text.get_window_extent(renderer))
+            if self.axis_name == "y" or not boxes or not set(label) <= _SHORT_GLYPHS:
+                # Only the bottom of the x labels matters: one-line labels of digits are all as tall.
+                boxes.append(text.get_window_extent(renderer))
         self._place_axis_label(renderer, boxes)
         self.stale = False
 

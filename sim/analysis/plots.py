@@ -178,6 +178,8 @@ def _figure(
         wspace=0.28,
     )
     for ax in axes.flat:
+        if ax.get_facecolor() == fig.get_facecolor():
+            ax.patch.set_visible(False)  # the same colour as the figure behind it: nothing to draw
         ax.yaxis.set_major_locator(_y_locator(ax))
         if not categorical_x:
             ax.xaxis.set_major_locator(_locator())
