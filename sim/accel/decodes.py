@@ -157,6 +157,12 @@ class QuietDecodeScheduler(Scheduler):
         out.prefill_tokens += prefill
         self._record_schedule_rows(out, kinds)
 
+    def _drain_events(self) -> None:
+        """The core's, skipped when there is nothing to drain (no connector, no event pending): most steps."""
+        if self.connector is None and not self._quiet_kv.num_pending_events:
+            return
+        super()._drain_events()
+
     def _prefix_lookup(self, request: Request) -> LookupResult:
         """The core's lookup, or the kept one while no event named the request's hashes (module docstring)."""
         lookups = self.head_lookups

@@ -24,7 +24,7 @@ from typing import Final, Sequence
 
 from sim.accel.lookups import HeadOfLineLookups
 from sim.accel.replicas import ReplicaCoordinator
-from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
+from sim.core.kv.block_pool import BlockPool, KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.kv_cache_coordinator import KVCacheOptions
 from sim.core.kv.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from sim.core.kv.single_type_kv_cache_manager import (
@@ -223,6 +223,14 @@ class QuietKVCacheManager(KVCacheManager):
             self.replicas = self.coordinator = ReplicaCoordinator(kv_cache_config, kv_options)
             self.block_pool = self.coordinator.block_pool
         managers = self.coordinator.single_type_managers
+        self._managers = managers
+        self._group_ids = range(self.num_kv_cache_groups)
+        #: Events taken from the pool so far, and num_cached_per_group's last answer with the count it was
+        #: computed at (-1: never).
+        self._events_taken = 0
+        self._count_events = type(self.block_pool) is BlockPool and self.block_pool.enable_kv_cache_events
+        self._cached_counts: tuple[int, ...] = ()
+        self._cached_counts_at = -1
         self.quiet = QuietHorizons(
             managers,
             deciding=self.replicas,
@@ -247,6 +255,7 @@ class QuietKVCacheManager(KVCacheManager):
         if not self.block_pool.num_pending_events:
             return
         log = self.block_pool.take_event_log()
+        self._events_taken += len(log)
         if self.head_lookups is not None:
             self.head_lookups.forget_changed(log)
         held = self._held
@@ -259,12 +268,30 @@ class QuietKVCacheManager(KVCacheManager):
         held = self._held
         if held is None:  # (the common case: nothing held, so the pool's log is the answer)
             log = self.block_pool.take_event_log()
+            self._events_taken += len(log)
             if self.head_lookups is not None:
                 self.head_lookups.forget_changed(log)
             return log
         self.sync_events()
         self._held = None
         return held
+
+    def num_blocks_per_group(self) -> tuple[int, ...]:
+        return tuple([m.num_held_blocks for m in self._managers])
+
+    def num_cached_per_group(self) -> tuple[int, ...]:
+        """The core's answer (the steps table asks every step), kept while no event left the pool meanwhile.
+
+        A group's entry count changes only where the pool emits an event (``stored``, ``removed``,
+        ``cleared``), and every event leaves the pool through this manager (:meth:`take_event_log`,
+        :meth:`sync_events`, which count them): the same count of events seen and pending means no change.
+        Only with the plain pool and its events on; else asked every time.
+        """
+        seen = self._events_taken + self.block_pool.num_pending_events
+        if seen != self._cached_counts_at or not self._count_events:
+            self._cached_counts = tuple(map(self.block_pool.num_cached_entries, self._group_ids))
+            self._cached_counts_at = seen
+        return self._cached_counts
 
     def take_events(self) -> list[KVEvent]:
         return self.take_event_log().rows()

@@ -345,7 +345,10 @@ class EngineLoop:
             self.step = max(self.step, int(env.now))
 
     def _record_kv_events(self) -> None:
-        log = self.kv_manager.take_event_log()
+        kv = self.kv_manager
+        if not kv.num_pending_events:  # (most steps: taking the empty log would change nothing)
+            return
+        log = kv.take_event_log()
         if len(log):
             self.recorder.record_kv_event_log(log)
 
