@@ -19,6 +19,7 @@ nor writes: that is :mod:`sim.results`' job.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import simpy
 
+from sim.accel import QuietDecodeScheduler
 from sim.config import load_scenario
 from sim.config.scenario import Scenario
 from sim.core.kv.specs import KVCacheConfig
@@ -318,7 +320,29 @@ def build_run(
     progress = _Progress(scenario, len(components.requests)) if options.progress else None
     check = invariant_check(components, options)
     sessions = _session_driver(scenario, components.requests)
-    loop = EngineLoop(
+    hook = pause_hook("run")
+    loop_cls: type[EngineLoop] = EngineLoop
+    extra: dict[str, Any] = {}
+    if (
+        options.use_fast_paths()
+        and step_duration is None
+        and connector is None
+        and sessions is None
+        and hook is None
+        and isinstance(components.scheduler, QuietDecodeScheduler)
+    ):
+        # Quiet stretches (sim.cluster.stretch): a run of steps in which every running request takes a quiet
+        # decode is one SimPy event, bounded by the loop's own next arrival (nothing else reaches this engine).
+        from sim.cluster.stretch import StretchLoop, unit_steps
+
+        model = components.step_time_model
+        loop_cls = StretchLoop
+        extra = {
+            "next_arrival": _no_other_arrivals,
+            # What _step_duration_fn gives each decode-only step (the cluster's instances take the same).
+            "decode_run": unit_steps if scenario.clock == "steps" or model is None else model.decode_run,
+        }
+    loop = loop_cls(
         env=env,
         scheduler=components.scheduler,
         requests=sessions.initial if sessions is not None else components.requests,
@@ -332,17 +356,24 @@ def build_run(
         on_crash=scenario.on_crash,
         check_invariants=check,
         step_columns=connector.step_columns if connector is not None else None,
-        progress=progress.update if progress else pause_hook("run"),
+        progress=progress.update if progress else hook,
         max_steps=options.max_steps,
         on_finished=sessions.on_finished if sessions is not None else None,
         retire_finished=options.retire_finished
         and connector is None
         and sessions is None
         and not scenario.outputs.ideal_hit_rate,
+        **extra,
     )
     if sessions is not None:
         sessions.release = loop.release
     return Run(components, env, loop, progress, sessions)
+
+
+def _no_other_arrivals() -> float:
+    """A single engine's :class:`~sim.cluster.stretch.StretchLoop` bound from outside: none (its own requests'
+    arrivals bound a stretch)."""
+    return math.inf
 
 
 class _Progress:
