@@ -13,10 +13,11 @@ argument parsing (milliseconds; click turns a signal there into ``Aborted!``, ex
 
 The cyclic garbage collector (docs/speed.md): importing the command line builds tens of thousands of objects
 that live as long as the process (modules, classes, typer's parameters) and no cyclic garbage; the collector
-is off while it is imported, and what it built is frozen (left out of every later collection). At exit,
-whatever is still alive is frozen too: the interpreter's final collection would otherwise walk the whole
-heap (the modules, a run's result) only to find it all reachable, a tenth of ``validate``'s CPU. Frozen
-objects are still freed by reference counting as the interpreter tears the modules down; only cyclic
+is off while it is imported, and what it built is frozen (left out of every later collection):
+:func:`sim.startup.long_lived`, which the commands use again for their own imports and the scenario's
+validators. At exit, whatever is still alive is frozen too: the interpreter's final collection would otherwise
+walk the whole heap (the modules, a run's result) only to find it all reachable, a tenth of ``validate``'s CPU.
+Frozen objects are still freed by reference counting as the interpreter tears the modules down; only cyclic
 garbage still alive at exit is left to the operating system, as all memory is.
 """
 
@@ -27,6 +28,7 @@ import gc
 import sys
 
 from sim.interrupts import interrupts_raise, pause_point
+from sim.startup import long_lived
 
 #: ``sim.cli.exit_codes.ExitCode.INTERRUPTED``: importing it here would load the whole command line first
 #: (tests/test_entry.py keeps the two equal).
@@ -39,12 +41,8 @@ def main() -> None:
     try:
         with interrupts_raise():
             pause_point("start")  # the start-up window, for tests/trace/test_atomic.py
-            gc.disable()
-            try:
+            with long_lived():
                 from sim.cli import main as cli_main
-            finally:
-                gc.freeze()
-                gc.enable()
 
             cli_main()
     except KeyboardInterrupt as exc:

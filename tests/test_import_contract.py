@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "sim.limits": 0,
     "sim.inputfile": 0,
     "sim.interrupts": 0,
+    "sim.startup": 0,
     "sim.core": 1,
     "sim.accel": 2,
     "sim.workload": 2,

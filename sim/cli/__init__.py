@@ -7,6 +7,8 @@ Exit codes are :class:`sim.cli.exit_codes.ExitCode` (docs/cli.md lists them); er
 
 from __future__ import annotations
 
+import sys
+
 # isort: off
 # Registration, in the order ``hybridsim --help`` lists the commands.
 from sim.cli import run, bundles, verify, crash, batch, workload, timing  # noqa: F401
@@ -19,5 +21,21 @@ __all__ = ["ExitCode", "app", "main"]
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    What typer imports at its first use is imported with the collector off and frozen after, as the command
+    line was (:func:`sim.startup.long_lived`: about 30 collections of a growing heap otherwise): for the help page,
+    rich (the whole page, then the process exits); for every command, typer's pydantic adapters (typer converts
+    arguments through pydantic, importing it at the first conversion)."""
+    from sim.startup import long_lived
+
+    if sys.argv[1:] in ([], ["--help"]):
+        with long_lived():
+            app()
+        return
+    with long_lived():
+        try:
+            import typer._adapters  # noqa: F401
+        except ImportError:  # a typer that converts without pydantic
+            pass
     app()

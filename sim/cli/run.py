@@ -48,8 +48,7 @@ def run(
     ),
 ) -> None:
     """Run scenario(s) and write a result bundle for each (whole: a previous bundle is replaced in one step)."""
-    from sim.api import RunOptions, run_scenario
-    from sim.config import load_scenario
+    from sim.startup import long_lived
 
     overrides = list(set_)
     if seed is not None:
@@ -59,7 +58,11 @@ def run(
         overrides.append(f"outputs.tables_format={tables_format}")
     if no_plots:
         overrides.append("outputs.plots=false")
-    loaded = [load_scenario(path, overrides) for path in scenarios]
+    with long_lived():  # the run path's imports and the scenarios' validators (sim.startup)
+        from sim.api import RunOptions, run_scenario
+        from sim.config import load_scenario
+
+        loaded = [load_scenario(path, overrides) for path in scenarios]
     targets = run_targets(scenarios, [s.name for s in loaded], out, result_overrides)
     if out is None and result_overrides:
         for scenario, target in zip(loaded, targets):
@@ -99,9 +102,12 @@ def validate(
 
     A sweep file (one with a top-level ``scenario:`` key) is checked as a sweep: its grid, and the base scenario
     at every grid point (seeds aside: a seed changes draws, not validity)."""
-    from sim.config import load_scenario
-    from sim.engine.build import build_components
-    from sim.sweep.grid import build_sweep, is_grid_file, plan_runs
+    from sim.startup import long_lived
+
+    with long_lived():
+        from sim.config import load_scenario
+        from sim.engine.build import build_components
+        from sim.sweep.grid import build_sweep, is_grid_file, plan_runs
 
     for path in scenarios:
         if is_grid_file(path):
@@ -113,7 +119,8 @@ def validate(
                     build_components(scenario, dry_run=True)
             typer.echo(f"{path}: ok (sweep of {spec.scenario.name}: {len(points)} grid points)")
             continue
-        scenario = load_scenario(path, list(set_))
+        with long_lived():  # the scenario's validators (sim.startup)
+            scenario = load_scenario(path, list(set_))
         with naming_file(path):
             build_components(scenario, dry_run=True)
             if scenario.cluster is not None:
