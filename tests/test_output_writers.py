@@ -15,7 +15,7 @@ WRITERS = {"sim/trace/output.py", "sim/trace/atomic.py"}
 
 #: (module, call) -> why it is not a command writing an output path by itself.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("sim/trace/bundle.py", "pq.ParquetWriter"): "writes into the file object sim.trace.output.write_file opened",
+    ("sim/trace/bundle.py", "_parquet.ParquetWriter"): "writes into the file object sim.trace.output.write_file opened",
     ("sim/trace/bundle.py", "to_csv"): "writes into the file object sim.trace.output.write_file opened",
     ("sim/sweep/table.py", "pq.write_table"): "writes into the file object sim.trace.output.write_file opened",
     ("sim/analysis/figures.py", "savefig"): "renders into an in-memory buffer that write_file then writes",
@@ -30,6 +30,7 @@ _MODULE_CALLS = {
     "os": {"replace", "rename", "renames", "remove", "unlink", "rmdir", "removedirs", "makedirs", "mkdir", "symlink"},
     "shutil": {"copy", "copy2", "copyfile", "copytree", "move", "rmtree"},
     "pq": {"write_table", "write_to_dataset", "ParquetWriter"},
+    "_parquet": {"ParquetWriter"},  # pyarrow._parquet, the file writer under pyarrow.parquet's
 }
 
 
@@ -84,7 +85,7 @@ def test_the_scan_finds_what_it_must() -> None:
 import os, shutil
 import pyarrow.parquet as pq
 open(p, "w"); open(p, mode="ab"); p.open("w"); p.write_text("x"); p.write_bytes(b""); p.mkdir()
-os.replace(a, b); shutil.rmtree(d); pq.write_table(t, p); pq.ParquetWriter(p, s); df.to_csv(p); fig.savefig(p)
+os.replace(a, b); shutil.rmtree(d); pq.write_table(t, p); pq.ParquetWriter(p, s); _parquet.ParquetWriter(p, s); df.to_csv(p); fig.savefig(p)
 os.open(p, os.O_WRONLY | os.O_CREAT)
 open(p); p.open(); p.read_text(); os.open(p, os.O_RDONLY); text.replace("a", "b")
 """
@@ -97,6 +98,7 @@ open(p); p.open(); p.read_text(); os.open(p, os.O_RDONLY); text.replace("a", "b"
         "shutil.rmtree",
         "pq.write_table",
         "pq.ParquetWriter",
+        "_parquet.ParquetWriter",
         "to_csv",
         "savefig",
         "os.open",

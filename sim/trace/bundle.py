@@ -28,6 +28,7 @@ folder, ``manifest.json`` (tables, row counts, SHA-256 of every file,
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -36,7 +37,6 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterator, Literal, Ma
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from sim.inputfile import check_regular, read_text
 from sim.trace.bundle_files import check_group_columns, check_summary, read_json
@@ -45,6 +45,7 @@ from sim.trace.schema import TABLE_NAMES, ArrowTables, infer_num_groups
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow._parquet
 
 SCENARIO_FILE = "scenario.resolved.yaml"
 SUMMARY_FILE = "summary.json"
@@ -115,6 +116,23 @@ def _arrow_table(df: pd.DataFrame) -> pa.Table:
 _PARQUET_OPTIONS: dict = dict(
     compression="zstd", version="2.6", use_dictionary=True, write_statistics=True, store_schema=False
 )
+#: What ``pyarrow.parquet.ParquetWriter`` adds to those when it opens its file writer (no flavor, no filesystem).
+_PARQUET_WRITER_DEFAULTS: dict = dict(
+    use_deprecated_int96_timestamps=False,
+    writer_engine_version="V2",
+    data_page_version="1.0",
+    use_compliant_nested_type=True,
+)
+
+
+def parquet_writer(fh: BinaryIO, schema: pa.Schema) -> pyarrow._parquet.ParquetWriter:
+    """pyarrow's Parquet file writer on ``fh`` with the bundle's options: the one that
+    ``pyarrow.parquet.ParquetWriter`` opens with the same arguments (same bytes: tests/trace/test_parquet_writer.py),
+    without importing ``pyarrow.parquet``, whose ``pyarrow.fs`` loads the cloud file systems and ``ssl`` (about
+    0.01 s of every run). Close it with ``close()``; every table written must have ``schema``."""
+    from pyarrow import _parquet
+
+    return _parquet.ParquetWriter(fh, schema, **_PARQUET_OPTIONS, **_PARQUET_WRITER_DEFAULTS)
 
 
 def write_table(
@@ -134,10 +152,14 @@ def write_table(
     def parquet(fh: BinaryIO) -> None:
         pieces = iter([table if isinstance(table, pa.Table) else _arrow_table(table)] if parts is None else parts)
         first = next(pieces)
-        with pq.ParquetWriter(fh, first.schema, **_PARQUET_OPTIONS) as writer:
-            writer.write_table(first, row_group_size=ROW_GROUP_ROWS)
-            for piece in pieces:
+        writer = parquet_writer(fh, first.schema)
+        try:
+            for piece in itertools.chain([first], pieces):
+                if not piece.schema.equals(first.schema, check_metadata=False):
+                    raise ValueError(f"{path}: a part's schema differs from the first part's")
                 writer.write_table(piece, row_group_size=ROW_GROUP_ROWS)
+        finally:
+            writer.close()
 
     def csv(fh: BinaryIO) -> None:
         from sim.trace.tables import frame_from_arrow
@@ -159,6 +181,8 @@ def read_table(name: str, path: Path) -> pd.DataFrame:
 
     check_regular(path, f"{name} table")
     if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
         mapper = {pa.int64(): pd.Int64Dtype()}.get
         try:
             parquet = pq.ParquetFile(path)
@@ -404,6 +428,8 @@ def _read_side_tables(directory: Path, folder: str) -> dict[str, pd.DataFrame]:
         if file is None:
             continue
         if file.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
             out[name] = pq.read_table(file).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
         else:
             out[name] = restore_frame(pd.read_csv(file))

@@ -396,3 +396,28 @@ def test_summary_from_column_arrays_equals_summary_from_frames(scenario, slo):
     from_frames = run_summary(tables_from_recorder(record.recorder), **kwargs)
     assert json.dumps(_float_bits(from_arrays)) == json.dumps(_float_bits(from_frames))
     assert from_arrays["requests"]["total"] > 0 and from_arrays["admissions"]["attempts"] > 0
+
+
+def test_percentiles_are_numpy_s_bit_for_bit():
+    """metrics.percentiles (numpy's linear percentile without np.unique, which imports numpy.ma) gives the bits
+    of numpy.percentile: sizes 1 to thousands, ties, zeros, wide ranges, integers, and other points than the
+    summary's."""
+    from sim.results.metrics import PERCENTILES, percentiles
+
+    rng = np.random.default_rng(7)
+    arrays = [np.array([3.5]), np.array([0.0, 0.0]), np.array([2.0, 1.0]), np.arange(7, dtype=float)]
+    for n in (3, 4, 5, 10, 11, 99, 100, 101, 997, 4000):
+        arrays.append(rng.exponential(0.3, n))
+        arrays.append(np.round(rng.exponential(0.3, n), 2))  # ties
+        arrays.append(rng.lognormal(0, 6, n))  # values from 1e-8 to 1e8
+        arrays.append(rng.integers(0, 5, n).astype(float))
+        arrays.append(rng.integers(-50, 50, n))
+    for v in arrays:
+        for q in (PERCENTILES, (0, 100), (12.5, 33.3, 66.7, 99.9), (50,)):
+            want = np.percentile(v, q)
+            got = percentiles(v, q)
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (v, q, got, want)
+    v = rng.exponential(1.0, 50)
+    kept = v.copy()
+    percentiles(v, PERCENTILES)
+    assert v.tobytes() == kept.tobytes()  # the input is not reordered

@@ -413,8 +413,10 @@ def test_sort_order_is_pandas_stable_sort():
 
 def test_run_tables_import_neither_pandas_nor_pyarrow_compute():
     """A run's tables through the declared schemas, their summary and their Parquet files need no pandas
-    (pyarrow's own pa.array / to_numpy would import it) and no pyarrow.compute (Array.take would: about
-    0.03 s of a short run's CPU)."""
+    (pyarrow's own pa.array / to_numpy would import it), no pyarrow.compute (Array.take would: about
+    0.03 s of a short run's CPU) and no pyarrow.parquet (its pyarrow.fs loads the cloud file systems and ssl:
+    about 0.01 s; the writer is pyarrow._parquet's, sim.trace.bundle.parquet_writer) and no numpy.ma (np.unique
+    imports it, np.percentile calls it: sim.results.metrics.percentiles)."""
     import subprocess
     import sys
 
@@ -424,6 +426,9 @@ def test_run_tables_import_neither_pandas_nor_pyarrow_compute():
         "run_scenario('scenarios/golden-pressure.yaml', sys.argv[1], options=RunOptions(write_plots=False))\n"
         "assert 'pandas' not in sys.modules, 'pandas imported'\n"
         "assert 'pyarrow.compute' not in sys.modules, 'pyarrow.compute imported'\n"
+        "assert 'pyarrow.parquet' not in sys.modules, 'pyarrow.parquet imported'\n"
+        "assert 'pyarrow.fs' not in sys.modules, 'pyarrow.fs imported'\n"
+        "assert 'numpy.ma' not in sys.modules, 'numpy.ma imported'\n"
     )
     root = Path(__file__).resolve().parents[2]
     out = Path(__import__("tempfile").mkdtemp()) / "bundle"
