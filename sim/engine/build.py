@@ -35,13 +35,13 @@ from sim.core.kv.specs import (
 from sim.core.request import Request
 from sim.core.scheduler import Scheduler, SchedulerConfig
 from sim.engine.action_checks import check_actions
-from sim.engine.timing import StepTimeModel
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
 
 if TYPE_CHECKING:
     from sim.core.policy.checkpoint import BaseCheckpointPolicy
+    from sim.engine.timing import StepTimeModel
 
 T = TypeVar("T")
 
@@ -377,9 +377,12 @@ def _scheduler_config(scenario: Scenario, max_model_len: int) -> SchedulerConfig
 
 
 def _build_step_time_model(scenario: Scenario) -> StepTimeModel | None:
-    """The step-time model of a ``clock: time`` run (none on the step clock: a step lasts one unit)."""
+    """The step-time model of a ``clock: time`` run (none on the step clock: a step lasts one unit; its module
+    is imported only here)."""
     if scenario.clock != "time":
         return None
+    from sim.engine.timing import StepTimeModel
+
     hw = _resolved(scenario.hardware, "hardware")
     model = _resolved(_resolved(scenario.model, "model").preset_obj, "model.preset")
     return StepTimeModel.from_presets(model, hw.preset_obj(), hw.overrides.given() if hw.overrides else None)

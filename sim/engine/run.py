@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
 import simpy
@@ -37,10 +37,12 @@ from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
-from sim.engine.sessions import SessionDriver
 from sim.engine.transfer import EngineTransferService
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
+
+if TYPE_CHECKING:
+    from sim.engine.sessions import SessionDriver
 
 #: ``(output, scheduler) -> seconds`` of one engine step.
 StepDuration = Callable[[SchedulerOutput, Scheduler], float]
@@ -120,6 +122,8 @@ def _session_driver(scenario: Scenario, requests: list[Request]) -> SessionDrive
     spec = scenario.workload.sessions
     if spec is None or spec.mode != "closed":
         return None
+    from sim.engine.sessions import SessionDriver  # imported only for the runs that have closed-loop sessions
+
     return SessionDriver(requests, spec)
 
 

@@ -13,10 +13,7 @@ from sim.workload.draft import RequestDraft
 from sim.workload.errors import WorkloadError
 from sim.workload.generators import generate
 from sim.workload.options import apply_options
-from sim.workload.script import script_drafts
-from sim.workload.sessions import annotate_sessions
 from sim.workload.spec import WorkloadSpec
-from sim.workload.traces import read_trace
 
 CLOCKS = ("time", "steps")
 
@@ -48,12 +45,17 @@ def build_requests(
     gen_rng, sample_rng = rng.spawn(2)
     base_dir = Path(base_dir)
     drafts: Iterable[RequestDraft]
+    # A workload's source and its sessions import their modules only when the workload has them.
     if spec.requests is not None:
+        from sim.workload.script import script_drafts
+
         drafts = script_drafts(spec.requests, clock)
     elif spec.generator is not None:
         drafts = generate(spec.generator, gen_rng, base_dir)
     else:
         assert spec.trace is not None
+        from sim.workload.traces import read_trace
+
         drafts = read_trace(spec.trace, base_dir, hash_block_size)
         if read_at_most is not None:
             drafts = itertools.islice(drafts, read_at_most)
@@ -62,6 +64,8 @@ def build_requests(
     if spec.sessions is not None:
         # A third child of the same seed: the first two are unchanged by it.
         (session_rng,) = rng.spawn(1)
+        from sim.workload.sessions import annotate_sessions
+
         annotate_sessions(kept, spec, clock=clock, rng=session_rng, base_dir=base_dir)
     return [d.to_request() for d in kept]
 

@@ -26,7 +26,6 @@ from sim.workload.spec import (
     LognormalDist,
     UniformDist,
 )
-from sim.workload.traces.common import excerpt
 
 Dist = FixedDist | UniformDist | LognormalDist | ExponentialDist | EmpiricalDist
 
@@ -76,6 +75,8 @@ def _parse_empirical(text: str, path: Path) -> tuple[np.ndarray, np.ndarray]:
             value = float(row[iv])
             weight = float(row[iw]) if iw is not None else 1.0
         except ValueError:
+            from sim.workload.traces.common import excerpt
+
             bad = row[iv] if not _is_number(row[iv]) else row[iw] if iw is not None else ""
             raise WorkloadError(f"{path}:{line}: 'value'/'weight' must be numbers, got {excerpt(bad)}") from None
         if value < 0 or weight < 0 or not math.isfinite(value) or not math.isfinite(weight):
