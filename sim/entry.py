@@ -18,7 +18,9 @@ is off while it is imported, and what it built is frozen (left out of every late
 validators. At exit, whatever is still alive is frozen too: the interpreter's final collection would otherwise
 walk the whole heap (the modules, a run's result) only to find it all reachable, a tenth of ``validate``'s CPU.
 Frozen objects are still freed by reference counting as the interpreter tears the modules down; only cyclic
-garbage still alive at exit is left to the operating system, as all memory is.
+garbage still alive at exit is left to the operating system, as all memory is. The commands that ask for it
+(``run``, ``validate``, the help page: :func:`sim.startup.end_quickly`) skip that teardown altogether: once
+they return, the exit handlers run, the standard streams are flushed and the process ends.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import gc
 import sys
 
 from sim.interrupts import interrupts_raise, pause_point
-from sim.startup import long_lived
+from sim.startup import ends_quickly, long_lived, quick_exit
 
 #: ``sim.cli.exit_codes.ExitCode.INTERRUPTED``: importing it here would load the whole command line first
 #: (tests/test_entry.py keeps the two equal).
@@ -48,3 +50,7 @@ def main() -> None:
     except KeyboardInterrupt as exc:
         sys.stderr.write(f"error: {exc or 'interrupted'} while starting; nothing was written\n")
         sys.exit(INTERRUPTED)
+    except SystemExit as exc:  # how the command line always ends (typer exits with the command's code)
+        if ends_quickly():
+            quick_exit(exc.code)  # returns when the interpreter's own exit could differ
+        raise

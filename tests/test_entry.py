@@ -90,13 +90,71 @@ def test_a_command_s_start_up_runs_next_to_no_collection() -> None:
         "gc.callbacks.append(lambda phase, info: phase == 'start' and counts.__setitem__(info['generation'],"
         " counts[info['generation']] + 1))\n"
         "sys.argv = ['hybridsim', 'validate', 'benchmarks/scenarios/step-fa-1000.yaml']\n"
+        "import atexit\n"
+        "atexit.register(lambda: print(counts, file=sys.stderr))\n"
         "from sim.entry import main\n"
-        "try:\n"
-        "    main()\n"
-        "finally:\n"
-        "    print(counts, file=sys.stderr)\n"
+        "main()\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
     counts = [int(n) for n in out.stderr.strip().splitlines()[-1].strip("[]").split(",")]
     assert "ok (step-fa-1000)" in out.stdout
     assert sum(counts) <= 30 and counts[1] + counts[2] <= 2, (counts, out.stderr)
+
+
+def _ending(body: str) -> subprocess.CompletedProcess:
+    probe = (
+        "import atexit, sys, threading, time\n"
+        "from sim.startup import quick_exit\n"
+        "class Torn:\n"
+        "    def __del__(self):\n"
+        "        sys.stdout.write(' torn-down')\n"
+        "kept = Torn()\n"
+        "atexit.register(lambda: sys.stdout.write(' handler'))\n"
+        "sys.stdout.write('out')\n" + body
+    )
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_quick_exit_runs_the_exit_handlers_flushes_and_skips_the_teardown() -> None:
+    done = _ending("quick_exit(3)\n")
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out handler", "")
+    done = _ending("quick_exit(None)\n")
+    assert (done.returncode, done.stdout) == (0, "out handler")
+
+
+def test_quick_exit_leaves_the_exit_to_the_interpreter_when_it_would_differ() -> None:
+    """A message to print, or another thread the interpreter would wait for: quick_exit returns, and the usual
+    exit (with its teardown) follows."""
+    done = _ending("quick_exit('bad thing')\nsys.exit('bad thing')\n")
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (1, "out handler torn-down", "bad thing")
+    body = "threading.Thread(target=time.sleep, args=(0.3,)).start()\nquick_exit(0)\nsys.stdout.write(' back')\n"
+    done = _ending(body)
+    assert (done.returncode, done.stdout) == (0, "out back handler torn-down")
+
+
+def test_run_and_validate_end_quickly_other_commands_do_not() -> None:
+    """The commands that ask for the quick end (sim.startup.end_quickly) keep their output and exit code."""
+    probe = (
+        "import sys\n"
+        "import sim.startup as s\n"
+        "ended = []\n"
+        "real = s.quick_exit\n"
+        "def spy(code):\n"
+        "    ended.append(code)\n"
+        "    sys.stderr.write(f'quick {code}\\n')\n"
+        "    real(code)\n"
+        "s.quick_exit = spy\n"
+        "import sim.entry\n"
+        "sim.entry.quick_exit = spy\n"
+        "sys.argv = ['hybridsim', *sys.argv[1:]]\n"
+        "sim.entry.main()\n"
+    )
+    fa = "benchmarks/scenarios/step-fa-1000.yaml"
+    done = subprocess.run([sys.executable, "-c", probe, "validate", fa], capture_output=True, text=True, cwd=ROOT)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, f"{fa}: ok (step-fa-1000)", "quick 0\n")
+    done = subprocess.run(
+        [sys.executable, "-c", probe, "validate", "missing.yaml"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 2 and done.stderr.endswith("quick 2\n"), done.stderr
+    done = subprocess.run([sys.executable, "-c", probe, "scenarios"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and "quick" not in done.stderr and "golden-pressure" in done.stdout

@@ -25,11 +25,13 @@ def main() -> None:
 
     What typer imports at its first use is imported with the collector off and frozen after, as the command
     line was (:func:`sim.startup.long_lived`: about 30 collections of a growing heap otherwise): for the help page,
-    rich (the whole page, then the process exits); for every command, typer's pydantic adapters (typer converts
-    arguments through pydantic, importing it at the first conversion)."""
-    from sim.startup import long_lived
+    rich (the whole page, then the process ends without the interpreter's teardown, sim.startup.end_quickly);
+    for every command, typer's pydantic adapters (typer converts arguments through pydantic, importing it at the
+    first conversion)."""
+    from sim.startup import end_quickly, long_lived
 
     if sys.argv[1:] in ([], ["--help"]):
+        end_quickly()
         with long_lived():
             app()
         return

@@ -48,7 +48,9 @@ def run(
     ),
 ) -> None:
     """Run scenario(s) and write a result bundle for each (whole: a previous bundle is replaced in one step)."""
-    from sim.startup import long_lived
+    from sim.startup import end_quickly, long_lived
+
+    end_quickly()  # every bundle is written and closed when the command returns (sim.startup)
 
     overrides = list(set_)
     if seed is not None:
@@ -102,7 +104,9 @@ def validate(
 
     A sweep file (one with a top-level ``scenario:`` key) is checked as a sweep: its grid, and the base scenario
     at every grid point (seeds aside: a seed changes draws, not validity)."""
-    from sim.startup import long_lived
+    from sim.startup import end_quickly, long_lived
+
+    end_quickly()  # it writes nothing but its lines (sim.startup)
 
     with long_lived():
         from sim.config import load_scenario
