@@ -454,6 +454,9 @@ def recorded_tables(recorder: Recorder) -> ArrowTables:
         "schedule": recorder.schedule,
         "steps": recorder.steps,
     }
+    if recorder.spill is not None:
+        for name, columns in recorded.items():  # a table that spilled: its last rows too (not held twice)
+            recorder.spill.flush(name, columns)
     spilled = {name: columns.spilled for name, columns in recorded.items() if columns.spilled}
     return ArrowTables(
         {name: table_from_recorded(name, columns) for name, columns in recorded.items()},

@@ -55,7 +55,15 @@ class ArrowSpill:
         if any(column_dtype(table, name) is None for name in columns.names):
             self._refused.add(table)
             return
-        rows = self.rows
+        self._spill_groups(table, columns, self.rows)
+
+    def flush(self, table: str, columns: Columns) -> None:
+        """After the run: the rows still held of a table that spilled before, as its last group (the table's
+        last row group: the same rows whether held or spilled), so they are not held twice while it is written."""
+        if table in SPILLED_TABLES and table not in self._refused and columns.spilled and len(columns):
+            self._spill_groups(table, columns, len(columns))
+
+    def _spill_groups(self, table: str, columns: Columns, rows: int) -> None:
         while len(columns) >= rows:
             data = columns.data
             steps = data["step"][:rows]
@@ -86,6 +94,8 @@ class ArrowSpill:
     def _writer(self, table: str, schema: pa.Schema) -> pa.ipc.RecordBatchStreamWriter:
         writer = self._writers.get(table)
         if writer is None:
+            if table in self._files:
+                raise AssertionError(f"{table}: a group spilled after the spill was read back")
             fh = self._files[table] = tempfile.TemporaryFile(prefix=f"hybridsim-{table}-")
             options = pa.ipc.IpcWriteOptions(compression="zstd")
             writer = self._writers[table] = pa.ipc.new_stream(fh, schema, options=options)
@@ -105,11 +115,19 @@ class ArrowSpill:
     def column(self, table: str, name: str) -> list[pa.Array]:
         """One column of the spilled groups of ``table``, one array a group (only that column is read and
         decompressed); none if nothing was spilled."""
-        fh = self._rewound(table)
+        fh = self._files.get(table)
         if fh is None:
             return []
         options = pa.ipc.IpcReadOptions(included_fields=[self._schemas[table].get_field_index(name)])
-        return [batch.column(0) for batch in pa.ipc.open_stream(fh, options=options)]
+        # Read while the stream is still open (groups may follow: the last, flushed after the run): a stream
+        # without its end marker reads to the end of the file; the writer goes on where it was.
+        position = fh.tell()
+        fh.flush()
+        fh.seek(0)
+        try:
+            return [batch.column(0) for batch in pa.ipc.open_stream(fh, options=options)]
+        finally:
+            fh.seek(position)
 
     def batches(self, table: str) -> Iterator[pa.Table]:
         """The spilled groups of ``table`` as Arrow tables, in order, one at a time (none if nothing was spilled)."""
@@ -124,3 +142,5 @@ class ArrowSpill:
             if held == self.rows:  # one spilled group (its table's one batch, whatever the stream made of it)
                 yield pa.Table.from_batches(pending)
                 pending, held = [], 0
+        if pending:  # the last group, flushed after the run (:meth:`flush`)
+            yield pa.Table.from_batches(pending)

@@ -67,7 +67,12 @@ def build_requests(
         from sim.workload.sessions import annotate_sessions
 
         annotate_sessions(kept, spec, clock=clock, rng=session_rng, base_dir=base_dir)
-    return [d.to_request() for d in kept]
+    # Each draft is let go as its request is made (a long trace's drafts and requests are not all held twice).
+    requests = []
+    kept.reverse()
+    while kept:
+        requests.append(kept.pop().to_request())
+    return requests
 
 
 def _check_unique_ids(drafts: list[RequestDraft]) -> None:

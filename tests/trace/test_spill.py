@@ -178,3 +178,25 @@ def test_a_run_that_spills_every_table_writes_the_same_bundle(
     assert spilled.crash_detail == whole.crash_detail
     assert (scenario == "crash") == (spilled.crash_detail is not None and "hits" in spilled.crash_detail)
     assert _bundle_files(tmp_path / "spilled") == _bundle_files(tmp_path / "whole")
+
+
+def test_the_rows_held_at_the_end_of_a_run_that_spilled_are_flushed_as_its_last_group() -> None:
+    """After the run the held ``steps`` rows join the spill as the last group (not held twice, as recorder
+    columns and as an Arrow table, while the bundle is written); a table that never spilled stays held."""
+    rec = _record_steps(ArrowSpill(rows=1000), 2500)
+    for i in range(3):
+        rec.set_clock(i, 0.0)
+        rec.record_admission(
+            request_id=f"r{i}", prompt_tokens=8, hits=[0, 0, 0], local_tokens=0, external_tokens=0,
+            hit_diverged=False, fallback=False, policy="p", outcome="ok",
+        )  # fmt: skip
+    tables = recorded_tables(rec)
+    assert (rec.steps.spilled, len(rec.steps)) == (2500, 0)
+    assert (rec.admissions.spilled, len(rec.admissions)) == (0, 3)
+    assert [t.num_rows for t in tables.batches("steps")] == [1000, 1000, 500]
+    assert tables.table("steps").equals(recorded_tables(_record_steps(None, 2500)).table("steps"))
+    assert tables.column("steps", "step").to_pylist() == list(range(2500))
+    with pytest.raises(AssertionError, match="after the spill was read back"):  # its stream has ended
+        for i in range(2500, 3500):
+            rec.set_clock(i, i * 0.5)
+            rec.record_step(0.1, 0, 0, 0, 0, 0, [0, 0, 0], [0, 0, 0])
