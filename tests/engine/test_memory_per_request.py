@@ -148,3 +148,65 @@ def test_step_rows_leave_memory_a_row_group_at_a_time() -> None:
     rec, held = _traced(record)
     assert rec.steps.spilled + len(rec.steps) == rows
     assert held / rows < 25, f"{held / rows:.1f} bytes per steps row"
+
+
+def test_kv_event_and_admission_rows_leave_memory_a_row_group_at_a_time() -> None:
+    """``kv_events`` (about 35 rows a request) and ``admissions`` (about 2.4) are spilled like ``steps``: a run
+    holds at most one row group of each, and the summary's eviction counts as a few counters."""
+    from sim.trace.spill import ArrowSpill
+
+    rows = 200_000
+    ids = [f"mc{i}" for i in range(rows // 35 + 1)]
+    rng = random.Random(3)
+    hashes = [rng.getrandbits(64) for _ in range(rows)]
+
+    def record() -> Recorder:
+        rec = Recorder(num_groups=2, spill=ArrowSpill(rows=4_000))
+        for start in range(0, rows, 50):
+            log = KVEventLog()
+            for i in range(start, start + 50):
+                log.append("stored" if i % 2 else "removed", i % 2, 1000 + i % 40_000, hashes[i], ids[i // 35], "cache")
+            rec.set_clock(start, start * 0.01)
+            rec.record_kv_event_log(log)
+            rec.record_admission(
+                request_id=ids[start // 35],
+                prompt_tokens=1_000_000 + start,
+                hits=[start, start + 1],
+                local_tokens=start,
+                external_tokens=0,
+                hit_diverged=False,
+                fallback=False,
+                policy="p",
+                outcome="ok",
+                lookup_seq=start,
+            )
+        return rec
+
+    rec, held = _traced(record)
+    assert len(rec.kv_events) == rows and rec.kv_events.spilled == rows - rows % 4_000
+    assert rec.admissions.spilled + len(rec.admissions) == rows // 50 and rec.admissions.spilled
+    assert rec.kv_events.removed_spilled == {(0, "cache"): rows // 2}
+    assert held / rows < 5, f"{held / rows:.1f} bytes per kv_events row"
+
+
+def test_a_retired_request_holds_only_its_counts(tmp_path: Path) -> None:
+    """A finished request lets its prompt segments and block hashes go (``Request.retire``): what stays is the
+    request object, its id and its counts (for its ``requests`` row)."""
+    from sim.core.kv.hashing import RequestBlockHasher
+
+    trace = tmp_path / "trace.jsonl"
+    n = _mooncake_lines(trace, conversations=200, turns=5)
+    hasher = RequestBlockHasher(16)
+
+    def build_and_retire() -> list:
+        requests = [d.to_request() for d in read_mooncake(trace)]
+        for request in requests:
+            request.set_block_hasher(hasher)
+            assert len(request.block_hashes) > 100  # 16-token blocks: several hundred hashes a prompt
+            request.retire()
+        return requests
+
+    requests, held = _traced(build_and_retire)
+    assert all(r.prompt == () and r.num_prompt_tokens > 0 for r in requests)
+    # about 450 bytes (the object, its id, metadata dict and counts); whole it held its prompt and ~20 KB of hashes
+    assert held / n < 600, f"{held / n:.0f} bytes per retired request"
