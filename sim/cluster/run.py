@@ -250,7 +250,8 @@ class ClusterRun:
         rebuild: Callable[[], ClusterRun] | None = None,
     ) -> None:
         #: The same run without quiet stretches (:mod:`sim.cluster.stretch`), for a stop that a stretch
-        #: cannot settle exactly.
+        #: cannot settle exactly. It is built from the scenario again: a caller that changes the wired run
+        #: after the build (wraps a connector, say) builds it with ``stretches=False`` instead.
         self.rebuild = rebuild
         self.scenario = scenario
         self.tier = tier

@@ -23,9 +23,11 @@ Nothing is applied before the stretch's end: the requests' counters, the rows an
 those of the stretch's start until then. If the run stops inside a stretch (a crash on another instance,
 ``max_steps``, an interrupt), :meth:`StretchLoop.settle` applies the steps that had ended by then and the
 ``schedule()`` of the one in flight, as the plain loop would have left them. When the stop falls exactly
-on a step boundary of the stretch, which event came first in the plain run is not known (SimPy orders
-equal times by creation); ``settle`` says so and the cluster runs again without stretches
-(:meth:`sim.cluster.run.ClusterRun.execute`).
+on a step boundary inside the stretch, ``settle`` does not decide what the plain loop had done at that
+instant (its step's end was an event at the stop time); it says so and the cluster runs again without
+stretches (:meth:`sim.cluster.run.ClusterRun.execute`). A stretch that ends at the stop time is not open
+then: SimPy processes the events already queued at a time before an exception raised at that time stops
+the run.
 """
 
 from __future__ import annotations

@@ -158,3 +158,29 @@ def test_decode_run_is_the_step_time_of_each_decode_step(model: str, hardware: s
     assert len(durations) == 3
     assert unit_steps(2, 0, 3.0, 6.0, 10) == [1.0, 1.0, 1.0]
     assert unit_steps(2, 0, 3.0, 6.5, 2) == [1.0, 1.0]
+
+
+def test_a_stop_a_stretch_cannot_settle_runs_again_without_stretches() -> None:
+    """When a stretch cannot tell what the plain loop had done at the stop (the stop exactly on one of its step
+    boundaries), the cluster runs again without stretches: forced here by a settle that says so."""
+    scenario = scenario_from_text(STEPS)
+    run = build_cluster_run(scenario, RunOptions(write_plots=False, max_steps=150))
+    rebuild = run.rebuild
+    assert rebuild is not None
+    calls: list[int] = []
+
+    def again():
+        calls.append(1)
+        return rebuild()
+
+    run.rebuild = again
+    loop = run.instances[0].loop
+    assert isinstance(loop, StretchLoop)
+    loop.settle = lambda: False  # type: ignore[method-assign]
+    result = finalize_cluster(run.execute())
+    assert calls == [1]
+    _, plain, _ = _fingerprint(scenario, fast=False, stretches=False, max_steps=150)
+    assert {
+        name: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest() for name, df in result.tables.items()
+    } == {name: plain[name] for name in result.tables}
+    assert build_cluster_run(scenario, RunOptions(fast_paths=False)).rebuild is None
