@@ -276,6 +276,11 @@ class Run:
             if progress:
                 progress.stop()
             loop.close()
+        settle = getattr(loop, "settle", None)
+        if settle is not None:
+            # A quiet stretch in flight when an interrupt stopped the run: the steps that had ended by now (and
+            # the schedule() in flight) are applied, as the plain loop had them (sim.cluster.stretch).
+            settle()
         components = self.components
         stopped = status != "complete"
         if stopped:
