@@ -17,8 +17,10 @@ recording order, which is ``steps``' row order (its sort key ``step`` strictly i
 from __future__ import annotations
 
 import tempfile
+from array import array
 from typing import IO, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from sim.trace import schema
@@ -27,6 +29,16 @@ from sim.trace.schema import arrow_table, column_dtype, kv_event_columns_of
 
 #: The tables a run spills (the others are held whole).
 SPILLED_TABLES: tuple[str, ...] = ("kv_events", "admissions", "steps")
+
+
+def _head(column: list | array, rows: int) -> list | np.ndarray:
+    """A recorder column's first ``rows`` values: a typed ``array``'s as a NumPy view of its buffer."""
+    if isinstance(column, array):
+        return np.frombuffer(column, dtype=_NUMPY_TYPES[column.typecode])[:rows]
+    return column[:rows]
+
+
+_NUMPY_TYPES = {"q": np.int64, "d": np.float64}
 
 
 class ArrowSpill:
@@ -66,15 +78,19 @@ class ArrowSpill:
     def _spill_groups(self, table: str, columns: Columns, rows: int) -> None:
         while len(columns) >= rows:
             data = columns.data
-            steps = data["step"][:rows]
+            # The first ``rows`` rows: a packed column as a NumPy view of its buffer (Arrow takes it as it is:
+            # no copy of a group's ~180 MB of numbers), a list's as a slice.
+            group = {name: _head(data[name], rows) for name in columns.names}
+            steps = group["step"]
             # The table's sort key (``step``, a stable sort) never goes back along a run, so the groups in
             # recording order are the sorted table's rows: checked, as the bytes depend on it.
-            first, last = min(steps), max(steps)
+            first, last = int(min(steps)), int(max(steps))
             previous = self._last_step.get(table)
             if previous is not None and first < previous:
                 raise AssertionError(f"{table}: step {first} recorded after step {previous} was spilled")
-            group = arrow_table(table, {name: data[name][:rows] for name in columns.names})
-            self._writer(table, group.schema).write_table(group)
+            converted = arrow_table(table, group)
+            self._writer(table, converted.schema).write_table(converted)
+            del converted, group, steps  # the views of the packed columns go before the columns shrink
             for name in columns.names:
                 del data[name][:rows]
             columns.spilled += rows
