@@ -35,7 +35,6 @@ NOT_VERIFIABLE = {
     # Their scripted stand-ins are verified in tests/test_pathologies.py.
     "offload-eviction-assert.yaml": "connector.type: 'offload'",
     "external-kv-not-verified.yaml": "connector.type: 'offload'",
-    "external-kv-not-verified-cluster.yaml": "tier",
     "pd-decode-prefix-hit.yaml": "connector.type: 'remote'",
 }
 
