@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from sim import entry
 from sim.cli.exit_codes import ExitCode
@@ -158,3 +161,29 @@ def test_run_and_validate_end_quickly_other_commands_do_not() -> None:
     assert done.returncode == 2 and done.stderr.endswith("quick 2\n"), done.stderr
     done = subprocess.run([sys.executable, "-c", probe, "scenarios"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0 and "quick" not in done.stderr and "golden-pressure" in done.stdout
+
+
+def _threads_after_validate(blas_threads: str | None) -> int:
+    """The process's thread count at exit of ``hybridsim validate`` (which imports numpy), with
+    ``OPENBLAS_NUM_THREADS`` unset or set to ``blas_threads``."""
+    probe = (
+        "import atexit, os, sys\n"
+        "sys.argv = ['hybridsim', 'validate', 'benchmarks/scenarios/step-fa-1000.yaml']\n"
+        "atexit.register(lambda: print('numpy' in sys.modules, len(os.listdir('/proc/self/task')), file=sys.stderr))\n"
+        "from sim.entry import main\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if blas_threads is not None:
+        env["OPENBLAS_NUM_THREADS"] = blas_threads
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    numpy_loaded, threads = out.stderr.strip().splitlines()[-1].split()
+    assert numpy_loaded == "True", "validate no longer imports numpy: this test checks nothing"
+    return int(threads)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists() or (os.cpu_count() or 1) < 2, reason="Linux, 2+ cores")
+def test_openblas_runs_one_thread_unless_the_user_asks_for_more() -> None:
+    """sim.entry.limit_blas_threads: OpenBLAS's spinning thread per core cost every command 0.12 s of CPU."""
+    assert _threads_after_validate(None) == 1
+    assert _threads_after_validate("2") == 2
