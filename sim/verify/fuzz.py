@@ -22,23 +22,21 @@ differing scenario can be regenerated alone. The dimensions drawn:
   ``supports_divergent_local_hybrid_hits``);
 * ``evict`` actions on a request's prompt blocks in a group (by type or index);
 * prefix policy ``pr48425`` or ``max_per_group``;
-<<<<<<< HEAD
-* one time in three, a *narrow* scenario (drawn last, so the draws above are
-  unchanged): a token budget of 24-64 tokens, often not a multiple of the
-  block size (chunked prefills of Mamba requests, block-aligned in align
-  mode), a pool of 1.0-1.5 times what the longest request needs alone, and
-  a Mamba layout tends to get the scripted connector's divergent-hits flag.
-=======
+* one time in three, a *narrow* scenario (drawn after the connector and the
+  actions, so the draws above are unchanged): a token budget of 24-64 tokens,
+  often not a multiple of the block size (chunked prefills of Mamba requests,
+  block-aligned in align mode), a pool of 1.0-1.5 times what the longest
+  request needs alone, and a Mamba layout tends to get the scripted
+  connector's divergent-hits flag;
 * for ``vllm_version`` 0.34, its scheduler knobs, drawn after everything
   else (so scenario ``i`` of a seed is the same under both releases but for
-  its ``scheduler`` section): ``cache_aware_admission_window`` (0 half the
-  time, else 1-8 or 64) with ``cache_aware_admission_threshold`` (0, 0.25,
-  0.5 or 0.9) and, most of the time each with a window, ``max_num_seqs`` 1 and
-  arrivals eight times closer (a queue forms, so there is something to
-  reorder); ``max_num_inflight_kv_loads``
-  (none, or 1-3; drawn more often with an asynchronous connector, where it
-  bites).
->>>>>>> e3ec8a2 (wip: vLLM 0.34 knobs in the core)
+  its ``scheduler`` section and, with a window, its arrival steps):
+  ``cache_aware_admission_window`` (none half the time, else 1-8 or 64) with
+  ``cache_aware_admission_threshold`` (0, 0.25, 0.5 or 0.9) and, most of the
+  time each with a window, ``max_num_seqs`` 1 and arrivals eight times closer
+  (a queue forms, so there is something to reorder);
+  ``max_num_inflight_kv_loads`` (none, or 1-3; drawn more often with an
+  asynchronous connector, where it bites).
 
 Every scenario is verifiable (:func:`sim.verify.lower.not_verifiable_reason`
 is ``None``) unless hybridsim refuses it at build time.
