@@ -21,6 +21,7 @@ import random
 from pathlib import Path
 
 import pytest
+import simpy
 
 from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
 from sim.accel.quiet import QuietHorizons
@@ -30,6 +31,10 @@ from sim.config import load_scenario, scenario_from_text
 from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.scheduler import Scheduler
 from sim.engine.build import build_components
+from sim.engine.loop import EngineLoop
+from sim.engine.run import build_run
+from sim.engine.stretch import StretchLoop
+from sim.results import finalize
 from sim.trace.golden import GOLDEN_SCENARIOS
 
 #: How many random scenarios (and decode-heavy cases) the unit tier runs; the slow tier runs the rest.
@@ -401,3 +406,158 @@ def test_reuse_value_eviction_identical_with_and_without_fast_paths(
     text = random_scenario(seed, PLACEMENT_LAYOUTS)
     _assert_same(scenario_from_text(text, f"<reuse_value {placement} {seed}>", overrides=overrides))
     assert layer.skips + layer.decodes > 0
+
+
+# ---------------------------------------------------------------- quiet stretches on a single engine
+#: demo-pressure (Nemotron-H 8B) as it is (stretches ended by arrivals all along the run), and at twice its
+#: rate on a fifth of its blocks (preemptions; stretches where the queue drains), on either clock.
+PRESSURE = ["cache.num_blocks=60", "workload.generator.arrivals.rate=3"]
+
+#: The step clock with arrivals at whole steps (a step can start exactly at an arrival) all along the run, on
+#: a small pool (preemptions).
+STEPS_ARRIVALS = """
+name: stretch-steps
+seed: 11
+clock: steps
+cache: {block_size: 16, num_blocks: 60, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 8, max_num_batched_tokens: 256, max_model_len: 4096, prefix_policy: pr48425}
+outputs: {plots: false, schedule_table: true}
+workload:
+  generator:
+    arrivals: {process: poisson, rate: 0.06}
+    count: 60
+    structure:
+      kind: shared_system
+      system: {num_prompts: 3, length: {dist: uniform, low: 40, high: 120}, zipf: 1.0}
+      user_len: {dist: lognormal, mean: 30, sigma: 0.5}
+    output: {dist: uniform, low: 5, high: 150}
+"""
+
+
+def _stretch_scenario(clock: str, pressure: bool):
+    if clock == "steps-arrivals":
+        return scenario_from_text(STEPS_ARRIVALS, "<stretch-steps>")
+    overrides = [*OVERRIDES, f"clock={clock}", *(PRESSURE if pressure else [])]
+    return load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", overrides)
+
+
+def _single_run(scenario, *, fast: bool, stretches: bool = True, max_steps: int | None = None):
+    """Every table and the summary of one single-engine run, and the steps its engine took in stretches."""
+    run = build_run(scenario, RunOptions(write_plots=False, fast_paths=fast, max_steps=max_steps), stretches=stretches)
+    record = run.execute()
+    taken = run.loop.num_stretch_steps if isinstance(run.loop, StretchLoop) else 0
+    result = finalize(record)
+    out = {name: df.to_csv(index=False) for name, df in sorted(result.tables.items())}
+    out["summary"] = json.dumps(result.summary, sort_keys=True, default=str)
+    return taken, out, result
+
+
+def _assert_same_with_stretches(scenario, max_steps: int | None = None):
+    plain_taken, plain, _ = _single_run(scenario, fast=False, max_steps=max_steps)
+    off_taken, off, _ = _single_run(scenario, fast=True, stretches=False, max_steps=max_steps)
+    taken, fast, result = _single_run(scenario, fast=True, max_steps=max_steps)
+    assert plain_taken == off_taken == 0
+    assert plain.keys() == off.keys() == fast.keys()
+    for name in plain:
+        assert off[name] == plain[name], f"{scenario.name}: table {name} differs on the fast path"
+        assert fast[name] == plain[name], f"{scenario.name}: table {name} differs with quiet stretches"
+    return taken, result
+
+
+def _arrivals_inside_decodes(result) -> int:
+    """Requests that arrived while another request was decoding (a stretch had to end before them)."""
+    requests = result.tables["requests"]
+    first, finished = requests["first_token_s"].to_numpy(), requests["finished_s"].to_numpy()
+    return sum(int(((first < t) & (finished > t)).any()) for t in requests["arrival_s"])
+
+
+def test_the_build_chooses_stretches_once() -> None:
+    """Fast paths on: the single engine's loop takes quiet stretches; off (``--plain``), with a connector or
+    with a given step duration: the plain loop."""
+    scenario = _stretch_scenario("time", pressure=False)
+    assert type(build_run(scenario, RunOptions(fast_paths=True)).loop) is StretchLoop
+    assert type(build_run(scenario, RunOptions(fast_paths=False)).loop) is EngineLoop
+    assert type(build_run(scenario, RunOptions(fast_paths=True), stretches=False).loop) is EngineLoop
+    assert type(build_run(scenario, RunOptions(fast_paths=True), step_duration=lambda o, s: 0.5).loop) is EngineLoop
+    text = _decode_scenario("connector", **DECODE_CASES["connector"])
+    assert type(build_run(scenario_from_text(text, "<c>"), RunOptions(fast_paths=True)).loop) is EngineLoop
+
+
+@pytest.mark.parametrize(
+    "clock, pressure, min_taken",
+    [
+        ("time", False, 5000),
+        ("steps-arrivals", True, 300),
+        pytest.param("time", True, 200, marks=pytest.mark.slow),
+        pytest.param("steps", True, 200, marks=pytest.mark.slow),
+        pytest.param("steps", False, 300, marks=pytest.mark.slow),
+    ],
+)
+def test_single_engine_identical_with_quiet_stretches(clock: str, pressure: bool, min_taken: int) -> None:
+    """Plain core, fast paths without stretches and with them: every table byte-identical, with arrivals
+    inside decodes (the next arrival is what ends those stretches), and under preemptions."""
+    taken, result = _assert_same_with_stretches(_stretch_scenario(clock, pressure))
+    assert taken > min_taken, "hardly any step taken in a stretch: the case does not exercise sim.engine.stretch"
+    assert _arrivals_inside_decodes(result) > 20
+    if pressure:
+        assert result.tables["requests"]["preemptions"].sum() > 20, "no preemptions: the case lost its pressure"
+
+
+#: Each stop falls inside what would otherwise be a stretch (step numbers: the step clock's jump with the time).
+@pytest.mark.parametrize(
+    "clock, max_steps",
+    [
+        ("time", 330),
+        ("steps-arrivals", 204),
+        pytest.param("time", 7800, marks=pytest.mark.slow),
+        pytest.param("steps-arrivals", 809, marks=pytest.mark.slow),
+    ],
+)
+def test_single_engine_max_steps_stop_with_quiet_stretches(clock: str, max_steps: int) -> None:
+    """``max_steps`` caps a stretch: the run stops on that step as the plain loop does."""
+    taken, result = _assert_same_with_stretches(_stretch_scenario(clock, pressure=False), max_steps=max_steps)
+    assert result.summary["status"] == "stopped"
+    assert int(result.tables["steps"]["step"].max()) == max_steps - 1
+    assert taken > 0
+
+
+def _interrupted(scenario, *, fast: bool, at: float):
+    """One run interrupted (a ``KeyboardInterrupt`` from a SimPy event) at simulated time ``at``; its tables
+    and whether the engine was inside a stretch then."""
+    run = build_run(scenario, RunOptions(write_plots=False, fast_paths=fast))
+
+    def interrupt(_event) -> None:
+        raise KeyboardInterrupt("interrupted (test)")
+
+    event = simpy.Event(run.env)
+    event._ok, event._value = True, None
+    event.callbacks.append(interrupt)
+    run.env.schedule(event, delay=at)
+    inside: list[bool] = []
+    loop = run.loop
+    if isinstance(loop, StretchLoop):
+        settle = loop.settle
+
+        def spy() -> bool:
+            inside.append(loop._stretch is not None)
+            return settle()
+
+        loop.settle = spy  # type: ignore[method-assign]
+    result = finalize(run.execute())
+    out = {name: df.to_csv(index=False) for name, df in sorted(result.tables.items())}
+    out["summary"] = json.dumps(result.summary, sort_keys=True, default=str)
+    return out, any(inside)
+
+
+@pytest.mark.parametrize("at", [0.9, 3.45])
+def test_an_interrupt_inside_a_stretch_is_settled(at: float) -> None:
+    """Stopped inside a stretch (between two step boundaries), the engine is left as the plain loop leaves it:
+    the steps ended by then applied and recorded, the ``schedule()`` of the one in flight applied."""
+    scenario = _stretch_scenario("time", pressure=False)
+    plain, _ = _interrupted(scenario, fast=False, at=at)
+    fast, inside = _interrupted(scenario, fast=True, at=at)
+    assert inside, "the interrupt did not land inside a stretch: the case does not exercise settle()"
+    assert json.loads(plain["summary"])["status"] == "interrupted"
+    assert plain.keys() == fast.keys()
+    for name in plain:
+        assert fast[name] == plain[name], f"table {name} differs after an interrupt inside a stretch"

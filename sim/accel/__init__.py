@@ -27,8 +27,8 @@ contract.
   are hashed straight from the output stream (with any layout).
 * :func:`~sim.accel.stretch.quiet_steps` / :func:`~sim.accel.stretch.take_quiet_steps`:
   how many of the next steps are quiet decodes of every running request, and
-  taking them at once (a cluster instance's loop, ``sim.cluster.stretch``, takes
-  such a stretch as one event).
+  taking them at once (the engine loop ``sim.engine.stretch.StretchLoop``, of a
+  single engine or of a cluster instance, takes such a stretch as one event).
 """
 
 from sim.accel.decodes import QuietDecodeScheduler

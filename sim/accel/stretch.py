@@ -19,7 +19,7 @@ max_model_len`` (:class:`QuietDecodeScheduler.update_from_output
 request must already have its first token (the engine times the first token
 of a request scheduled for its last prompt token) and not be an in-flight
 prefill. Nothing here records rows: the engine loop that takes the steps
-(``sim.cluster.stretch``) records each step's rows.
+(``sim.engine.stretch``) records each step's rows.
 """
 
 from __future__ import annotations

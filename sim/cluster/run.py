@@ -32,7 +32,6 @@ from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.cluster.instances import instance_scenarios
 from sim.cluster.pd import PREFILL_LEG_SUFFIX, DecodePort, Disaggregation, PrefillPort
 from sim.cluster.router import InstanceState, Router, create_router
-from sim.cluster.stretch import DecodeRun, StretchLoop, unit_steps
 from sim.cluster.tier import InstancePort, SharedTier, check_tier
 from sim.cluster.view import KVCacheView
 from sim.config.scenario import Scenario
@@ -54,6 +53,7 @@ from sim.engine.run import (
     record_unstarted,
 )
 from sim.engine.sessions import SessionDriver
+from sim.engine.stretch import StretchLoop, decode_run_of
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
 
@@ -160,7 +160,7 @@ class ArrivalFeed:
     def next_arrival(self) -> float | None:
         """The arrival time of the next request to route (``math.inf``: none), or None when requests may be
         released while the run runs (closed-loop sessions, a P/D cluster's decode legs): then any time may
-        bring one (:mod:`sim.cluster.stretch`)."""
+        bring one (:mod:`sim.engine.stretch`)."""
         arrivals = self._arrivals
         if arrivals is None or self.sessions is not None or self.pd is not None:
             return None
@@ -249,7 +249,7 @@ class ClusterRun:
         tier: SharedTier | None = None,
         rebuild: Callable[[], ClusterRun] | None = None,
     ) -> None:
-        #: The same run without quiet stretches (:mod:`sim.cluster.stretch`), for a stop that a stretch
+        #: The same run without quiet stretches (:mod:`sim.engine.stretch`), for a stop that a stretch
         #: cannot settle exactly. It is built from the scenario again: a caller that changes the wired run
         #: after the build (wraps a connector, say) builds it with ``stretches=False`` instead.
         self.rebuild = rebuild
@@ -404,7 +404,7 @@ def _router(scenario: Scenario) -> Router:
 
 def build_cluster_run(scenario: Scenario, options: RunOptions | None = None, *, stretches: bool = True) -> ClusterRun:
     """Wire every instance of ``scenario`` (which has a ``cluster`` section) and the arrival feed. With the fast
-    paths, an instance takes quiet stretches of steps as one event (:mod:`sim.cluster.stretch`) unless
+    paths, an instance takes quiet stretches of steps as one event (:mod:`sim.engine.stretch`) unless
     ``stretches`` is False."""
     options = options or RunOptions()
     stretches = stretches and options.use_fast_paths()
@@ -525,7 +525,10 @@ def _instance_loop(
     extra: dict[str, Any] = {}
     if stretches and connector is None:
         loop_cls = StretchLoop
-        extra = {"next_arrival": feed.next_arrival, "decode_run": _decode_run(components)}
+        extra = {
+            "next_arrival": feed.next_arrival,
+            "decode_run": decode_run_of(scenario.clock, components.step_time_model),
+        }
     return loop_cls(
         env=env,
         scheduler=components.scheduler,
@@ -546,12 +549,3 @@ def _instance_loop(
         held_open=feed.may_route,
         **extra,
     )
-
-
-def _decode_run(components: Components) -> DecodeRun:
-    """The durations of a stretch's decode-only steps: what the engine loop's step duration
-    (:func:`sim.engine.run._step_duration_fn`) gives each of them."""
-    model = components.step_time_model
-    if components.scenario.clock == "steps" or model is None:
-        return unit_steps
-    return model.decode_run

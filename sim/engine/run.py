@@ -19,7 +19,6 @@ nor writes: that is :mod:`sim.results`' job.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
+from sim.engine.stretch import StretchLoop, decode_run_of, no_other_arrivals
 from sim.engine.transfer import EngineTransferService
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
@@ -235,6 +235,7 @@ class Run:
         loop: EngineLoop,
         progress: _Progress | None,
         sessions: SessionDriver | None = None,
+        rebuild: Callable[[], Run] | None = None,
     ) -> None:
         self.components = components
         self.env = env
@@ -242,6 +243,9 @@ class Run:
         self.progress = progress
         #: The closed-loop session driver that releases later turns (``None`` without one).
         self.sessions = sessions
+        #: The same run without quiet stretches (:mod:`sim.engine.stretch`), for a stop that a stretch
+        #: cannot settle exactly.
+        self.rebuild = rebuild
         self._executed = False
 
     @property
@@ -276,11 +280,8 @@ class Run:
             if progress:
                 progress.stop()
             loop.close()
-        settle = getattr(loop, "settle", None)
-        if settle is not None:
-            # A quiet stretch in flight when an interrupt stopped the run: the steps that had ended by now (and
-            # the schedule() in flight) are applied, as the plain loop had them (sim.cluster.stretch).
-            settle()
+        if isinstance(loop, StretchLoop) and not loop.settle() and status != "interrupted" and self.rebuild:
+            return self.rebuild().execute()
         components = self.components
         stopped = status != "complete"
         if stopped:
@@ -309,13 +310,20 @@ class Run:
 
 
 def build_run(
-    scenario: Scenario | str | Path, options: RunOptions | None = None, *, step_duration: StepDuration | None = None
+    scenario: Scenario | str | Path,
+    options: RunOptions | None = None,
+    *,
+    step_duration: StepDuration | None = None,
+    stretches: bool = True,
 ) -> Run:
     """Wire one run of ``scenario`` (a Scenario or a YAML path): components, clock, connector, engine loop.
 
     ``step_duration`` replaces the step-time model (tests use a constant); by
     default ``clock: steps`` takes 1 per step and ``clock: time`` the
-    scenario's step-time model.
+    scenario's step-time model. With the fast paths on, the engine takes quiet
+    stretches of steps as one event (:mod:`sim.engine.stretch`) unless
+    ``stretches`` is False, a step duration is given, or the run has a
+    connector or closed-loop sessions.
     """
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
@@ -333,23 +341,20 @@ def build_run(
     loop_cls: type[EngineLoop] = EngineLoop
     extra: dict[str, Any] = {}
     if (
-        options.use_fast_paths()
+        stretches
+        and options.use_fast_paths()
         and step_duration is None
         and connector is None
         and sessions is None
         and hook is None
         and isinstance(components.scheduler, QuietDecodeScheduler)
     ):
-        # Quiet stretches (sim.cluster.stretch): a run of steps in which every running request takes a quiet
+        # Quiet stretches (sim.engine.stretch): a run of steps in which every running request takes a quiet
         # decode is one SimPy event, bounded by the loop's own next arrival (nothing else reaches this engine).
-        from sim.cluster.stretch import StretchLoop, unit_steps
-
-        model = components.step_time_model
         loop_cls = StretchLoop
         extra = {
-            "next_arrival": _no_other_arrivals,
-            # What _step_duration_fn gives each decode-only step (the cluster's instances take the same).
-            "decode_run": unit_steps if scenario.clock == "steps" or model is None else model.decode_run,
+            "next_arrival": no_other_arrivals,
+            "decode_run": decode_run_of(scenario.clock, components.step_time_model),
         }
     loop = loop_cls(
         env=env,
@@ -376,13 +381,10 @@ def build_run(
     )
     if sessions is not None:
         sessions.release = loop.release
-    return Run(components, env, loop, progress, sessions)
-
-
-def _no_other_arrivals() -> float:
-    """A single engine's :class:`~sim.cluster.stretch.StretchLoop` bound from outside: none (its own requests'
-    arrivals bound a stretch)."""
-    return math.inf
+    rebuild = None
+    if loop_cls is StretchLoop:
+        rebuild = lambda: build_run(scenario, options, stretches=False)  # noqa: E731
+    return Run(components, env, loop, progress, sessions, rebuild)
 
 
 class _Progress:

@@ -561,7 +561,7 @@ class Recorder:
         cached_per_group: Sequence[int],
     ) -> None:
         """The rows of consecutive engine steps ``first_step, first_step + 1, ...`` that start at ``starts`` and
-        differ in nothing else (a quiet stretch, ``sim.cluster.stretch``): the rows :meth:`record_step` records
+        differ in nothing else (a quiet stretch, ``sim.engine.stretch``): the rows :meth:`record_step` records
         for each after ``set_clock(step, start)``, with no extension column. The clock is left at the last."""
         k = len(starts)
         if not k:

@@ -1,4 +1,4 @@
-"""Quiet stretches (sim/cluster/stretch.py) change nothing: a cluster's tables are byte-identical with them,
+"""Quiet stretches (sim/engine/stretch.py) change nothing: a cluster's tables are byte-identical with them,
 without them and on the plain core (fast paths off), on both clocks, under block pressure, and when the run
 stops inside a stretch (``max_steps`` on one instance while the others are in one).
 
@@ -16,8 +16,8 @@ import pytest
 
 from sim.api import RunOptions
 from sim.cluster.run import build_cluster_run
-from sim.cluster.stretch import StretchLoop, unit_steps
 from sim.config import MODEL_PRESETS, load_scenario, scenario_from_text
+from sim.engine.stretch import StretchLoop, unit_steps
 from sim.engine.timing import StepTimeModel
 from sim.results.cluster import finalize_cluster
 

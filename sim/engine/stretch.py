@@ -1,40 +1,42 @@
-"""A cluster instance's engine loop that takes a quiet stretch of steps as one SimPy event.
+"""An engine loop that takes a quiet stretch of steps as one SimPy event (single engine and cluster instances).
 
-At half the Mooncake trace's rate every instance of a cluster decodes a small batch each step, so a
-request's decode takes as many engine steps as there are instances' worth of small batches; each step is
-one ``schedule()``, one ``update_from_output()`` and one SimPy event. :class:`StretchLoop` takes the steps
-in which every running request takes a quiet decode (:mod:`sim.accel.stretch`) together: it works out
-their durations (the step-time model of a decode-only batch, whose context grows by one token per request
-per step), waits once for all of them, then applies them and records each step's rows as the plain loop
-would (one ``steps`` row per step, with its own step number, start time and duration; the ``schedule``
-rows when that table is on).
+When every running request decodes, each engine step is one ``schedule()``, one ``update_from_output()``
+and one SimPy event that change nothing but each request's two counters. :class:`StretchLoop` takes the
+steps in which every running request takes a quiet decode (:mod:`sim.accel.stretch`) together: it works
+out their durations (the step-time model of a decode-only batch, whose context grows by one token per
+request per step), waits once for all of them, then applies them and records each step's rows as the plain
+loop would (one ``steps`` row per step, with its own step number, start time and duration; the
+``schedule`` rows when that table is on).
 
 The bound: a stretch takes the next ``k`` steps when each of them is quiet (:func:`quiet_steps`) and each
-starts strictly before the next arrival anywhere in the cluster (``next_arrival``). An arrival is routed
-before any engine step at its time, so a step that starts at or after it may admit it (if routed here)
-and is not in the stretch. Nothing else can reach an instance in a stretch: the cluster has no connector
-(no tier, no P/D), no scripted actions and no closed-loop sessions (their turns are released by finishes
-anywhere; then ``next_arrival`` is None and no stretch is taken), and what the router reads of an instance
+starts strictly before the next arrival: the loop's own next request, and ``next_arrival`` (in a cluster,
+the next arrival anywhere: it is routed before any engine step at its time; a single engine has no other
+arrivals, :func:`no_other_arrivals`). A step that starts at or after an arrival may admit it and is not in
+the stretch. Nothing else can reach the engine in a stretch: the loop takes none while it has a connector
+(no tier, no P/D), scripted actions still to apply, a transfer pending, requests handed over, an invariant
+check or step columns; closed-loop sessions (turns released by finishes) are ruled out by the caller
+(``next_arrival`` None, or a plain :class:`EngineLoop`). In a cluster, what the router reads of an instance
 at an arrival inside a stretch (queued requests, KV usage, its view of the KV events) does not change
 during one: no request joins, finishes or allocates, and no KV event is published (so the view's delay
 does not bound a stretch either).
 
 Nothing is applied before the stretch's end: the requests' counters, the rows and the step number are
 those of the stretch's start until then. If the run stops inside a stretch (a crash on another instance,
-``max_steps``, an interrupt), :meth:`StretchLoop.settle` applies the steps that had ended by then and the
-``schedule()`` of the one in flight, as the plain loop would have left them. When the stop falls exactly
-on a step boundary inside the stretch, ``settle`` does not decide what the plain loop had done at that
-instant (its step's end was an event at the stop time); it says so and the cluster runs again without
-stretches (:meth:`sim.cluster.run.ClusterRun.execute`). A stretch that ends at the stop time is not open
-then: SimPy processes the events already queued at a time before an exception raised at that time stops
-the run.
+``max_steps`` of another instance, an interrupt), :meth:`StretchLoop.settle` applies the steps that had
+ended by then and the ``schedule()`` of the one in flight, as the plain loop would have left them. When
+the stop falls exactly on a step boundary inside the stretch, ``settle`` does not decide what the plain
+loop had done at that instant (its step's end was an event at the stop time); it says so and the run is
+redone without stretches (:meth:`sim.cluster.run.ClusterRun.execute`, :meth:`sim.engine.run.Run.execute`).
+A stretch that ends at the stop time is not open then: SimPy processes the events already queued at a
+time before an exception raised at that time stops the run. A loop's own ``max_steps`` caps its
+stretches, so it stops on a boundary outside one.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import simpy
 
@@ -42,6 +44,9 @@ from sim.accel.decodes import QuietDecodeScheduler
 from sim.accel.stretch import quiet_steps, take_quiet_steps
 from sim.core.request import Request
 from sim.engine.loop import EngineLoop
+
+if TYPE_CHECKING:
+    from sim.engine.timing import StepTimeModel
 
 
 @dataclass
@@ -64,6 +69,19 @@ class _Stretch:
 #: ``(requests, context, start, until, limit) ->`` the durations of the decode-only steps of a stretch
 #: (:meth:`sim.engine.timing.StepTimeModel.decode_run`).
 DecodeRun = Callable[[int, int, float, float, int], list[float]]
+
+
+def no_other_arrivals() -> float:
+    """A single engine's ``next_arrival``: nothing arrives but the loop's own requests."""
+    return math.inf
+
+
+def decode_run_of(clock: str, model: StepTimeModel | None) -> DecodeRun:
+    """The durations of a stretch's decode-only steps: what the engine loop's step duration
+    (:func:`sim.engine.run._step_duration_fn`) gives each of them."""
+    if clock == "steps" or model is None:
+        return unit_steps
+    return model.decode_run
 
 
 def unit_steps(requests: int, context: int, start: float, until: float, limit: int) -> list[float]:
