@@ -69,17 +69,19 @@ def save_figure(
 def _write_png(fig: Figure, buffer: io.BytesIO, dpi: int) -> None:
     """``fig`` rendered by Agg at ``dpi`` and encoded as an RGB PNG when it is opaque (every figure here has
     a white face: the alpha channel is all 255), else RGBA. The same pixels as ``savefig``; no software
-    metadata."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    metadata; the figure keeps its canvas. Text goes through :mod:`sim.analysis.agg_text` (shared across the figures of a
+    :func:`~sim.analysis.agg_text.shared_text` block)."""
+    from sim.analysis.agg_text import CachedTextCanvas
 
-    shown_dpi = fig.get_dpi()
+    shown_dpi, shown_canvas = fig.get_dpi(), fig.canvas
     fig.set_dpi(dpi)
     try:
-        canvas = FigureCanvasAgg(fig)
+        canvas = CachedTextCanvas(fig)
         canvas.draw()
         rgba = np.asarray(canvas.buffer_rgba())
     finally:
         fig.set_dpi(shown_dpi)
+        fig.set_canvas(shown_canvas)  # the figure keeps no reference to the text cache
     buffer.write(encode_png(rgba[..., :3] if bool((rgba[..., 3] == 255).all()) else rgba, dpi))
 
 

@@ -32,6 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from sim.analysis.agg_text import shared_text
 from sim.analysis.figures import PLOT_FORMATS, RunAxes, draw_ticks_once, grid, save_figure
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
@@ -975,7 +976,8 @@ def plot_all(
         "instances": lambda p: plot_instances(result, p, group_kinds=group_kinds),
         "router": lambda p: plot_router(result, p),
     }
-    paths = [draw[name](out / f"{name}.{fmt}") for name in names if name not in left_out]
+    with shared_text():  # the figures' strings and glyphs laid out and rendered once
+        paths = [draw[name](out / f"{name}.{fmt}") for name in names if name not in left_out]
     lines = ["# Plots", ""]
     lines += [f"- `{p.name}`: {FIGURES[p.stem]}" for p in paths]
     if left_out:

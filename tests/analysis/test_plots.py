@@ -360,8 +360,11 @@ def test_legends_fit_inside_their_figures(tmp_path, tables, drawn, monkeypatch):
 
 
 def test_png_is_savefig_s_pixels_in_rgb_when_opaque(tmp_path, tables, drawn):
+    """save_figure's PNG (its own Agg text path, sim.analysis.agg_text) has the pixels of matplotlib's
+    savefig (the stock Agg canvas: the figure's canvas is left as it was)."""
     import io
 
+    from matplotlib.backend_bases import FigureCanvasBase
     from PIL import Image
 
     from sim.analysis.figures import save_figure
@@ -374,7 +377,7 @@ def test_png_is_savefig_s_pixels_in_rgb_when_opaque(tmp_path, tables, drawn):
     assert want.shape[-1] == 4 and (want[..., 3] == 255).all()
     got = Image.open(p)
     assert got.mode == "RGB" and np.array_equal(np.asarray(got), want[..., :3])
-    assert fig.get_dpi() == 100  # saving leaves the figure as it was
+    assert fig.get_dpi() == 100 and type(fig.canvas) is FigureCanvasBase  # saving leaves the figure as it was
     fig.set_facecolor((1, 1, 1, 0))  # see-through: the alpha channel stays
     assert Image.open(save_figure(fig, tmp_path / "clear.png")).mode == "RGBA"
 
@@ -390,3 +393,29 @@ def test_short_panels_get_fewer_y_ticks(tmp_path, tables, drawn):
     for ax in usage.axes:  # stacked 2-inch panels (the pool's 0-250 would take 50-block steps: 6 ticks)
         assert 2 <= len(axis_ticks(ax, "y")[0]) <= SHORT_AXIS_TICKS + 1, ax.get_title(loc="left")
     assert len(axis_ticks(divergence.axes[0], "y")[0]) > SHORT_AXIS_TICKS + 1  # a tall axis keeps its ticks
+
+
+def test_text_from_the_shared_cache_is_matplotlib_s(tmp_path, tables, drawn, monkeypatch):
+    """Strings and glyphs laid out and rendered once for a set of figures (agg_text.shared_text) give
+    savefig's pixels: the figures of a first plot_all, and those of a second drawn from the cache alone
+    (horizontal and rotated text, several sizes)."""
+    import io
+
+    from matplotlib.backend_bases import FigureCanvasBase
+    from PIL import Image
+
+    from sim.analysis.agg_text import shared_text
+
+    monkeypatch.setattr(plots_module, "MIN_REQUESTS_FOR_CDFS", 1)
+    result = LoadedResult.from_tables(tables, group_kinds=KINDS)
+    with shared_text() as cache:
+        first = plot_all(result, tmp_path / "a")[:-1]
+        learnt = (len(cache.glyphs), len(cache.layouts))
+        second = plot_all(result, tmp_path / "b")[:-1]
+        assert (len(cache.glyphs), len(cache.layouts)) == learnt > (100, 10)  # nothing new the second time
+    assert len(drawn) == 2 * len(first) == 10
+    for fig, path in zip(drawn, first + second):
+        assert type(fig.canvas) is FigureCanvasBase  # savefig draws with matplotlib's Agg canvas
+        reference = io.BytesIO()
+        fig.savefig(reference, format="png", dpi=100)
+        assert np.array_equal(np.asarray(Image.open(path)), np.asarray(Image.open(reference))[..., :3]), path
