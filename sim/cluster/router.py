@@ -129,8 +129,10 @@ def usable_prefix_tokens(request: Request, view: KVCacheView, config: KVCacheCon
     FA-only prefix router counts). ``group_aware``: the deepest boundary at or below that where every
     sliding-window group holds the blocks of its window before the boundary and every Mamba group holds
     the state block ending at the boundary. A layout without full-attention groups counts from the
-    prompt's full length instead of an FA prefix.
+    prompt's full length instead of an FA prefix. Without prefix caching nothing is ever cached: 0.
     """
+    if not config.enable_prefix_caching:
+        return 0
     hashes = request.block_hashes
     hash_block = config.hash_block_size
     limit = request.num_prompt_tokens - 1  # vLLM leaves at least the last prompt token to compute

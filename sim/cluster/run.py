@@ -234,6 +234,8 @@ class ClusterRecord:
     tier: SharedTier | None = None
     #: A P/D cluster's proxy, or ``None``.
     pd: Disaggregation | None = None
+    #: Every runnable request of the workload, in workload order (the session tables read it).
+    workload: list[Request] = field(default_factory=list)
 
 
 class ClusterRun:
@@ -248,6 +250,7 @@ class ClusterRun:
         rejected: list[Request],
         tier: SharedTier | None = None,
         rebuild: Callable[[], ClusterRun] | None = None,
+        workload: list[Request] | None = None,
     ) -> None:
         #: The same run without quiet stretches (:mod:`sim.engine.stretch`), for a stop that a stretch
         #: cannot settle exactly. It is built from the scenario again: a caller that changes the wired run
@@ -259,6 +262,8 @@ class ClusterRun:
         self.instances = instances
         self.feed = feed
         self.rejected = rejected
+        #: Every runnable request, in workload order.
+        self.workload = workload or []
         self._executed = False
 
     def execute(self) -> ClusterRecord:
@@ -346,6 +351,7 @@ class ClusterRun:
             simulated_s=float(self.env.now),
             tier=self.tier,
             pd=self.feed.pd,
+            workload=self.workload,
         )
 
 
@@ -448,7 +454,7 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None, *, 
     for request in sorted(sessions.initial if sessions else requests, key=lambda r: r.arrival_time):
         feed.submit(request)
     rebuild = (lambda: build_cluster_run(scenario, options, stretches=False)) if stretches else None
-    return ClusterRun(scenario, env, instances, feed, rejected, tier, rebuild)
+    return ClusterRun(scenario, env, instances, feed, rejected, tier, rebuild, workload=requests)
 
 
 def _disaggregate(scenario: Scenario, instances: list[Instance], feed: ArrivalFeed) -> None:

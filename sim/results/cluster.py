@@ -45,7 +45,7 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
     scenario = record.scenario
     cluster = scenario.cluster
     assert cluster is not None
-    results = [finalize(instance) for instance in record.instances]
+    results = [finalize(instance, with_sessions=False) for instance in record.instances]
     unrouted = tables_from_recorder(record.unrouted)
     tables: dict[str, pd.DataFrame] = {}
     for name in TABLE_NAMES:
@@ -95,6 +95,9 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
         summary["tier"] = record.tier.summary()
     if record.pd is not None:
         summary["pd"] = _pd_summary(record, tables)
+    session_tables: dict[str, pd.DataFrame] = {}
+    if scenario.workload.sessions is not None:
+        session_tables, summary["sessions"] = _cluster_sessions(record, tables, scenario.workload.sessions.mode)
     return RunResult(
         summary=summary,
         tables=tables,
@@ -103,7 +106,7 @@ def finalize_cluster(record: ClusterRecord) -> RunResult:
         status=record.status,
         scenario=scenario,
         crash_detail=crash_detail,
-        session_tables={},
+        session_tables=session_tables,
         tier_tables={} if record.tier is None else {"tier_events": tier_events(record.tier)},
     )
 
@@ -189,6 +192,21 @@ def _pd_summary(record: ClusterRecord, tables: dict[str, pd.DataFrame]) -> dict[
         "pulled_tokens": int(requests.loc[~_is_leg(requests), "external_hit_tokens"].sum()),
         "pull_time_mean": pulls["transfer_time"] / pulls["loads"] if pulls["loads"] else None,
     }
+
+
+def _cluster_sessions(
+    record: ClusterRecord, tables: dict[str, pd.DataFrame], mode: str
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The ``turns`` and ``sessions`` tables over the whole cluster (a turn's parent may have run on another
+    instance), as the clients see the requests (a P/D cluster's prefill legs left out): one row per request
+    that has a ``requests`` row, in workload order."""
+    from sim.results.sessions import session_tables_and_summary
+
+    view = _client_view(tables) if record.pd is not None else tables
+    listed = set(view["requests"]["request_id"])
+    requests = [r for r in record.workload if r.request_id in listed]
+    think_used = record.instances[0].think_used if record.instances else {}
+    return session_tables_and_summary(mode, requests, view, think_used, parents_from=record.workload)
 
 
 def _instance_summary(index: int, summary: dict[str, Any]) -> dict[str, Any]:

@@ -79,8 +79,10 @@ def _crash_detail(recorder: Recorder, crash: dict[str, Any]) -> dict[str, Any]:
     return detail
 
 
-def finalize(record: RunRecord) -> RunResult:
-    """The tables and the summary of a finished run (no file is written)."""
+def finalize(record: RunRecord, *, with_sessions: bool = True) -> RunResult:
+    """The tables and the summary of a finished run (no file is written). ``with_sessions`` False: no session
+    tables (a cluster instance, whose turns' parents may have run on another instance: the cluster's result
+    has them, :func:`sim.results.cluster.finalize_cluster`)."""
     scenario = record.scenario
     # Arrow tables of the declared schemas (kv_events kept packed until asked for or written a row group
     # at a time); the summary reads their columns, pandas sees them only on access (RunResult.tables).
@@ -118,12 +120,12 @@ def finalize(record: RunRecord) -> RunResult:
     if record.connector_metrics is not None:
         summary["connector_metrics"] = record.connector_metrics
     session_tables: dict[str, Any] = {}
-    if scenario.workload.sessions is not None:
-        from sim.results.sessions import session_table, sessions_summary, turn_table
+    if scenario.workload.sessions is not None and with_sessions:
+        from sim.results.sessions import session_tables_and_summary
 
-        turns = turn_table(record.requests, tables, record.think_used)
-        session_tables = {"turns": turns, "sessions": session_table(turns)}
-        summary["sessions"] = sessions_summary(scenario.workload.sessions.mode, turns, session_tables["sessions"])
+        session_tables, summary["sessions"] = session_tables_and_summary(
+            scenario.workload.sessions.mode, record.requests, tables, record.think_used
+        )
     return RunResult(
         summary=summary,
         tables=tables,

@@ -52,27 +52,33 @@ def shared_prefix_tokens(child: Request, parent: Request) -> int:
 
 
 def turn_table(
-    requests: Sequence[Request], tables: Mapping[str, pd.DataFrame], think_used: Mapping[str, float]
+    requests: Sequence[Request],
+    tables: Mapping[str, pd.DataFrame],
+    think_used: Mapping[str, float],
+    parents_from: Sequence[Request] = (),
 ) -> pd.DataFrame:
-    """One row per request of a session-enabled workload, in workload order (module docstring)."""
+    """One row per request of a session-enabled workload, in workload order (module docstring). A parent is
+    looked up among ``requests`` and ``parents_from`` (a cluster's requests that have no row of their own
+    here); a parent found in neither (rejected before the run) offers nothing reusable."""
     req = tables["requests"].set_index("request_id")
     adm = tables["admissions"]
     hit_cols = [c for c in adm.columns if c.startswith("hit_g")]
     first_hits = adm.drop_duplicates("request_id").set_index("request_id")[hit_cols]
-    by_id = {r.request_id: r for r in requests}
+    by_id = {r.request_id: r for r in parents_from}
+    by_id.update((r.request_id, r) for r in requests)
     rows = []
     for r in requests:
         meta = session_meta(r.metadata)
         row = req.loc[r.request_id]
-        parents = meta["parents"]
-        reusable = max(shared_prefix_tokens(r, by_id[p]) for p in parents) if parents and r.block_hashes else 0
+        parents = [by_id[p] for p in meta["parents"] if p in by_id]
+        reusable = max(shared_prefix_tokens(r, p) for p in parents) if parents and r.block_hashes else 0
         local = int(row["local_hit_tokens"])
         think = think_used.get(r.request_id, meta.get("think_s"))
         out = {
             "request_id": r.request_id,
             "session": meta["session"],
             "turn": int(meta["session_turn"]),
-            "parents": ",".join(parents),
+            "parents": ",".join(meta["parents"]),
             "think_s": np.nan if think is None else float(think),
             "arrival_s": float(row["arrival_s"]),
             "finished_s": row["finished_s"],
@@ -89,6 +95,20 @@ def turn_table(
         rows.append(out)
     df = pd.DataFrame(rows, columns=[*TURN_COLUMNS, *hit_cols])
     return df.astype({"finished_s": float, "latency_s": float, "ttft_s": float})
+
+
+def session_tables_and_summary(
+    mode: str,
+    requests: Sequence[Request],
+    tables: Mapping[str, pd.DataFrame],
+    think_used: Mapping[str, float],
+    parents_from: Sequence[Request] = (),
+) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The ``turns`` and ``sessions`` tables of a run and its ``summary['sessions']`` entry
+    (:func:`turn_table`'s arguments)."""
+    turns = turn_table(requests, tables, think_used, parents_from)
+    sessions = session_table(turns)
+    return {"turns": turns, "sessions": sessions}, sessions_summary(mode, turns, sessions)
 
 
 def session_table(turns: pd.DataFrame) -> pd.DataFrame:

@@ -278,3 +278,49 @@ def test_router_panel_numbers_come_from_the_instances(cluster_bundle: Path) -> N
         assert panel.mean_queued[i] == pytest.approx(float((queued * mine["duration_s"]).sum()) / span)
         assert panel.peak_queued[i] == queued.max()
     assert router_panel(_run(SMALL)) is None
+
+
+SPLIT_SESSIONS = """
+name: split-sessions
+clock: steps
+cache: {block_size: 16, num_blocks: 64, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 256, prefix_policy: pr48425}
+outputs: {plots: false}
+workload:
+  sessions: {mode: MODE}
+  requests:
+    - {id: t1, at: 0, prompt: [{content: chat, tokens: 40}], max_tokens: 3}
+    - {id: o1, at: 0, prompt: [{content: other, tokens: 40}], max_tokens: 3}
+    - {id: o2, at: 0, prompt: [{content: more, tokens: 40}], max_tokens: 3}
+    - {id: t2, at: 1, after: t1, think: 2, max_tokens: 2,
+       prompt: [{content: chat, tokens: 40}, {output_of: t1, tokens: 3}, {content: u2, tokens: 10}]}
+cluster: {instances: 2, router: {policy: round_robin}}
+"""
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_session_tables_span_instances(mode: str, tmp_path: Path) -> None:
+    """A turn whose parent ran on another instance: the cluster's ``turns`` table still measures what it could
+    reuse from that parent (each instance alone cannot: it crashed finalizing before), and the bundle has the
+    session tables."""
+    result = _run(SPLIT_SESSIONS.replace("MODE", mode), tmp_path / "b")
+    requests = result.tables["requests"].set_index("request_id")
+    assert requests.loc["t1", "instance"] != requests.loc["t2", "instance"]
+    turns = result.session_tables["turns"].set_index("request_id")
+    assert list(turns.index) == ["t1", "o1", "o2", "t2"]
+    assert turns.loc["t2", "parents"] == "t1"
+    assert turns.loc["t2", "reusable_tokens"] == 32  # two full blocks of t1's prompt + answer
+    assert turns.loc["t2", "local_hit_tokens"] == 0  # its instance never saw t1
+    assert result.summary["sessions"]["usable_hit_rate"] == 0.0
+    assert sorted(p.name for p in (tmp_path / "b" / "sessions").iterdir()) == ["sessions.parquet", "turns.parquet"]
+
+
+def test_prefix_aware_routing_without_prefix_caching_counts_nothing() -> None:
+    """Without prefix caching a layout's hash block is the model length, which no group's blocks divide: the
+    router's prefix count is 0 (nothing is ever cached), where it raised inside the run before."""
+    text = SMALL.replace(
+        "groups: [full_attention, mamba]}", "groups: [full_attention, mamba], enable_prefix_caching: false}"
+    )
+    result = _run(text + "cluster: {instances: 2, router: {policy: prefix_aware, group_aware: true}}\n")
+    assert result.status == "complete"
+    assert set(result.tables["requests"]["instance"]) == {0, 1}
