@@ -143,9 +143,18 @@ def explain_bundle(bundle: str | Path, request_id: str, attempt: int | None = No
     from sim.results.cluster import instance_of, select_instance
 
     instance = instance_of(result, request_id)
-    if instance is not None:  # a cluster bundle: the request's own engine's tables
+    scenario = load_scenario(scenario_file)
+    workload_id = request_id
+    if instance is not None:  # a cluster bundle: the request's own engine's tables, scenario and connector
         result = select_instance(result, instance)
-    story = explain(result, explain_inputs(load_scenario(scenario_file), request_id), request_id, attempt)
+        if scenario.cluster is not None:
+            from sim.cluster.instances import instance_scenarios
+            from sim.cluster.pd import PREFILL_LEG_SUFFIX
+
+            if scenario.cluster.disaggregated:  # a prefill leg has its request's prompt, hence its blocks
+                workload_id = request_id.removesuffix(PREFILL_LEG_SUFFIX)
+            scenario = instance_scenarios(scenario)[instance]
+    story = explain(result, explain_inputs(scenario, workload_id), request_id, attempt)
     if instance is not None:
         cluster = result.summary.get("cluster") or {}
         aware = " with group_aware" if cluster.get("group_aware") else ""

@@ -3,6 +3,8 @@ its prefill instance computed), TTFT from the client's arrival, conservation of 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -243,3 +245,17 @@ def test_a_run_stopped_mid_prefill_still_accounts_every_request_once() -> None:
     assert set(clients.loc[clients["instance"] >= 0, "instance"]) <= {1, 2}
     waiting_on_a_leg = clients[(clients["instance"] >= 1) & (clients["outcome"] == "not_arrived")]
     assert len(waiting_on_a_leg) > 0 and (clients["instance"] == -1).sum() > 0
+
+
+def test_explain_tells_a_leg_and_its_request_on_their_own_instances(tmp_path: Path) -> None:
+    """``explain`` of a prefill leg (an id the workload does not hold: the leg has its request's prompt) and of
+    its request on the decode instance, each with that instance's connector: the decode side's answer is the
+    pulled prefill (where it said "not in the scenario's workload", and named no connector, before)."""
+    bundle = tmp_path / "b"
+    sim.run_scenario(scenario_from_text(ONE), bundle)
+    leg = sim.api.explain_bundle(bundle, "a@prefill").fields()
+    assert leg["instance"].startswith("0 (routed by round_robin")
+    assert leg["connector"].startswith("remote: asked at 0, answered 0 tokens")
+    decode = sim.api.explain_bundle(bundle, "a", attempt=1).fields()
+    assert decode["instance"].startswith("1 (routed by round_robin")
+    assert decode["connector"].startswith("remote: asked at 0, answered 3199 tokens")
