@@ -118,6 +118,8 @@ def shrink_cmd(
         source, out, keep, set_, progress=show_progress() and not quiet, contrast=contrast, force=force, notes=notes
     )
     warn(notes)
+    if result.isolated:
+        typer.echo(result.isolated)
     typer.echo(f"{out}: {result.property.describe()}")
     typer.echo(f"  {result.before.line(result.after)}; {result.candidates} candidate runs, {result.wall_s:.1f}s")
     if result.interrupted:

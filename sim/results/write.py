@@ -52,10 +52,19 @@ def _write_crash(out: Path, result: RunResult, scenario: Scenario, crash: dict[s
         detail["explain"] = f"hybridsim explain {final} {crash['request_id']} --attempt {crash['attempt']}"
     replay_text, note = _replay_yaml(result, scenario, int(str(crash["step"])))
     replay_hint = f"hybridsim replay {final / 'replay'} reproduces it; " if replay_text is not None else ""
-    detail["next"] = (
-        f"{replay_hint}hybridsim shrink {final} -o small.yaml reduces it to a "
-        "minimal scenario; hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
-    )
+    cluster = scenario.cluster
+    if cluster is not None and (cluster.tier is not None or cluster.disaggregated):
+        # shrink isolates the crashing instance, which a shared tier or P/D roles tie to the others
+        detail["next"] = (
+            f"{replay_hint}hybridsim shrink reduces a crashed cluster to its crashing instance alone, which a "
+            "shared tier or P/D roles tie to the others: it takes no such cluster"
+        )
+    else:
+        alone = " (the crashing instance alone)" if cluster is not None else ""
+        detail["next"] = (
+            f"{replay_hint}hybridsim shrink {final} -o small.yaml reduces it to a minimal scenario{alone}; "
+            "hybridsim export vllm-test small.yaml -o test_repro.py writes a pytest against vLLM"
+        )
     if note is not None:
         detail["replay_note"] = note
     text = json.dumps(detail, indent=2, sort_keys=True) + "\n"

@@ -81,6 +81,12 @@ def run_shrink(
         raise ScenarioError(f"-o/--out {out}: is a directory; give the path of the YAML file to write")
     check_output_file(out, force=force, option="-o/--out")
     started = time.perf_counter()
+    isolated = None
+    if scenario.cluster is not None:  # a crashed cluster shrinks as its crashing instance alone
+        from sim.shrink.isolate import isolate_crash
+
+        isolated = isolate_crash(scenario)
+        scenario = isolated.scenario
     if progress:
         with _Bar(scenario.name) as bar:
             result = shrink(scenario, keep, progress=bar.update, contrast=contrast)
@@ -88,4 +94,5 @@ def run_shrink(
         result = shrink(scenario, keep, contrast=contrast)
     write_shrunk(result, str(source), out, force=force, notes=notes)
     result.wall_s = time.perf_counter() - started
+    result.isolated = isolated.note() if isolated is not None else None
     return result

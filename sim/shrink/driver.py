@@ -92,6 +92,8 @@ class ShrinkResult:
     contrast_run: Observation | None = None
     #: Wall time of the shrink, set by the command for the terminal; never written into the scenario.
     wall_s: float | None = None
+    #: A crashed cluster's input: which instance was shrunk alone (:mod:`sim.shrink.isolate`), for the terminal.
+    isolated: str | None = None
 
 
 #: Called after each candidate run with (pass name, candidate runs so far, current best figures).

@@ -56,6 +56,20 @@ def run_recorded(scenario: Scenario, record: bool) -> tuple[RunResult, list[Conn
     return finalize_cluster(cluster.execute()), recordings
 
 
+def cluster_not_verifiable_reason(scenario: Scenario) -> str | None:
+    """Why cluster ``scenario`` cannot be verified before it runs (``None``: every instance can be): the first
+    instance that a one-instance scenario could not verify, named. Running it may still show it cannot be (a
+    crash, failed loads): :func:`verify_cluster` says so then."""
+    cluster = scenario.cluster
+    assert cluster is not None
+    replayed = cluster.tier is not None or cluster.disaggregated
+    for i, instance in enumerate(instance_scenarios(scenario)):
+        reason = not_verifiable_reason(instance, replayed=replayed)
+        if reason is not None:
+            return f"instance {i}: {reason}"
+    return None
+
+
 def verify_cluster(scenario: Scenario) -> Verdict:
     """One verdict for the whole cluster: identical when every instance is; else the first instance that
     differs (or is not verifiable), named in the reason."""
@@ -69,10 +83,9 @@ def verify_cluster(scenario: Scenario) -> Verdict:
     disaggregated = scenario.cluster.disaggregated
     replayed = scenario.cluster.tier is not None or disaggregated
     instances = instance_scenarios(run)
-    for i, instance in enumerate(instances):
-        reason = not_verifiable_reason(instance, replayed=replayed)
-        if reason is not None:
-            return Verdict(scenario.name, VerifyStatus.NOT_VERIFIABLE, f"instance {i}: {reason}")
+    reason = cluster_not_verifiable_reason(run)
+    if reason is not None:
+        return Verdict(scenario.name, VerifyStatus.NOT_VERIFIABLE, reason)
     vllm_side.check_release(scenario.vllm_version)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CapacityWarning)

@@ -69,8 +69,14 @@ def not_verifiable_reason(scenario: Scenario, replayed: bool = False) -> str | N
     cache salts, a scripted connector that does not declare HMA support
     (vLLM refuses such a connector with the hybrid KV-cache manager on), and
     closed-loop sessions (a turn arrives when the run finishes its parent; the
-    lowered script holds fixed arrival steps).
+    lowered script holds fixed arrival steps). A ``cluster`` is not one engine: ``hybridsim verify`` takes it
+    instance by instance (:func:`sim.verify.cluster.cluster_not_verifiable_reason`).
     """
+    if scenario.cluster is not None:
+        return (
+            "cluster: several engines, not one (hybridsim verify takes a cluster instance by instance; for one "
+            "engine's scenario, shrink a crashed cluster: it keeps the crashing instance alone)"
+        )
     if scenario.clock != "steps":
         return "clock: time (vLLM's scheduler has no simulated time; verify needs clock: steps)"
     policy = scenario.scheduler.prefix_policy

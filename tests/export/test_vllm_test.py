@@ -180,6 +180,19 @@ def test_a_time_clock_scenario_cannot_be_exported(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "remote" in res.output
 
 
+def test_a_cluster_is_not_exported_as_its_first_engine(tmp_path: Path) -> None:
+    """A cluster is several engines: the export refuses it and says how to get one engine's scenario (it
+    lowered the scenario without its cluster section before: a test of a run that never happened)."""
+    source = tmp_path / "cluster.yaml"
+    source.write_text(
+        (REPRO / "pr48425-mamba-deeper-ext16.yaml").read_text().split("actions:")[0] + "cluster: {instances: 2}\n"
+    )
+    res = CliRunner().invoke(app, ["export", "vllm-test", str(source), "-o", str(tmp_path / "test_x.py")])
+    assert res.exit_code == 2, res.output
+    assert "cluster: several engines, not one" in res.output and "shrink" in res.output
+    assert not (tmp_path / "test_x.py").exists()
+
+
 # ------------------------------------------------------------------ hostile names
 
 #: Strings that broke the old generator: code after a newline, docstring and string quotes, a comment that
