@@ -12,8 +12,11 @@ handling and exit codes, without a new interpreter per command) and checks, in o
 4. ``explain BUNDLE REQUEST --attempt K`` on a random admission attempt exits 0;
 5. after a crash: ``crash.json`` has no ``replay_note``, ``replay BUNDLE/replay`` reproduces it (exit 0),
    ``shrink BUNDLE`` exits 0 and the shrunk scenario still crashes with the same reason; ``export vllm-test``
-   of it exits 0 (or 7, not verifiable) and, with vLLM installed, the exported tests pass;
-6. with vLLM installed and the scenario verifiable: ``verify SCENARIO`` says identical (exit 0).
+   of it exits 0 (or 7, not verifiable) and, with vLLM installed, the exported tests pass. A crashed cluster
+   shrinks as its crashing instance alone: refused in one line (exit 2) with a shared tier or P/D roles,
+   and allowed to be refused when the instance is not instance 0 (:mod:`sim.shrink.isolate`);
+6. with vLLM installed and the scenario verifiable: ``verify SCENARIO`` says identical (exit 0); a cluster
+   instance by instance, or not verifiable (exit 7) when it crashed.
 
 A check that fails is a :class:`Failure`: the command line, its exit code and the tail of its output.
 """
@@ -141,12 +144,27 @@ def walk(scenario: Path, work: Path, rng: np.random.Generator, vllm: bool) -> Wa
         _after_crash(cli, bundle, work, crash_file, vllm, check, out)
 
     if vllm:
-        from sim.config import load_scenario
-        from sim.verify.lower import not_verifiable_reason
-
-        if not_verifiable_reason(load_scenario(scenario)) is None:
-            check("verify", *cli("verify", scenario), what="verify: hybridsim and vLLM differ")
+        _verify(cli, scenario, out, check)
     return out
+
+
+def _verify(cli: _Cli, scenario: Path, out: Walk, check: Any) -> None:
+    """``verify`` says identical when the scenario is verifiable; a cluster that crashed says it is not (exit 7:
+    a crash stops every instance at once, which no single vLLM engine does)."""
+    from sim.config import load_scenario
+    from sim.verify.lower import not_verifiable_reason
+
+    loaded = load_scenario(scenario)
+    if loaded.cluster is None:
+        if not_verifiable_reason(loaded) is None:
+            check("verify", *cli("verify", scenario), what="verify: hybridsim and vLLM differ")
+        return
+    from sim.verify.cluster import cluster_not_verifiable_reason
+
+    if cluster_not_verifiable_reason(loaded) is not None:
+        return
+    expected = int(ExitCode.NOT_VERIFIABLE) if out.crashed else 0
+    check("verify", *cli("verify", scenario), expected, what=f"verify: expected exit {expected} on this cluster")
 
 
 def _explain(cli: _Cli, bundle: Path, rng: np.random.Generator, check: Any) -> None:
@@ -168,7 +186,16 @@ def _after_crash(cli: _Cli, bundle: Path, work: Path, crash_file: Path, vllm: bo
     else:
         check("replay", *cli("replay", bundle / "replay", "-o", work / "replayed"))
     small = work / "small.yaml"
-    if not check("shrink", *cli("shrink", bundle, "-o", small, "-q")):
+    argv, res = cli("shrink", bundle, "-o", small, "-q")
+    refusal = _cluster_shrink_refusal(bundle, crash)
+    if refusal is not None:  # documented: exit 2, one line naming why (sim.shrink.isolate)
+        check("shrink", argv, res, {int(ExitCode.BAD_INPUT)} | refusal)
+        said = res.output.strip().splitlines()
+        if res.exit_code == ExitCode.BAD_INPUT and not (said and said[-1].startswith("error: cluster:")):
+            out.failures.append(Failure(argv, res.exit_code, "shrink: a refusal is one error line", _output(res)))
+        if res.exit_code != 0:
+            return
+    elif not check("shrink", argv, res):
         return
     shrunk_run = work / "shrunk-run"
     argv, res = cli("run", small, "-o", shrunk_run, "--no-plots", "-q")
@@ -199,6 +226,20 @@ def _after_crash(cli: _Cli, bundle: Path, work: Path, crash_file: Path, vllm: bo
     out.checks.append("exported test")
     if problem:
         out.failures.append(Failure(["export", "vllm-test", str(small)], 0, f"exported test: {problem}"))
+
+
+def _cluster_shrink_refusal(bundle: Path, crash: dict[str, Any]) -> set[int] | None:
+    """For a crashed cluster, the other exit codes ``shrink`` may give besides 2 (a refusal): ``None`` for one
+    instance (shrink must work), ``set()`` with a shared tier or P/D roles (refused), ``{0}`` when the crashing
+    instance is not instance 0 (alone it may not crash: its connector's random draws differ)."""
+    from sim.config import load_scenario
+
+    cluster = load_scenario(bundle / "scenario.resolved.yaml").cluster
+    if cluster is None:
+        return None
+    if cluster.tier is not None or cluster.disaggregated:
+        return set()
+    return {0} if crash.get("instance", 0) != 0 else None
 
 
 def _run_exported(path: Path) -> str:

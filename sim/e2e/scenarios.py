@@ -15,6 +15,13 @@ dumped) plus the extra files it reads (a small trace); it depends only on ``(see
   the ``remote`` or a ``faulty`` connector, sessions for conversations;
 * **trace**: the same on a small Mooncake-format trace written next to the scenario (``trace.jsonl``), with
   ``limit``, ``sample`` and ``time_window``.
+
+About a quarter of the scenarios of every kind then run on a **cluster** (:func:`_cluster`): 1 to 4
+instances (a count, or per-instance cache and scheduler overrides), every built-in router with its options
+(``group_aware``, ``load_weight``, a stale ``view_delay``), and a shared tier or prefill/decode roles with
+their links. A cluster takes no scripted actions, and with a tier or P/D roles no connector of its own, so
+those are dropped. The cluster is drawn from a stream of its own (:data:`CLUSTER_STREAM`): a scenario that
+stays on one instance is the one the same seed gave before the cluster layer existed.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ from sim.verify import fuzz
 
 #: Mixed into the seed so that e2e scenario ``i`` of seed ``s`` differs from ``fuzz`` scenario ``i`` of ``s``.
 E2E_STREAM = 0xE2E
+#: The stream the cluster layer draws from (``[seed, index, E2E_STREAM, CLUSTER_STREAM]``).
+CLUSTER_STREAM = 0xC1
+#: Share of the scenarios that run on a cluster.
+CLUSTER_SHARE = 0.25
+#: Routers the generator configures (every built-in one; a test checks it covers the registry's).
+ROUTERS = ("round_robin", "least_loaded", "session_affinity", "prefix_aware")
 #: The trace file a ``trace`` scenario reads, written next to it.
 TRACE_FILE = "trace.jsonl"
 #: Connectors the generator configures (every built-in one; a test checks it covers the registry's).
@@ -68,7 +81,74 @@ def generate(seed: int, index: int, vllm_version: str = NEWEST) -> tuple[dict[st
         outputs["tables_format"] = "csv"
     if _chance(rng, 0.2):
         data["check_invariants"] = True
+    cluster_rng = np.random.default_rng([seed, index, E2E_STREAM, CLUSTER_STREAM])
+    if _chance(cluster_rng, CLUSTER_SHARE):
+        _cluster(cluster_rng, data)
     return data, files
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+def _cluster(rng: np.random.Generator, data: dict[str, Any]) -> None:
+    """Put ``data`` on a cluster (module docstring): instances, a router, and a shared tier or P/D roles."""
+    data.pop("actions", None)  # a cluster takes no scripted actions (they act on one engine's cache)
+    count = int(rng.integers(1, 5))
+    shape = _pick(rng, ("plain", "plain", "tier", "pd")) if count >= 2 else _pick(rng, ("plain", "tier"))
+    cluster: dict[str, Any] = {}
+    if shape == "pd":
+        prefill = int(rng.integers(1, count))
+        cluster["instances"] = [{"role": "prefill"}] * prefill + [{"role": "decode"}] * (count - prefill)
+        if _chance(rng, 0.5):
+            cluster["pd"] = _link(rng)
+    elif _chance(rng, 0.4):
+        cluster["instances"] = [_instance_overrides(rng, data) for _ in range(count)]
+    else:
+        cluster["instances"] = count
+    router: dict[str, Any] = {"policy": _pick(rng, ROUTERS)}
+    if router["policy"] == "prefix_aware":
+        router["group_aware"] = _chance(rng, 0.5)
+        if _chance(rng, 0.3):
+            router["load_weight"] = float(_pick(rng, (0.0, 0.5, 4.0)))
+    if _chance(rng, 0.3):
+        router["view_delay"] = float(_pick(rng, (1, 3, 10))) if data.get("clock") == "steps" else 0.05
+    cluster["router"] = router
+    if shape == "tier":
+        tier: dict[str, Any] = {
+            "capacity_gb": float(_pick(rng, (0.0005, 0.01, 1.0))),
+            "store": _pick(rng, ("on_compute", "on_finish")),
+            **_link(rng),
+        }
+        groups = data.get("cache", {}).get("groups")
+        if groups and _chance(rng, 0.3):  # a share of the store per group (explicit layouts: their count is known)
+            tier["group_capacity"] = [0.9 / len(groups)] * len(groups)
+        cluster["tier"] = tier
+    if shape in ("tier", "pd"):
+        data["connector"] = {"type": "none"}
+    data["cluster"] = cluster
+
+
+def _link(rng: np.random.Generator) -> dict[str, Any]:
+    """A tier's or a P/D link's transfer options."""
+    out: dict[str, Any] = {"transfer_steps": int(rng.integers(0, 3))}
+    if _chance(rng, 0.3):
+        out["concurrency"] = int(rng.integers(1, 3))
+    if _chance(rng, 0.3):
+        out["latency_us"] = float(_pick(rng, (0.0, 500.0)))
+    return out
+
+
+def _instance_overrides(rng: np.random.Generator, data: dict[str, Any]) -> dict[str, Any]:
+    """One instance's overrides: its pool size, its batch limits, its prefix policy (or none)."""
+    out: dict[str, Any] = {}
+    if _chance(rng, 0.5):
+        blocks = int(data.get("cache", {}).get("num_blocks") or 100)
+        out["cache"] = {"num_blocks": max(4, int(blocks * float(_pick(rng, (0.5, 1.0, 2.0)))))}
+    if _chance(rng, 0.3):
+        out["scheduler"] = {"max_num_seqs": int(rng.integers(1, 8))}
+    if _chance(rng, 0.2):
+        out.setdefault("scheduler", {})["prefix_policy"] = _pick(rng, builtin_prefix_policy_names())
+    return out
 
 
 # --------------------------------------------------------------------------- step clock
@@ -247,4 +327,4 @@ def _trace(rng: np.random.Generator) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["CONNECTORS", "TRACE_FILE", "generate"]
+__all__ = ["CONNECTORS", "ROUTERS", "TRACE_FILE", "generate"]

@@ -61,6 +61,50 @@ def test_scenarios_cover_every_builtin_connector_and_policy() -> None:
     assert "connector_fault" in kinds
 
 
+def test_a_quarter_of_the_scenarios_run_on_every_shape_of_cluster() -> None:
+    """The cluster layer: every built-in router, a shared tier, P/D roles and per-instance overrides, on every
+    kind of scenario; each one valid (no scripted action, no connector beside a tier or P/D roles); and the
+    scenarios left on one instance are those the seed gave before (the layer draws from its own stream)."""
+    from sim.cluster.router import builtin_router_names
+
+    seen: set[str] = set()
+    routers: set[str] = set()
+    clustered = 0
+    for index in range(300):
+        data, files = generate(3, index)
+        cluster = data.get("cluster")
+        if cluster is None:
+            continue
+        clustered += 1
+        assert not data.get("actions")
+        routers.add(cluster["router"]["policy"])
+        seen.add("trace" if files else data["clock"])
+        instances = cluster["instances"]
+        if isinstance(instances, list) and any(i.get("role") for i in instances):
+            seen.add("pd")
+            assert data["connector"] == {"type": "none"}
+        elif isinstance(instances, list):
+            seen.add("overrides")
+        if "tier" in cluster:
+            seen.add("tier")
+            assert data["connector"] == {"type": "none"}
+        if not files:
+            scenario_from_text(yaml.safe_dump(data), f"{data['name']}.yaml")
+    assert 50 <= clustered <= 100
+    assert routers == set(builtin_router_names())
+    assert {"steps", "time", "trace", "pd", "tier", "overrides"} <= seen
+
+
+def test_the_cluster_layer_leaves_the_other_scenarios_as_they_were(monkeypatch) -> None:
+    from sim.e2e import scenarios
+
+    drawn = [generate(3, index) for index in range(60)]
+    monkeypatch.setattr(scenarios, "CLUSTER_SHARE", 0.0)
+    for index, (data, files) in enumerate(drawn):
+        if "cluster" not in data:
+            assert generate(3, index) == (data, files)
+
+
 def test_a_failed_check_is_written_out_as_a_scenario_and_the_command(tmp_path: Path, monkeypatch) -> None:
     def failing_walk(scenario: Path, work: Path, rng, vllm: bool) -> Walk:
         return Walk(
