@@ -20,7 +20,6 @@ crash on any instance stops the whole cluster (``on_crash: stop``), as a dead en
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
@@ -125,11 +124,6 @@ class ArrivalFeed:
         self.sessions: SessionDriver | None = None
         #: Submitted requests not routed yet, by id, in submission order.
         self._pending: dict[str, Request] = {}
-        #: The arrival times of the requests submitted at build time, in order, and how many were routed
-        #: (``next_arrival``); None once a request is submitted while the run runs.
-        self._arrivals: list[float] | None = []
-        self._num_routed = 0
-        self._running = False
         #: A P/D cluster: the proxy, the router of the prefill instances and both subsets (instance indices).
         self.pd: Disaggregation | None = None
         self.prefill_router: Router | None = None
@@ -141,11 +135,6 @@ class ArrivalFeed:
         delay = float(request.arrival_time) - float(self.env.now)
         assert delay >= 0, (request.request_id, request.arrival_time, self.env.now)
         self._pending[request.request_id] = request
-        if self._arrivals is not None:
-            if self._running:
-                self._arrivals = None
-            else:
-                self._arrivals.append(float(request.arrival_time))
         event = simpy.Event(self.env)
         event._ok = True
         event._value = None
@@ -156,15 +145,6 @@ class ArrivalFeed:
     def unrouted(self) -> list[Request]:
         """Requests not routed yet (the run stopped before their arrival), in arrival order."""
         return sorted(self._pending.values(), key=lambda r: r.arrival_time)
-
-    def next_arrival(self) -> float | None:
-        """The arrival time of the next request to route (``math.inf``: none), or None when requests may be
-        released while the run runs (closed-loop sessions, a P/D cluster's decode legs): then any time may
-        bring one (:mod:`sim.engine.stretch`)."""
-        arrivals = self._arrivals
-        if arrivals is None or self.sessions is not None or self.pd is not None:
-            return None
-        return arrivals[self._num_routed] if self._num_routed < len(arrivals) else math.inf
 
     def may_route(self) -> bool:
         """Whether a request may still be routed: one is pending, or a running one may release a turn."""
@@ -182,7 +162,6 @@ class ArrivalFeed:
 
     def _route(self, request: Request) -> None:
         del self._pending[request.request_id]
-        self._num_routed += 1
         if self.hasher is not None and request.hash_block_size == 0:
             request.set_block_hasher(self.hasher)
         now = float(self.env.now)
@@ -273,7 +252,6 @@ class ClusterRun:
         self._executed = True
         loops = [i.loop for i in self.instances if i.loop is not None]
         status, message = "complete", ""
-        self.feed._running = True
         try:
             with interruptible():  # inside sim.run_scenario's deferred section: a signal stops the loop
                 self.env.run(until=simpy.AllOf(self.env, [loop.process for loop in loops]))
@@ -529,12 +507,13 @@ def _instance_loop(
 
     loop_cls: type[EngineLoop] = EngineLoop
     extra: dict[str, Any] = {}
-    if stretches and connector is None:
+    # Quiet stretches (sim.engine.stretch): the feed releases each request at its arrival, before any step at
+    # that time, which cuts a stretch exactly. Not with closed-loop sessions: a finish releases a turn at a time
+    # other instances' steps share, and what those steps see then depends on SimPy's order of equal-time events.
+    # (A connector, hence a tier or P/D, rules stretches out too.)
+    if stretches and connector is None and feed.sessions is None:
         loop_cls = StretchLoop
-        extra = {
-            "next_arrival": feed.next_arrival,
-            "decode_run": decode_run_of(scenario.clock, components.step_time_model),
-        }
+        extra = {"decode_run": decode_run_of(scenario.clock, components.step_time_model)}
     return loop_cls(
         env=env,
         scheduler=components.scheduler,

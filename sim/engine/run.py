@@ -36,7 +36,7 @@ from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
-from sim.engine.stretch import StretchLoop, decode_run_of, no_other_arrivals
+from sim.engine.stretch import StretchLoop, decode_run_of
 from sim.engine.transfer import EngineTransferService
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
@@ -352,10 +352,7 @@ def build_run(
         # Quiet stretches (sim.engine.stretch): a run of steps in which every running request takes a quiet
         # decode is one SimPy event, bounded by the loop's own next arrival (nothing else reaches this engine).
         loop_cls = StretchLoop
-        extra = {
-            "next_arrival": no_other_arrivals,
-            "decode_run": decode_run_of(scenario.clock, components.step_time_model),
-        }
+        extra = {"decode_run": decode_run_of(scenario.clock, components.step_time_model)}
     loop = loop_cls(
         env=env,
         scheduler=components.scheduler,

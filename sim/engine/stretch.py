@@ -9,16 +9,22 @@ loop would (one ``steps`` row per step, with its own step number, start time and
 ``schedule`` rows when that table is on).
 
 The bound: a stretch takes the next ``k`` steps when each of them is quiet (:func:`quiet_steps`) and each
-starts strictly before the next arrival: the loop's own next request, and ``next_arrival`` (in a cluster,
-the next arrival anywhere: it is routed before any engine step at its time; a single engine has no other
-arrivals, :func:`no_other_arrivals`). A step that starts at or after an arrival may admit it and is not in
-the stretch. Nothing else can reach the engine in a stretch: the loop takes none while it has a connector
-(no tier, no P/D), scripted actions still to apply, a transfer pending, requests handed over, an invariant
-check or step columns; closed-loop sessions (turns released by finishes) are ruled out by the caller
-(``next_arrival`` None, or a plain :class:`EngineLoop`). In a cluster, what the router reads of an instance
-at an arrival inside a stretch (queued requests, KV usage, its view of the KV events) does not change
-during one: no request joins, finishes or allocates, and no KV event is published (so the view's delay
-does not bound a stretch either).
+starts strictly before the loop's own next request arrives. A step that starts at or after an arrival may
+admit it and is not in the stretch. Nothing else can reach the engine in a stretch but a request
+released to it (:meth:`StretchLoop.release`): the loop takes none while it has a connector (no tier, no P/D),
+scripted actions still to apply, a transfer pending, requests handed over, an invariant check or step
+columns; its builder takes a plain :class:`EngineLoop` when requests may be released at a time other than
+their arrival's (closed-loop sessions, whose turns are released by finishes).
+
+**Cut**: in a cluster the router releases each request to its instance at its arrival time, in an event
+that runs before any engine step at that time (:class:`sim.cluster.run.ArrivalFeed`). A release into a
+stretch keeps the stretch's steps that start strictly before the request's arrival and drops the rest: the
+loop then wakes at the end of the last step kept (the plain loop's step in flight at the arrival, or the
+one ending exactly then) and goes on as the plain loop does from that step's end, admitting the request
+at the next ``schedule()``. An arrival routed to another instance does not end a stretch: what the router
+reads of an instance inside one (queued requests, KV usage, its view of the KV events) does not change
+during it (no request joins, finishes or allocates, and no KV event is published, so the view's delay does
+not bound a stretch either), and an instance's steps depend on no other instance's.
 
 Nothing is applied before the stretch's end: the requests' counters, the rows and the step number are
 those of the stretch's start until then. If the run stops inside a stretch (a crash on another instance,
@@ -27,6 +33,7 @@ ended by then and the ``schedule()`` of the one in flight, as the plain loop wou
 the stop falls exactly on a step boundary inside the stretch, ``settle`` does not decide what the plain
 loop had done at that instant (its step's end was an event at the stop time); it says so and the run is
 redone without stretches (:meth:`sim.cluster.run.ClusterRun.execute`, :meth:`sim.engine.run.Run.execute`).
+So is a cut whose end SimPy cannot land on exactly from the arrival time (it stops the run).
 A stretch that ends at the stop time is not open then: SimPy processes the events already queued at a
 time before an exception raised at that time stops the run. A loop's own ``max_steps`` caps its
 stretches, so it stops on a boundary outside one.
@@ -34,6 +41,7 @@ stretches, so it stops on a boundary outside one.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator
@@ -43,7 +51,7 @@ import simpy
 from sim.accel.decodes import QuietDecodeScheduler
 from sim.accel.stretch import quiet_steps, take_quiet_steps
 from sim.core.request import Request
-from sim.engine.loop import EngineLoop
+from sim.engine.loop import EngineLoop, StopRun
 
 if TYPE_CHECKING:
     from sim.engine.timing import StepTimeModel
@@ -71,11 +79,6 @@ class _Stretch:
 DecodeRun = Callable[[int, int, float, float, int], list[float]]
 
 
-def no_other_arrivals() -> float:
-    """A single engine's ``next_arrival``: nothing arrives but the loop's own requests."""
-    return math.inf
-
-
 def decode_run_of(clock: str, model: StepTimeModel | None) -> DecodeRun:
     """The durations of a stretch's decode-only steps: what the engine loop's step duration
     (:func:`sim.engine.run._step_duration_fn`) gives each of them."""
@@ -98,14 +101,28 @@ def unit_steps(requests: int, context: int, start: float, until: float, limit: i
 class StretchLoop(EngineLoop):
     """:class:`~sim.engine.loop.EngineLoop` that takes quiet stretches as one event (module docstring)."""
 
-    #: The time of the next arrival anywhere in the cluster (``math.inf``: none), or None when one may be
-    #: released at any time (then no stretch is taken).
-    next_arrival: Callable[[], float | None] | None = None
     #: The durations of a run of decode-only steps (what the step duration gives each of them).
     decode_run: DecodeRun | None = None
-    #: Steps taken in stretches so far (tests read it).
+    #: Steps taken in stretches so far, and stretches cut by a release (tests read them).
     num_stretch_steps: int = 0
+    num_cuts: int = 0
     _stretch: _Stretch | None = field(default=None, repr=False)
+    #: A cut that SimPy cannot land on exactly stopped the run (:meth:`settle` then says so).
+    _inexact: bool = field(default=False, repr=False)
+
+    def release(self, request: Request) -> None:
+        """As :meth:`EngineLoop.release`; inside a stretch, cut it at the request's arrival (module docstring)."""
+        super().release(request)
+        plan = self._stretch
+        if plan is None:
+            return
+        arrival = float(request.arrival_time)
+        keep = bisect.bisect_left(plan.starts, arrival)
+        assert keep >= 1, (plan.starts[0], arrival)  # (an arrival at the stretch's start is routed before it)
+        if keep < len(plan.starts):
+            del plan.starts[keep:], plan.durations[keep:]
+            self.num_cuts += 1
+            self.process.interrupt()
 
     def _one_step(self) -> Generator[simpy.Event, Any, None]:
         plan = self._plan()
@@ -113,11 +130,21 @@ class StretchLoop(EngineLoop):
             yield from super()._one_step()
             return
         env = self.env
-        end = plan.end
-        delay = _exact_delay(plan.starts[0], end)
+        delay = _exact_delay(plan.starts[0], plan.end)
         assert delay is not None  # (_plan kept only stretches that have one)
         self._stretch = plan
-        yield env.timeout(delay)
+        wait = env.timeout(delay)
+        while True:
+            try:
+                yield wait
+                break
+            except simpy.Interrupt:  # (release cut the stretch: wait for its new end)
+                delay = self._cut_delay(plan)
+                if delay is None:
+                    self._inexact = True
+                    raise StopRun("a quiet stretch's cut cannot be timed exactly (the run is redone without)") from None
+                wait = env.timeout(delay)
+        end = plan.end
         assert env.now == end, (env.now, end)
         self._stretch = None
         count = len(plan.starts)
@@ -127,11 +154,14 @@ class StretchLoop(EngineLoop):
         if self.clock == "steps":
             self.step = max(self.step, int(env.now))
 
+    def _cut_delay(self, plan: _Stretch) -> float | None:
+        """The delay from now to the end of the cut ``plan`` that SimPy lands on exactly (None: there is none)."""
+        return _exact_delay(float(self.env.now), plan.end)
+
     def _plan(self) -> _Stretch | None:
         """The stretch that starts now (two steps or more), or None (the next step is taken alone)."""
         if (
-            self.next_arrival is None
-            or self.decode_run is None
+            self.decode_run is None
             or self.connector is not None
             or self.check_invariants is not None
             or self.step_columns is not None
@@ -147,11 +177,9 @@ class StretchLoop(EngineLoop):
             limit = min(limit, self.max_steps - self.step)
         if limit < 2:
             return None
-        horizon = self.next_arrival()
-        if horizon is None:
-            return None
+        horizon = math.inf
         if self._next_request < len(self.requests):
-            horizon = min(horizon, float(self.requests[self._next_request].arrival_time))
+            horizon = float(self.requests[self._next_request].arrival_time)
         now = float(self.env.now)
         if not now < horizon:
             return None
@@ -211,6 +239,8 @@ class StretchLoop(EngineLoop):
         """The run stopped now, inside this loop's stretch (if it is in one): apply what the plain loop had
         done by now. False when that is not known (now is a step boundary inside the stretch)."""
         plan = self._stretch
+        if self._inexact:
+            return False
         if plan is None:
             return True
         self._stretch = None
@@ -228,6 +258,6 @@ def _exact_delay(start: float, end: float) -> float | None:
     """A delay that SimPy adds to ``start`` to land exactly on ``end`` (None if there is none nearby)."""
     delay = end - start
     for candidate in (delay, math.nextafter(delay, math.inf), math.nextafter(delay, -math.inf)):
-        if start + candidate == end and candidate > 0:
+        if start + candidate == end and candidate >= 0:
             return candidate
     return None

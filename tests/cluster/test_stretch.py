@@ -13,10 +13,12 @@ import math
 from pathlib import Path
 
 import pytest
+import simpy
 
 from sim.api import RunOptions
 from sim.cluster.run import build_cluster_run
 from sim.config import MODEL_PRESETS, load_scenario, scenario_from_text
+from sim.engine.loop import EngineLoop
 from sim.engine.stretch import StretchLoop, unit_steps
 from sim.engine.timing import StepTimeModel
 from sim.results.cluster import finalize_cluster
@@ -184,3 +186,178 @@ def test_a_stop_a_stretch_cannot_settle_runs_again_without_stretches() -> None:
         name: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest() for name, df in result.tables.items()
     } == {name: plain[name] for name in result.tables}
     assert build_cluster_run(scenario, RunOptions(fast_paths=False)).rebuild is None
+
+
+# ---------------------------------------------------------------- cuts: an arrival routed to an instance in a stretch
+
+#: Router policies, each with its reads of an instance inside a stretch: a prefix-aware view published with a
+#: delay (``view_delay``: steps on this clock), queue lengths and KV usage (least_loaded), and both.
+POLICIES = {
+    "round_robin": "{policy: round_robin}",
+    "least_loaded": "{policy: least_loaded}",
+    "session_affinity": "{policy: session_affinity}",
+    "prefix_aware": "{policy: prefix_aware}",
+    "prefix_aware_group_aware_stale": "{policy: prefix_aware, group_aware: true, view_delay: 3, load_weight: 0.5}",
+}
+
+
+#: demo-pressure's rate and blocks for eight instances under pressure (preemptions).
+PRESSURE8 = ["workload.generator.arrivals.rate=8", "cache.num_blocks=40"]
+
+
+def _steps8(policy: str):
+    """Eight instances on the step clock: every arrival is at a whole step and every step starts at one, so every
+    cut falls exactly on a step start (the step starting at the arrival is dropped, the one before is kept)."""
+    text = (
+        STEPS.replace("rate: 0.15", "rate: 0.5")
+        .replace("count: 40", "count: 110")
+        .replace("cluster: {instances: 3, router: {policy: prefix_aware, group_aware: true}}", "")
+    )
+    return scenario_from_text(text + f"cluster: {{instances: 8, router: {POLICIES[policy]}}}\n")
+
+
+def _cuts(run) -> int:
+    return sum(i.loop.num_cuts for i in run.instances if isinstance(i.loop, StretchLoop))
+
+
+def _count_cuts(scenario, max_steps: int | None = None) -> int:
+    run = build_cluster_run(scenario, RunOptions(write_plots=False, max_steps=max_steps))
+    run.execute()
+    return _cuts(run)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_eight_instances_cut_stretches_identically_on_the_step_clock(policy: str) -> None:
+    """Every router on eight instances: arrivals routed elsewhere do not end a stretch, an arrival routed to an
+    instance inside one cuts it, and every table is byte-identical to the plain core's."""
+    scenario = _steps8(policy)
+    taken, result = _assert_identical(scenario)
+    assert taken > 0.3 * len(result.tables["steps"])
+    assert _count_cuts(scenario) >= 15, "hardly any cut: the case does not exercise StretchLoop.release"
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param("round_robin", marks=pytest.mark.slow),
+        pytest.param("least_loaded", marks=pytest.mark.slow),
+        "prefix_aware_group_aware_stale",
+    ],
+)
+def test_eight_instances_cut_stretches_identically_on_the_time_clock(policy: str) -> None:
+    """As above on the time clock, under block pressure (preemptions on every instance)."""
+    delay = ["cluster.router.view_delay=0.05", "cluster.router.group_aware=true"] if "stale" in policy else []
+    scenario = _demo(8, f"cluster.router.policy={policy.split('_group')[0]}", *PRESSURE8, *delay)
+    taken, result = _assert_identical(scenario)
+    assert taken > 0.3 * len(result.tables["steps"])
+    assert result.tables["requests"]["preemptions"].sum() > 0
+    assert _count_cuts(scenario) >= 15
+
+
+@pytest.mark.parametrize("clock, max_steps", [("steps", 57), ("steps", 90), ("time", 241), ("time", 500)])
+def test_eight_instances_stop_after_cuts(clock: str, max_steps: int) -> None:
+    """``max_steps`` on one of eight instances stops the cluster after stretches were cut: settled or rerun as
+    the plain loop leaves it."""
+    scenario = (
+        _steps8("least_loaded") if clock == "steps" else _demo(8, "cluster.router.policy=round_robin", *PRESSURE8)
+    )
+    _, result = _assert_identical(scenario, max_steps=max_steps)
+    assert result.summary["status"] == "stopped"
+    assert _count_cuts(scenario, max_steps) > 0
+
+
+def _interrupted(scenario, *, fast: bool, at: float):
+    """A cluster run interrupted (a ``KeyboardInterrupt`` from a SimPy event) at time ``at``: its tables, and
+    whether an instance was inside a cut stretch then."""
+    run = build_cluster_run(scenario, RunOptions(write_plots=False, fast_paths=fast))
+
+    def interrupt(_event) -> None:
+        raise KeyboardInterrupt("interrupted (test)")
+
+    event = simpy.Event(run.env)
+    event._ok, event._value = True, None
+    event.callbacks.append(interrupt)
+    run.env.schedule(event, delay=at)
+    inside: list[bool] = []
+    for instance in run.instances:
+        loop = instance.loop
+        if isinstance(loop, StretchLoop):
+            original = loop.settle
+
+            def spy(original=original, loop=loop) -> bool:
+                inside.append(loop._stretch is not None and loop.num_cuts > 0)
+                return original()
+
+            loop.settle = spy  # type: ignore[method-assign]
+    result = finalize_cluster(run.execute())
+    tables = {name: df.to_csv(index=False) for name, df in result.tables.items()}
+    tables["summary"] = json.dumps(result.summary, sort_keys=True, default=str)
+    return tables, any(inside)
+
+
+def _cut_times(scenario) -> list[float]:
+    """The arrival times at which some instance's stretch was cut."""
+    run = build_cluster_run(scenario, RunOptions(write_plots=False))
+    times: list[float] = []
+    for instance in run.instances:
+        loop = instance.loop
+        assert isinstance(loop, StretchLoop)
+        original = loop.release
+
+        def spy(request, original=original, loop=loop) -> None:
+            before = loop.num_cuts
+            original(request)
+            if loop.num_cuts > before:
+                times.append(float(request.arrival_time))
+
+        loop.release = spy  # type: ignore[method-assign]
+    run.execute()
+    return sorted(times)
+
+
+def test_an_interrupt_inside_a_cut_stretch_is_settled() -> None:
+    """Interrupted just after an arrival cut an instance's stretch (inside the step in flight then), the
+    cluster is left as the plain loop leaves it."""
+    scenario = _demo(8, "cluster.router.policy=round_robin", *PRESSURE8)
+    times = _cut_times(scenario)
+    assert len(times) > 10
+    for at in (times[3] + 1e-7, times[len(times) // 2] + 1e-7):
+        plain, _ = _interrupted(scenario, fast=False, at=at)
+        fast, inside = _interrupted(scenario, fast=True, at=at)
+        assert inside, "no instance was inside a cut stretch at the interrupt"
+        assert json.loads(plain["summary"])["status"] == "interrupted"
+        assert plain == fast
+
+
+def test_a_cut_that_cannot_be_timed_exactly_runs_again_without_stretches(monkeypatch) -> None:
+    """When SimPy cannot land exactly on a cut stretch's new end (forced here), the run stops and is redone
+    without stretches: the tables are the plain core's. (Time clock: the other instances' stretches settle at the
+    stop, so only the cut asks for the rerun.)"""
+    scenario = _demo(8, "cluster.router.policy=round_robin", *PRESSURE8)
+    monkeypatch.setattr(StretchLoop, "_cut_delay", lambda self, plan: None)
+    run = build_cluster_run(scenario, RunOptions(write_plots=False))
+    rebuild = run.rebuild
+    assert rebuild is not None
+    calls: list[int] = []
+
+    def again():
+        calls.append(1)
+        return rebuild()
+
+    run.rebuild = again
+    result = finalize_cluster(run.execute())
+    assert calls == [1]
+    _, plain, _ = _fingerprint(scenario, fast=False, stretches=False)
+    got = {name: hashlib.sha256(df.to_csv(index=False).encode()).hexdigest() for name, df in result.tables.items()}
+    assert got == {name: plain[name] for name in result.tables}
+    assert result.summary["status"] == "complete"
+
+
+def test_closed_sessions_take_the_plain_loop() -> None:
+    """Closed-loop sessions release a turn when a finish frees it, at a time other instances' steps share (what
+    those steps see then depends on SimPy's order of equal-time events): their instances take the plain loop."""
+    text = STEPS.replace("workload:\n", "workload:\n  sessions: {mode: closed}\n")
+    loops = [i.loop for i in build_cluster_run(scenario_from_text(STEPS), RunOptions()).instances]
+    assert {type(loop) for loop in loops} == {StretchLoop}
+    loops = [i.loop for i in build_cluster_run(scenario_from_text(text), RunOptions()).instances]
+    assert {type(loop) for loop in loops} == {EngineLoop}
