@@ -3,13 +3,15 @@
 Matplotlib 3.11's Agg renderer shapes every string twice (once to measure it, once to draw it), looks its
 font up again each time, and renders a glyph at a time, rebuilding the glyph's transform for each: text
 was most of a run figure's drawing time. :class:`TextCache` keeps, for the figures drawn while it is
-current (:func:`shared_text`: one ``plot_all``), each string's measure and layout per font and size, each
-font lookup, and each rendered glyph bitmap per sub-pixel offset; :class:`CachedTextCanvas` draws with it.
+current (:func:`shared_text`: one ``plot_all``), each string's layout per font and size (shaped once, for
+its measure and its drawing), each font lookup, each glyph's metrics and each rendered glyph bitmap per
+sub-pixel offset; :class:`CachedTextCanvas` draws with it.
 
-Invariant: the pixels are matplotlib's own. A glyph is rendered by FreeType exactly as matplotlib renders
-it (same size, transform, load flags and render mode); a cached bitmap is reused only at the same 1/64
-pixel phase, shifted by whole pixels, which is where FreeType would have put it (the outline is moved by
-whole pixels). ``tests/analysis/test_plots.py`` compares the PNGs with ``savefig``'s. A cache assumes the
+Invariant: the pixels are matplotlib's own. A string measures what ``FT2Font.set_text`` gives (the same
+glyph positions, advances and hinted control boxes); a glyph is rendered by FreeType exactly as matplotlib
+renders it (same size, transform, load flags and render mode); a cached bitmap is reused only at the same
+1/64 pixel phase, shifted by whole pixels, which is where FreeType would have put it (the outline is moved
+by whole pixels). ``tests/analysis/test_plots.py`` compares the PNGs with ``savefig``'s. A cache assumes the
 rc font settings (families, hinting) stay as they are while it is current.
 """
 
@@ -28,13 +30,14 @@ from matplotlib.ft2font import RenderMode
 
 
 class TextCache:
-    """What text drawing learns, kept across figures: font per font properties, measure and layout per
-    string, glyph bitmap per glyph and sub-pixel phase. Holds references to the FreeType fonts it used
+    """What text drawing learns, kept across figures: font per font properties, layout per string (its
+    measure and its drawing share it), metrics per glyph (control box, advance), bitmap per glyph and
+    sub-pixel phase. Holds references to the FreeType fonts it used
     (keys), so an entry never outlives its font."""
 
     def __init__(self) -> None:
         self.fonts: dict[int, Any] = {}
-        self.metrics: dict[tuple, tuple[float, float, float]] = {}
+        self.metrics: dict[tuple, tuple[int, int, int]] = {}
         self.layouts: dict[tuple, list[tuple[Any, int, float, float]]] = {}
         self.glyphs: dict[tuple, tuple[Any, int, int]] = {}
 
@@ -73,14 +76,41 @@ class CachedTextRenderer(RendererAgg):
         font.set_size(font_prop.get_size_in_points(), self.dpi)
         return font
 
+    def _layout(self, s: str, prop: Any, flags: Any, features: Any, language: Any) -> list[tuple]:
+        """``s`` shaped in ``prop``'s font: (FreeType font, glyph index, x, y) per glyph, pixels."""
+        key = (s, hash(prop), self.dpi, flags, features if features is None else tuple(features), language)
+        items = self._cache.layouts.get(key)
+        if items is None:
+            font = self._prepare_font(prop)
+            items = self._cache.layouts[key] = [
+                (item.ft_object, item.glyph_index, item.x, item.y)
+                for item in font._layout(s, flags=flags, features=features, language=language)
+            ]
+        return items
+
     def get_text_width_height_descent(self, s: str, prop: Any, ismath: Any) -> tuple[float, float, float]:
-        if ismath:
+        """FreeType's measure of ``s`` (``FT2Font.set_text``'s), from the layout drawing uses and each glyph's
+        metrics: across, from the first pen position to the furthest pen position plus advance; up and
+        down, the union of the glyphs' control boxes (hinted, in 1/64 pixel) at their pen positions."""
+        if ismath or not s:
             return super().get_text_width_height_descent(s, prop, ismath)
-        key = (s, hash(prop), self.dpi, get_hinting_flag())
-        metrics = self._cache.metrics.get(key)
-        if metrics is None:
-            metrics = self._cache.metrics[key] = super().get_text_width_height_descent(s, prop, ismath)
-        return metrics
+        flags = get_hinting_flag()
+        size = prop.get_size_in_points()
+        x0 = y0 = 1 << 62
+        x1 = y1 = -(1 << 62)
+        metrics, dpi = self._cache.metrics, self.dpi
+        for font, index, x, y in self._layout(s, prop, flags, None, None):
+            key = (font, size, dpi, index, flags)
+            glyph = metrics.get(key)
+            if glyph is None:
+                font.set_size(size, dpi)
+                loaded = font.load_glyph(index, flags)
+                glyph = metrics[key] = (loaded.bbox[1], loaded.bbox[3], loaded.horiAdvance)
+            low, high, advance = glyph
+            px, py = round(x * 64), round(y * 64)
+            x0, x1 = min(x0, px), max(x1, px + advance)
+            y0, y1 = min(y0, py + low), max(y1, py + high)
+        return (x1 - x0) / 64, (y1 - y0) / 64, -y0 / 64
 
     def draw_text(
         self, gc: Any, x: float, y: float, s: str, prop: Any, angle: float, ismath: Any = False, mtext: Any = None
@@ -90,16 +120,8 @@ class CachedTextRenderer(RendererAgg):
         flags = get_hinting_flag()
         features = mtext.get_fontfeatures() if mtext is not None else None
         language = mtext.get_language() if mtext is not None else None
-        size = prop.get_size_in_points()
-        key = (s, hash(prop), self.dpi, flags, features if features is None else tuple(features), language)
-        items = self._cache.layouts.get(key)
-        if items is None:
-            font = self._prepare_font(prop)
-            items = self._cache.layouts[key] = [
-                (item.ft_object, item.glyph_index, item.x, item.y)
-                for item in font._layout(s, flags=flags, features=features, language=language)
-            ]
-        self._draw_glyphs(gc, x, y, angle, size, flags, items)
+        items = self._layout(s, prop, flags, features, language)
+        self._draw_glyphs(gc, x, y, angle, prop.get_size_in_points(), flags, items)
         return None
 
     def _draw_glyphs(
