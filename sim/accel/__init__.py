@@ -17,7 +17,7 @@ contract.
 * :class:`~sim.accel.decodes.QuietDecodeScheduler`: the running loop schedules a
   decode inside its quiet horizon without the chunk computation and the
   ``allocate_slots`` call (built together with the manager above);
-  ``_update_after_schedule`` and ``update_from_output`` in one pass each.
+  ``_update_after_schedule`` with each run of quiet decodes in bulk, ``update_from_output`` in one pass.
 * :class:`~sim.accel.lookups.HeadOfLineLookups`: a waiting request that was
   not admitted keeps its prefix lookup until a prefix-cache event names one of
   its hashes (the manager above shows it every event; the scheduler above

@@ -12,8 +12,8 @@ request directly; every other request takes the core's pass
 What it keeps: every step's ``SchedulerOutput`` and every ``Request`` are the
 ones the core builds (the request is scheduled in the same place of
 ``scheduled_running_reqs`` and ``num_scheduled_tokens`` with the same one
-token; ``_update_after_schedule`` is the core's in one pass without a lookup per running
-request, and ``update_from_output`` the core's with two calls per sampled token inlined or
+token; ``_update_after_schedule`` is the core's without a lookup per running request and with
+each run of quiet decodes updated in bulk, and ``update_from_output`` the core's with two calls per sampled token inlined or
 skipped where their answer is known).
 Only calls whose answer is known are skipped. Chosen once by the
 engine's build, together with :class:`~sim.accel.quiet.QuietKVCacheManager`;
@@ -82,6 +82,9 @@ class QuietDecodeScheduler(Scheduler):
             and type(self.prefix_policy) in _CACHE_ONLY_LOOKUPS
             else None
         )
+        #: This step's runs of quiet decodes, as ``(start, stop)`` positions in ``scheduled_running_reqs``
+        #: (set by ``_schedule_running``, read by ``_update_after_schedule``).
+        self._quiet_runs: list[tuple[int, int]] = []
         #: The current attempt's lookup (set by every attempt's lookup phase while ``head_lookups`` is on).
         self._attempt_lookup: LookupResult | None = None
 
@@ -92,6 +95,8 @@ class QuietDecodeScheduler(Scheduler):
         scheduled = out.scheduled_running_reqs
         num_scheduled = out.num_scheduled_tokens
         req_index = quiet = 0
+        runs = self._quiet_runs
+        runs.clear()
         while req_index < len(running) and budget > 0:
             # The quiet decodes from `req_index` on, one token of the budget each (none changes `running`).
             before = len(scheduled)
@@ -108,6 +113,8 @@ class QuietDecodeScheduler(Scheduler):
                 scheduled.append(request)
                 num_scheduled[rid] = 1
             taken = len(scheduled) - before
+            if taken:
+                runs.append((before, before + taken))
             req_index += taken
             budget -= taken
             quiet += taken
@@ -122,14 +129,23 @@ class QuietDecodeScheduler(Scheduler):
         return budget
 
     def _update_after_schedule(self, out: SchedulerOutput, kinds: dict[str, str]) -> None:
-        """The core's :meth:`~sim.core.scheduler.Scheduler._update_after_schedule`, in one pass without a
-        lookup per request: the requests scheduled from ``running`` lead ``num_scheduled_tokens`` in the
-        order of ``scheduled_running_reqs`` (both loops append to both together), so only new and resumed
-        requests are looked up; totals are summed in locals and ``num_tokens`` is read from its two terms.
-        Same ``Request`` and ``SchedulerOutput`` changes, in the same order."""
+        """The core's :meth:`~sim.core.scheduler.Scheduler._update_after_schedule`, without a lookup per
+        running request and with this step's runs of quiet decodes taken in bulk.
+
+        The requests scheduled from ``running`` lead ``num_scheduled_tokens`` in the order of
+        ``scheduled_running_reqs`` (both loops append to both together), so only new and resumed requests
+        are looked up. A quiet decode was scheduled for one token with ``num_computed_tokens ==
+        num_tokens - 1``, and nothing moves its counters before this update (a preemption could, under
+        priority, take back a request already scheduled: then no run is taken in bulk). So the core's pass
+        gives each of them the same outcome: one more computed token, a sampled token, one decode over its
+        ``before`` context. What is per request (``computed_before``, ``sampling_reqs``, the new count) is
+        written in the same order as the core's loop; the totals are sums. Leaving ``_inflight_prefills``
+        is the core's rule for every scheduled request (it leaves once all its known tokens are computed),
+        applied to the few in-flight prefills after the pass."""
         num_scheduled = out.num_scheduled_tokens
         reqs = out.scheduled_running_reqs
-        if len(reqs) < len(num_scheduled):
+        runs = self._quiet_runs if not out.preempted_req_ids else ()
+        if len(reqs) < len(num_scheduled):  # new and resumed requests follow, in admission order
             requests = self.requests
             reqs = reqs + [requests[rid] for rid in list(num_scheduled)[len(reqs) :]]
         inflight_prefills = self._inflight_prefills
@@ -137,21 +153,43 @@ class QuietDecodeScheduler(Scheduler):
         sampling = out.sampling_reqs
         befores = out.computed_before
         decode = decode_context = prefill = 0
-        for request, n in zip(reqs, num_scheduled.values()):
-            before = request.num_computed_tokens
-            befores.append(before)
-            request.num_computed_tokens = after = before + n
-            num_tokens = request.num_prompt_tokens + request.num_output_tokens
-            if after >= num_tokens:
-                sampling.append(request)
-                if inflight_prefills:
-                    inflight_prefills.pop(request.request_id, None)
-                if n == 1 and after == num_tokens:
-                    decode += 1
-                    decode_context += before
-                    continue
-            prefill += n
-            prefill_chunks.append((n, before))
+        pos = 0
+        for start, stop in (*runs, (len(reqs), len(reqs))):
+            if pos < start:
+                # Core passes, new and resumed requests (every request, when no run is taken in bulk).
+                for request in reqs[pos:start]:
+                    n = num_scheduled[request.request_id]
+                    before = request.num_computed_tokens
+                    befores.append(before)
+                    request.num_computed_tokens = after = before + n
+                    num_tokens = request.num_prompt_tokens + request.num_output_tokens
+                    if after >= num_tokens:
+                        sampling.append(request)
+                        if inflight_prefills:
+                            inflight_prefills.pop(request.request_id, None)
+                        if n == 1 and after == num_tokens:
+                            decode += 1
+                            decode_context += before
+                            continue
+                    prefill += n
+                    prefill_chunks.append((n, before))
+            if start < stop:
+                run = reqs[start:stop]
+                run_befores = [request.num_computed_tokens for request in run]
+                for request in run:
+                    request.num_computed_tokens += 1
+                befores.extend(run_befores)
+                sampling.extend(run)
+                decode += stop - start
+                decode_context += sum(run_befores)
+            pos = stop
+        if runs and inflight_prefills:
+            for rid, request in list(inflight_prefills.items()):
+                if (
+                    num_scheduled.get(rid) == 1
+                    and request.num_computed_tokens == request.num_prompt_tokens + request.num_output_tokens
+                ):
+                    del inflight_prefills[rid]
         out.decode_tokens += decode
         out.decode_context_tokens += decode_context
         out.prefill_tokens += prefill

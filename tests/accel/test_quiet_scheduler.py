@@ -24,7 +24,7 @@ from sim.core.request import RequestStatus
 
 def _run(
     fast: bool, seed: int, groups: tuple[str, ...], sched_policy: str = "fcfs"
-) -> tuple[Harness, list[tuple[int, ...]]]:
+) -> tuple[Harness, list[tuple[int, ...]], list[tuple[str, ...]]]:
     rng = np.random.default_rng(seed)
     h = Harness(
         groups=groups,
@@ -40,6 +40,7 @@ def _run(
         for i in range(36)
     ]
     totals: list[tuple[int, ...]] = []
+    inflight: list[tuple[str, ...]] = []
     step = 0
     while pending or h.sched.has_unfinished_requests():
         if pending and rng.random() < 0.4:
@@ -54,9 +55,11 @@ def _run(
         totals.append(
             (out.prefill_tokens, out.decode_tokens, out.decode_context_tokens, out.total_num_scheduled_tokens)
         )
+        # The scheduler's own state after the step: the requests still in flight as prefills (in order).
+        inflight.append(tuple(h.sched._inflight_prefills))
         step += 1
         assert step < 3000
-    return h, totals
+    return h, totals, inflight
 
 
 @pytest.mark.parametrize("sched_policy", ["fcfs", "priority"])
@@ -73,13 +76,14 @@ def test_scheduler_over_quiet_manager_matches_the_plain_core(groups, sched_polic
 
     monkeypatch.setattr(QuietHorizons, "covers", counting)
     for seed in range(3):
-        fast, fast_totals = _run(True, seed, groups, sched_policy)
-        plain, plain_totals = _run(False, seed, groups, sched_policy)
+        fast, fast_totals, fast_inflight = _run(True, seed, groups, sched_policy)
+        plain, plain_totals, plain_inflight = _run(False, seed, groups, sched_policy)
         assert isinstance(fast.sched, QuietDecodeScheduler) and not isinstance(plain.sched, QuietDecodeScheduler)
         decodes += fast.sched.num_quiet_decodes
         assert fast.schedule_rows() == plain.schedule_rows(), seed
         assert fast.admission_rows() == plain.admission_rows(), seed
         assert fast_totals == plain_totals, seed
+        assert fast_inflight == plain_inflight, seed
         assert fast.finished == plain.finished, seed
         assert fast.sched.num_preemptions == plain.sched.num_preemptions, seed
     # The layer ran: decodes scheduled without the calls (and, with full attention only, other calls skipped).
