@@ -183,10 +183,11 @@ def _connector_row(summary: Mapping[str, Any]) -> str | None:
 
 
 def kind_hit_rate(summary: Mapping[str, Any], kind: str) -> float | None:
-    """Mean hit rate over the groups of one type (``None`` when the run has no such group)."""
+    """Mean hit rate over the groups of one type that have one (``None`` when the run has no such group, or
+    none of them a rate: no lookup happened)."""
     kinds = summary.get("groups") or []
     rates = summary.get("cache", {}).get("hit_rate", {}) if isinstance(summary.get("cache"), Mapping) else {}
-    values = [rates[f"g{i}"] for i, k in enumerate(kinds) if k == kind and f"g{i}" in rates]
+    values = [rates[f"g{i}"] for i, k in enumerate(kinds) if k == kind and rates.get(f"g{i}") is not None]
     return sum(values) / len(values) if values else None
 
 

@@ -118,3 +118,13 @@ def test_markdown_escapes_pipes_and_csv_json_carry_raw_values():
 def test_a_bad_tolerance_is_refused():
     with pytest.raises(ValueError, match="tolerance"):
         compare({"a": _summary(), "b": _summary()}, tolerance=float("nan"))
+
+
+def test_a_group_without_a_hit_rate_is_left_out_of_its_kind_mean():
+    """A run that looked nothing up has ``hit_rate: {g0: None}``: the kind's mean is over the groups that have
+    a rate, or missing (compare raised a TypeError on such a bundle)."""
+    empty = _summary(cache={"hit_rate": {f"g{i}": None for i in range(7)}, "local_rate": None})
+    half = _summary(cache={"hit_rate": {**{f"g{i}": None for i in range(6)}, "g6": 0.5}, "local_rate": 0.5})
+    c = compare({"a": _summary(), "b": empty, "c": half})
+    assert _row(c, "hit rate FA").values[1:] == (None, 0.5)
+    assert _row(c, "hit rate Mamba").values[1:] == (None, None)
