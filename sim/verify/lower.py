@@ -36,7 +36,7 @@ from sim.config.scenario import Scenario
 from sim.connector.scripted import ScriptedConnector
 from sim.core.kv.specs import MambaSpec, SlidingWindowSpec
 from sim.core.policy.checkpoint import checkpoint_not_verifiable_reason
-from sim.core.tokens import IdsSegment, StreamSegment, basic_segments, is_reserved_stream, output_stream
+from sim.core.tokens import IdsSegment, StreamSegment, basic_segments, output_stream
 from sim.engine.build import Components, build_components
 from sim.verify.vllm_side import (
     SCRIPT_VERSION,
@@ -134,14 +134,14 @@ class LoweredTokens:
 def stream_bases(requests: list[Any]) -> tuple[dict[str, int], int]:
     """Each stream's first token id for ``requests`` (in arrival order) and one past the last id assigned, by
     the module docstring's rule; :class:`NotVerifiable` when the ids do not fit 32 bits or an explicit id is
-    negative. A reserved output stream of a request not in ``requests`` gets no range."""
+    negative. A quoted output of a request not in ``requests`` (a cluster instance's turn whose parent ran on
+    another instance) is numbered as any other stream, at its first appearance: its tokens are distinct from
+    every other token, which is all an engine's decisions see of them."""
     extent = {output_stream(r.request_id): int(r.output_len) for r in requests}
     explicit = 0
     for r in requests:
         for seg in basic_segments(r.prompt):
             if isinstance(seg, StreamSegment):
-                if is_reserved_stream(seg.stream) and seg.stream not in extent:
-                    continue
                 extent[seg.stream] = max(extent.get(seg.stream, 0), seg.start + seg.length)
             else:
                 assert isinstance(seg, IdsSegment)
@@ -178,12 +178,6 @@ def _token_ids(request: Any, stream_base: dict[str, int]) -> list[int]:
     ids: list[int] = []
     for seg in basic_segments(request.prompt):
         if isinstance(seg, StreamSegment):
-            if seg.stream not in stream_base:
-                assert is_reserved_stream(seg.stream), seg.stream  # stream_bases gave every other stream a range
-                raise NotVerifiable(
-                    f"request {request.request_id}: prompt names the reserved stream "
-                    f"{seg.stream!r} of a request not in the workload"
-                )
             base = stream_base[seg.stream] + seg.start
             ids.extend(range(base, base + seg.length))
         else:

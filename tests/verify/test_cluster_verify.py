@@ -42,3 +42,32 @@ def test_a_cluster_with_a_what_if_instance_is_not_verifiable(vllm: str) -> None:
     verdict = verify_scenario(scenario_from_text(text + f"vllm_version: '{vllm}'\n"))
     assert verdict.status is VerifyStatus.NOT_VERIFIABLE
     assert verdict.reason.startswith("instance 1: scheduler.prefix_policy")
+
+
+SPLIT_TURNS = """
+name: split-turns
+clock: steps
+cache: {block_size: 16, num_blocks: 64, groups: [full_attention, mamba]}
+scheduler: {max_num_seqs: 4, max_num_batched_tokens: 256, prefix_policy: pr48425}
+outputs: {plots: false}
+workload:
+  sessions: {mode: open}
+  requests:
+    - {id: t1, at: 0, prompt: [{content: chat, tokens: 40}], max_tokens: 3}
+    - {id: o1, at: 0, prompt: [{content: other, tokens: 40}], max_tokens: 3}
+    - {id: o2, at: 0, prompt: [{content: more, tokens: 40}], max_tokens: 3}
+    - {id: t2, at: 6, after: t1, max_tokens: 2,
+       prompt: [{content: chat, tokens: 40}, {output_of: t1, tokens: 3}, {content: u2, tokens: 10}]}
+    - {id: t3, at: 9, after: t1, max_tokens: 2,
+       prompt: [{content: chat, tokens: 40}, {output_of: t1, tokens: 3}, {content: u3, tokens: 10}]}
+cluster: {instances: 2, router: {policy: round_robin}}
+"""
+
+
+def test_a_turn_quoting_a_parent_that_ran_elsewhere_is_verified(vllm: str) -> None:
+    """Round robin: t2 runs on instance 1 and quotes t1's answer, generated on instance 0 (t3 quotes it beside
+    t1): instance 1's lowering numbers that output as a stream of its own (it was 'not verifiable: the
+    reserved stream of a request not in the workload')."""
+    verdict = verify_scenario(scenario_from_text(SPLIT_TURNS + f"vllm_version: '{vllm}'\n"))
+    assert verdict.status is VerifyStatus.IDENTICAL, (verdict.reason, verdict.difference)
+    assert "instance 0: identical (3 requests); instance 1: identical (2 requests)" in verdict.reason

@@ -214,3 +214,19 @@ def test_token_ids_fit_32_bits_and_workloads_with_more_distinct_tokens_are_not_v
     assert stream_bases(huge)[1] - 1 == MAX_TOKEN_ID  # the largest id fits exactly
     with pytest.raises(NotVerifiable, match="32-bit token ids"):
         stream_bases(huge + [Request("b", [StreamSegment("e", 0, 1)], 1)])
+
+
+def test_a_quoted_output_of_a_request_not_in_the_workload_is_a_stream_of_its_own():
+    """A cluster instance's turn quotes its parent's answer, generated on another instance: the tokens are
+    numbered like any stream (distinct from every other token, equal in the two turns that quote them)."""
+    text = BASE.replace(
+        "- {id: a, at: 0, prompt: [{content: doc, tokens: 40}], max_tokens: 3}",
+        "- {id: c, at: 0, prompt: [{content: doc, tokens: 20}, {output_of: a, tokens: 2}], max_tokens: 3}",
+    )
+    script = lower(_scenario(text.split("actions:")[0]))
+    c, b = script["requests"]
+    assert c["prompt_token_ids"][20:22] == b["prompt_token_ids"][20:22]
+    quoted = set(c["prompt_token_ids"][20:22])
+    others = set(c["prompt_token_ids"][:20]) | set(b["prompt_token_ids"][22:])
+    outputs = {r["output_token_base"] + j for r in (c, b) for j in range(3)}
+    assert len(quoted) == 2 and not quoted & (others | outputs)
