@@ -125,21 +125,28 @@ def export_kv_events(
     result = load_result(directory)
     events = result.tables["kv_events"]
     if "instance" in events.columns:
-        if instance is None:
-            raise ExportError(f"{directory}: a cluster bundle; give --instance (0 to {int(events['instance'].max())})")
+        count = int((result.summary.get("cluster") or {}).get("instances") or int(events["instance"].max()) + 1)
+        if instance is None or not 0 <= instance < count:
+            given = "give --instance" if instance is None else f"--instance {instance} is not one of its instances"
+            raise ExportError(f"{directory}: a cluster bundle of {count} instances; {given} (0 to {count - 1})")
         result = select_instance(result, instance)
         events = result.tables["kv_events"]
     elif instance is not None:
         raise ExportError(f"{directory}: --instance is for a cluster bundle; this one has one instance")
     scenario = load_scenario(directory / "scenario.resolved.yaml")
-    if scenario.cluster is not None:
+    disaggregated = scenario.cluster is not None and scenario.cluster.disaggregated
+    if scenario.cluster is not None and instance is not None:
         from sim.cluster.instances import instance_scenarios
 
-        scenario = instance_scenarios(scenario)[0]
+        scenario = instance_scenarios(scenario)[instance]  # its own pool and connector
     components = build_components(scenario)
     assert components is not None
     config = components.kv_cache_config
     requests = list(components.requests)
+    if disaggregated:  # a prefill instance's requests are the legs the P/D proxy made (as verify numbers them)
+        from sim.cluster.pd import prefill_leg
+
+        requests += [prefill_leg(r) for r in requests]
     outputs = dict(zip(result.tables["requests"]["request_id"], result.tables["requests"]["output_tokens"]))
     try:
         tokens = lowered_token_ids(requests)

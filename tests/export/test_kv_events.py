@@ -141,3 +141,23 @@ def test_writer_refuses_links_and_existing_files(tmp_path: Path, bundle: Path) -
         app, ["export", "kv-events", str(bundle), "-o", str(tmp_path / "e.msgpack"), "--instance", "0"]
     )
     assert result.exit_code == 2 and "--instance is for a cluster bundle" in result.output
+
+
+PD = SCENARIO.replace("count: 25", "count: 12") + "cluster:\n  instances: [{role: prefill}, {role: decode}]\n"
+
+
+def test_a_pd_cluster_exports_each_instance_with_its_own_requests(tmp_path: Path) -> None:
+    """The prefill instance's requests are the legs (``<id>@prefill``) the P/D proxy made: its events carry
+    the legs' tokens (the export raised a KeyError on the first leg); an instance out of range is refused in
+    one line naming the count."""
+    out = tmp_path / "pd"
+    sim.run_scenario(scenario_from_text(PD), out)
+    tables = sim.load_result(out).tables["kv_events"]
+    for index in (0, 1):
+        batches = _decode(export_kv_events(out, instance=index))
+        stored = sum(len(e["block_hashes"]) for _, evs, *_ in batches for e in evs if e["type"] == "BlockStored")
+        mine = tables.loc[tables["instance"] == index]
+        assert stored == int((mine["kind"] == "stored").sum()) > 0
+    result = CliRunner().invoke(app, ["export", "kv-events", str(out), "-o", str(tmp_path / "e"), "--instance", "2"])
+    assert result.exit_code == 2
+    assert "a cluster bundle of 2 instances; --instance 2 is not one of its instances (0 to 1)" in result.output
