@@ -9,7 +9,9 @@ handling and exit codes, without a new interpreter per command) and checks, in o
 2. ``show BUNDLE`` exits 0;
 3. ``run BUNDLE/scenario.resolved.yaml`` and ``trace diff`` of the two bundles exits 0 (byte-identical
    tables);
-4. ``explain BUNDLE REQUEST --attempt K`` on a random admission attempt exits 0;
+4. ``explain BUNDLE REQUEST --attempt K`` on a random admission attempt exits 0; ``compare BUNDLE RERUN``,
+   ``export kv-events BUNDLE`` (a cluster's: a random instance's) and, on a fifth of the walks, ``plot
+   BUNDLE`` exit 0;
 5. after a crash: ``crash.json`` has no ``replay_note``, ``replay BUNDLE/replay`` reproduces it (exit 0),
    ``shrink BUNDLE`` exits 0 and the shrunk scenario still crashes with the same reason; ``export vllm-test``
    of it exits 0 (or 7, not verifiable) and, with vLLM installed, the exported tests pass. A crashed cluster
@@ -36,6 +38,9 @@ from typer.testing import CliRunner, Result
 from sim.cli.app import app
 from sim.cli.exit_codes import RUN_STATUS_EXIT, ExitCode
 from sim.interrupts import reraise_since, signals_taken
+
+#: Share of the walks that redraw the bundle's plots (``plot``; the runs themselves draw none).
+PLOT_SHARE = 0.2
 
 
 @dataclass
@@ -133,10 +138,16 @@ def walk(scenario: Path, work: Path, rng: np.random.Generator, vllm: bool) -> Wa
 
     rerun = work / "rerun"
     argv, res = cli("run", bundle / "scenario.resolved.yaml", "-o", rerun, "--no-plots", "-q")
-    if check("rerun", argv, res, int(expected) if expected is not None else -1):
+    rerun_ok = check("rerun", argv, res, int(expected) if expected is not None else -1)
+    if rerun_ok:
         check("trace diff", *cli("trace", "diff", bundle, rerun, "--allow-partial"))
 
     _explain(cli, bundle, rng, check)
+    if rerun_ok:
+        check("compare", *cli("compare", bundle, rerun))
+    _export_kv_events(cli, bundle, work, rng, check)
+    if rng.random() < PLOT_SHARE:
+        check("plot", *cli("plot", bundle))
 
     crash_file = bundle / "crash.json"
     if crash_file.is_file():
@@ -165,6 +176,18 @@ def _verify(cli: _Cli, scenario: Path, out: Walk, check: Any) -> None:
         return
     expected = int(ExitCode.NOT_VERIFIABLE) if out.crashed else 0
     check("verify", *cli("verify", scenario), expected, what=f"verify: expected exit {expected} on this cluster")
+
+
+def _export_kv_events(cli: _Cli, bundle: Path, work: Path, rng: np.random.Generator, check: Any) -> None:
+    """``export kv-events`` of the bundle (a cluster's: one random instance's)."""
+    from sim.trace.bundle import load_result
+
+    requests = load_result(bundle).tables["requests"]
+    args: list[str | Path] = ["export", "kv-events", bundle, "-o", work / "kv_events.msgpack"]
+    if "instance" in requests.columns:
+        count = int(json.loads((bundle / "summary.json").read_text(encoding="utf-8"))["cluster"]["instances"])
+        args += ["--instance", str(int(rng.integers(count)))]
+    check("export kv-events", *cli(*args))
 
 
 def _explain(cli: _Cli, bundle: Path, rng: np.random.Generator, check: Any) -> None:
