@@ -166,6 +166,14 @@ def _extend_packed(column: PackedColumn, values: Sequence) -> PackedColumn:
         return out
 
 
+def _extend_repeated(column: PackedColumn, value: int, k: int) -> None:
+    """Append ``value`` ``k`` times to a packed column (a repeated typed array: a block copy, not ``k`` conversions)."""
+    if isinstance(column, array):
+        column.extend(array(column.typecode, (value,)) * k)
+    else:
+        column.extend([value] * k)
+
+
 class _Codes(dict):
     """Distinct strings -> their code (0, 1, ... in order of first sight); a new string gets the next code."""
 
@@ -580,12 +588,12 @@ class Recorder:
             ("decode_tokens", decode_tokens),
             ("free_blocks", free_blocks),
         ):
-            data[name].extend([value] * k)
+            _extend_repeated(data[name], value, k)
         for (blocks_name, cached_name), blocks, cached in zip(
             self._group_step_names, blocks_per_group, cached_per_group
         ):
-            data[blocks_name].extend([blocks] * k)
-            data[cached_name].extend([cached] * k)
+            _extend_repeated(data[blocks_name], blocks, k)
+            _extend_repeated(data[cached_name], cached, k)
         self.set_clock(first_step + k - 1, starts[-1])
         spill = self.spill
         if spill is not None and len(steps) >= spill.rows:

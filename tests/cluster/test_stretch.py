@@ -152,9 +152,18 @@ def test_decode_run_is_the_step_time_of_each_decode_step(model: str, hardware: s
     model preset: hybrids, sliding windows, MoE, several attention kinds; batches past a decode wave)."""
     time_model = StepTimeModel.from_presets(model, hardware)
     for requests, context in [(1, 0), (3, 7_000), (17, 250_000), (200, 1_900_000), (600, 3_000_000)]:
-        got = time_model.decode_run(requests, context, 12.5, math.inf, 40)
-        want = [time_model.step_time_of_batch(requests, context + i * requests, ()) for i in range(40)]
+        got = time_model.decode_run(requests, context, 12.5, math.inf, 600)  # (past a chunk of steps)
+        want = [time_model.step_time_of_batch(requests, context + i * requests, ()) for i in range(600)]
         assert got == want
+        # Cut by ``until`` in a later chunk: the steps that start before it, their starts added one by one.
+        t, starts = 12.5, []
+        for d in want:
+            starts.append(t)
+            t += d
+        assert time_model.decode_run(requests, context, 12.5, starts[300], 10**6) == want[:300]
+        assert (
+            time_model.decode_run(requests, context, 12.5, math.nextafter(starts[300], math.inf), 10**6) == want[:301]
+        )
     # The steps kept are those that start before `until`.
     durations = time_model.decode_run(4, 100, 1.0, 1.0 + 2.5 * time_model.step_time_of_batch(4, 100, ()), 10**6)
     assert len(durations) == 3
