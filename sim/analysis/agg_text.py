@@ -32,7 +32,7 @@ from matplotlib.ft2font import RenderMode
 class TextCache:
     """What text drawing learns, kept across figures: font per font properties, layout per string (its
     measure and its drawing share it), metrics per glyph (control box, advance), bitmap per glyph and
-    sub-pixel phase. Holds references to the FreeType fonts it used
+    sub-pixel phase, line heights per font and size. Holds references to the FreeType fonts it used
     (keys), so an entry never outlives its font."""
 
     def __init__(self) -> None:
@@ -40,6 +40,7 @@ class TextCache:
         self.metrics: dict[tuple, tuple[int, int, int]] = {}
         self.layouts: dict[tuple, list[tuple[Any, int, float, float]]] = {}
         self.glyphs: dict[tuple, tuple[Any, int, int]] = {}
+        self.heights: dict[tuple, tuple[float | None, float | None, float | None]] = {}
 
 
 _CURRENT: ContextVar[TextCache | None] = ContextVar("hybridsim_text_cache", default=None)
@@ -65,16 +66,42 @@ class CachedTextRenderer(RendererAgg):
         super().__init__(width, height, dpi)
         self._cache = cache
 
-    def _prepare_font(self, font_prop: Any) -> Any:
+    def _font_files(self, font_prop: Any) -> Any:
         # FontProperties compare by hash (matplotlib's own text-metrics cache keys them so).
         key = hash(font_prop)
         files = self._cache.fonts.get(key)
         if files is None:
             files = self._cache.fonts[key] = fontManager._find_fonts_by_props(font_prop)
-        font = get_font(files)
+        return files
+
+    def _prepare_font(self, font_prop: Any) -> Any:
+        font = get_font(self._font_files(font_prop))
         font.clear()
         font.set_size(font_prop.get_size_in_points(), self.dpi)
         return font
+
+    def _get_font_height_metrics(self, prop: Any) -> tuple[float | None, float | None, float | None]:
+        """The font's ascent, descent and line gap at its size (``Text._get_layout`` asks the renderer
+        first): matplotlib's own reading of the font's ``OS/2`` table, else ``hhea``, once per font and
+        size instead of a font lookup for every text laid out."""
+        key = (hash(prop), self.dpi)
+        heights = self._cache.heights.get(key)
+        if heights is None:
+            heights = self._cache.heights[key] = self._font_heights(prop)
+        return heights
+
+    def _font_heights(self, prop: Any) -> tuple[float | None, float | None, float | None]:
+        font: Any = get_font(self._font_files(prop))  # its tables read by name, as matplotlib reads them
+        for table_name, gap_key, ascent_key, descent_key in (
+            ("OS/2", "sTypoLineGap", "sTypoAscender", "sTypoDescender"),
+            ("hhea", "lineGap", "ascent", "descent"),
+        ):
+            table = font.get_sfnt_table(table_name)
+            if table is None:
+                continue
+            scale = 1 / font.get_sfnt_table("head")["unitsPerEm"] * prop.get_size_in_points() * self.dpi / 72
+            return table[ascent_key] * scale, -table[descent_key] * scale, table[gap_key] * scale
+        return None, None, None
 
     def _layout(self, s: str, prop: Any, flags: Any, features: Any, language: Any) -> list[tuple]:
         """``s`` shaped in ``prop``'s font: (FreeType font, glyph index, x, y) per glyph, pixels."""

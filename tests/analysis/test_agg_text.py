@@ -40,3 +40,22 @@ def test_one_cache_serves_several_renderers_and_sizes():
         got = CachedTextRenderer(50, 50, dpi, cache).get_text_width_height_descent("Evictions 233", prop, False)
         assert got == RendererAgg(50, 50, dpi).get_text_width_height_descent("Evictions 233", prop, False)
     assert len(cache.layouts) == 3
+
+
+@pytest.mark.parametrize("size", [8, 10, 12.5])
+def test_text_layout_is_matplotlib_s(size):
+    """A text laid out on the cached renderer (line heights from agg_text, measures from its layouts) has
+    the boxes and line positions it has on matplotlib's: one line, several lines, rotated."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(dpi=100)
+    texts = [
+        fig.text(0.1, 0.5, "blocks in use", fontsize=size),
+        fig.text(0.5, 0.5, "evictions: cache entries removed\n(bars: per 0.996 s, peak at 40% height)", fontsize=size),
+        fig.text(0.2, 0.2, "blocks", fontsize=size, rotation=90, ha="center", va="center"),
+    ]
+    cache = TextCache()
+    for text in texts:
+        ours = text._get_layout(CachedTextRenderer(640, 480, 100, cache))
+        theirs = text._get_layout(RendererAgg(640, 480, 100))
+        assert ours[0].bounds == theirs[0].bounds and ours[1] == theirs[1] and ours[2] == theirs[2], text.get_text()
