@@ -34,6 +34,7 @@ from matplotlib.ticker import MaxNLocator
 
 from sim.analysis.agg_text import shared_text
 from sim.analysis.figures import PLOT_FORMATS, RunAxes, draw_ticks_once, grid, save_figure
+from sim.analysis.legend import RunLegend
 from sim.results.metrics import FULL_ATTENTION, NOT_ADMITTED, request_metrics
 from sim.trace.bundle import LoadedResult, ResultSource, summary_of, tables_of
 from sim.trace.output import write_file
@@ -404,13 +405,14 @@ def _figure_legend(fig: Figure, top: Axes) -> None:
             handles.setdefault(label, handle)
     if handles:
         box = top.get_position()
-        fig.legend(
-            list(handles.values()),
-            list(handles),
-            loc="upper left",
-            bbox_to_anchor=(box.x1 + 0.1 / fig.get_figwidth(), box.y1),
-            fontsize=8,
-        )
+        anchor = (box.x1 + 0.1 / fig.get_figwidth(), box.y1)
+        fig.add_artist(RunLegend([(h, label) for label, h in handles.items()], anchor, fig.transFigure))
+
+
+def _beside(ax: Axes, title: str, **kw: Any) -> None:
+    """A :class:`~sim.analysis.legend.RunLegend` of ``ax``'s labelled artists right of it, level with its top."""
+    entries = list(zip(*ax.get_legend_handles_labels()))
+    ax.add_artist(RunLegend(entries, (1.01, 1.0), ax.transAxes, title=title, **kw))
 
 
 def _finish_panel(ax: Axes) -> None:
@@ -477,7 +479,7 @@ def plot_divergence(result: ResultSource, path: str | Path, *, group_kinds: Sequ
         fontsize=9,
         color="#555555",
     )
-    ax.legend(title="outcome (area ∝ count)", fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _beside(ax, "outcome (area ∝ count)", title_fontsize=10)
     grid(ax)
     return _save(fig, path)
 
@@ -520,14 +522,7 @@ def plot_eviction_raster(result: ResultSource, path: str | Path, *, group_kinds:
     if not steps.empty:
         ax.set_xlim(steps[xcol].min(), steps[xcol].max() + (steps["duration_s"].iloc[-1] if xcol == "time_s" else 1))
     ax.set_xlabel(xlabel)
-    ax.legend(
-        title="evictions per group",
-        fontsize=8,
-        title_fontsize=9,
-        markerscale=2.5,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-    )
+    _beside(ax, "evictions per group", title_fontsize=9, markerscale=2.5)
     return _save(fig, path)
 
 
