@@ -154,11 +154,12 @@ class ArrivalFeed:
             return False
         return any(i.components.scheduler.has_unfinished_requests() or i.queued() for i in self.instances)
 
-    def wake_all(self) -> None:
-        """Wake every idle instance (to take a request, or to see that none will come and end)."""
+    def recheck_all(self) -> None:
+        """No more requests will be routed: every idle instance looks again whether it ends (or stalls), without
+        a step (:meth:`~sim.engine.loop.EngineLoop.recheck`)."""
         for instance in self.instances:
             assert instance.loop is not None
-            instance.loop.wake()
+            instance.loop.recheck()
 
     def _route(self, request: Request) -> None:
         del self._pending[request.request_id]
@@ -173,7 +174,7 @@ class ArrivalFeed:
             self.pd.start(request, self._choose(self.prefill_router, request, self.prefill_ids), index)
         self.hand(index, request)
         if not self.may_route():
-            self.wake_all()
+            self.recheck_all()
 
     def hand(self, index: int, request: Request) -> None:
         """Give ``request`` to instance ``index`` now."""
@@ -452,7 +453,7 @@ def _disaggregate(scenario: Scenario, instances: list[Instance], feed: ArrivalFe
         assert loop is not None
         loop.wake()
 
-    pd = Disaggregation(release=feed.hand, wake=wake, on_idle=feed.wake_all)
+    pd = Disaggregation(release=feed.hand, wake=wake, on_idle=feed.recheck_all)
     feed.pd = pd
     for instance, role in zip(instances, roles):
         connector = instance.components.connector
@@ -503,7 +504,7 @@ def _instance_loop(
         if feed.sessions is not None:
             feed.sessions.on_finished(finished, now)
         if not feed.may_route():
-            feed.wake_all()
+            feed.recheck_all()
 
     loop_cls: type[EngineLoop] = EngineLoop
     extra: dict[str, Any] = {}

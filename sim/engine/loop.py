@@ -127,6 +127,8 @@ class EngineLoop:
     stalled: bool = False
     _next_request: int = 0
     _idle: bool = False
+    #: Set by :meth:`wake` (something reached the engine); not by :meth:`recheck`.
+    _woken_for_work: bool = False
 
     def __post_init__(self) -> None:
         self._actions_by_step: dict[int, list[Action]] = {}
@@ -161,7 +163,17 @@ class EngineLoop:
 
     # ------------------------------------------------------------ wake-ups
     def wake(self) -> None:
-        """Called by connector transfers when they complete (may be idle)."""
+        """Something reached the engine (a transfer completed, a request was released to it): an idle engine
+        takes a step."""
+        self._woken_for_work = True
+        if self.wake_event is not None and not self.wake_event.triggered:
+            self.wake_event.succeed()
+
+    def recheck(self) -> None:
+        """Nothing reached the engine, but what it waits for may have changed (a cluster will route no more
+        requests): an idle engine looks again whether it must end (or stall) without taking a step, as one
+        engine whose last request has arrived does (and as vLLM's harness does: an idle engine goes to its
+        next arrival, and with none left it has stalled)."""
         if self.wake_event is not None and not self.wake_event.triggered:
             self.wake_event.succeed()
 
@@ -218,11 +230,14 @@ class EngineLoop:
                         raise StopRun("stalled: requests are waiting but none can be scheduled and nothing is pending")
                     return
                 self.wake_event = env.event()
+                self._woken_for_work = False
                 if nxt is not None and nxt > env.now:
                     yield env.timeout(nxt - env.now) | self.wake_event
                 elif nxt is None:
                     yield self.wake_event
                 self.wake_event = None
+                if not self._woken_for_work and (nxt is None or env.now < nxt) and not self._due_now():
+                    continue  # only a recheck(): look again, without a step
                 self._idle = False
                 if self.clock == "steps":
                     self.step = max(self.step, int(env.now))

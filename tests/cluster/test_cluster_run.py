@@ -324,3 +324,32 @@ def test_prefix_aware_routing_without_prefix_caching_counts_nothing() -> None:
     result = _run(text + "cluster: {instances: 2, router: {policy: prefix_aware, group_aware: true}}\n")
     assert result.status == "complete"
     assert set(result.tables["requests"]["instance"]) == {0, 1}
+
+
+STALLS_EARLY = """
+name: stalls-early
+clock: steps
+cache: {block_size: 16, num_blocks: 26, groups: [full_attention, {type: sliding_window, window: 76}], retention_interval: 0}
+scheduler: {max_num_seqs: 2, max_num_batched_tokens: 256, prefix_policy: pr48425, long_prefill_token_threshold: 48}
+outputs: {plots: false}
+workload:
+  requests:
+    - {id: big, at: 5, prompt: [{content: doc0, tokens: 192}, {content: tail1, tokens: 29}], max_tokens: 5}
+    - {id: r2, at: 6, prompt: [{content: doc1, tokens: 66}, {content: tail2, tokens: 19}], max_tokens: 5}
+    - {id: r0, at: 23, prompt: [{content: doc1, tokens: 194}, {content: tail0, tokens: 47}], max_tokens: 4}
+cluster: {instances: 3, router: {policy: least_loaded}}
+"""
+
+
+def test_an_instance_stalled_early_takes_no_step_when_the_routing_ends() -> None:
+    """Instance 0 gets ``big``, which its pool cannot hold, and idles from step 5; the last request (r0, step
+    23) goes elsewhere. Knowing then that nothing more will come, instance 0 ends stalled without another
+    step: it took one at step 23 (a second ``big`` attempt), which vLLM's idle engine, going to its next
+    arrival (none), never takes (found by the e2e fuzz's cluster verify, seed 7007)."""
+    result = _run(STALLS_EARLY)
+    admissions = result.tables["admissions"]
+    mine = admissions.loc[admissions["instance"] == 0]
+    assert list(zip(mine["request_id"], mine["step"])) == [("big", 5)]
+    assert result.summary["instances"][0]["steps"] == 6
+    requests = result.tables["requests"].set_index("request_id")
+    assert requests.loc["r0", "instance"] != 0 and requests.loc["big", "outcome"] != "ok"

@@ -71,3 +71,10 @@ def test_a_turn_quoting_a_parent_that_ran_elsewhere_is_verified(vllm: str) -> No
     verdict = verify_scenario(scenario_from_text(SPLIT_TURNS + f"vllm_version: '{vllm}'\n"))
     assert verdict.status is VerifyStatus.IDENTICAL, (verdict.reason, verdict.difference)
     assert "instance 0: identical (3 requests); instance 1: identical (2 requests)" in verdict.reason
+
+
+def test_an_instance_that_stalls_while_the_others_run_is_verified(vllm: str) -> None:
+    from cluster.test_cluster_run import STALLS_EARLY
+
+    verdict = verify_scenario(scenario_from_text(STALLS_EARLY + f"vllm_version: '{vllm}'\n"))
+    assert verdict.status is VerifyStatus.IDENTICAL, (verdict.reason, verdict.difference)
