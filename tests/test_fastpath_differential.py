@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import simpy
 
-from sim.accel import QuietDecodeScheduler, QuietKVCacheManager
+from sim.accel import CountingKVCacheManager, QuietDecodeScheduler, QuietKVCacheManager
 from sim.accel.quiet import QuietHorizons
 from sim.accel.replicas import ReplicaCoordinator
 from sim.api import RunOptions, run_scenario
@@ -110,8 +110,8 @@ def layer(monkeypatch) -> LayerCounts:
 
 
 def test_the_build_chooses_the_layer_once() -> None:
-    """``fast_paths`` picks the manager class at build time: the speed layer where its rules cover the
-    layout, the plain core otherwise or when off."""
+    """``fast_paths`` picks the manager class at build time: the speed layer's quiet horizons where their
+    rules cover the layout, else its counting manager with the plain scheduler; the plain core when off."""
     scenario = load_scenario(ROOT / "scenarios" / "demo-pressure.yaml", OVERRIDES)
     fast = build_components(scenario, fast_paths=True)
     plain = build_components(scenario, fast_paths=False)
@@ -120,7 +120,7 @@ def test_the_build_chooses_the_layer_once() -> None:
     assert type(plain.kv_manager) is KVCacheManager and type(plain.scheduler) is Scheduler
     window = scenario_from_text(random_scenario(0, ["[full_attention, {type: sliding_window, window: 64}]"]), "<w>")
     built = build_components(window, fast_paths=True)
-    assert built is not None and type(built.kv_manager) is KVCacheManager and type(built.scheduler) is Scheduler
+    assert built is not None and type(built.kv_manager) is CountingKVCacheManager and type(built.scheduler) is Scheduler
 
 
 @pytest.mark.slow
@@ -406,6 +406,82 @@ def test_reuse_value_eviction_identical_with_and_without_fast_paths(
     text = random_scenario(seed, PLACEMENT_LAYOUTS)
     _assert_same(scenario_from_text(text, f"<reuse_value {placement} {seed}>", overrides=overrides))
     assert layer.skips + layer.decodes > 0
+
+
+# ---------------------------------------------------------------- the steps table's counters
+#: Every place the speed layer's counters (sim.accel.counters) move: hits touched, external blocks, new blocks,
+#: window and Mamba skips, frees, entries stored, evicted by an allocation or a policy, dropped by a scripted
+#: eviction and cleared by a reset (at step 55 every block is free; the cache fills again after it).
+COUNTERS = """
+name: counters-{name}
+seed: 3
+clock: steps
+on_crash: record
+cache: {{block_size: 16, num_blocks: {blocks}, groups: {groups}, eviction_policy: {policy}}}
+scheduler: {{max_num_seqs: 4, max_num_batched_tokens: 128, max_model_len: 2048, prefix_policy: pr48425}}
+connector: {{type: scripted, holds: {{c1: 64, c2: 200}}}}
+outputs: {{plots: false, schedule_table: true}}
+workload:
+  requests:
+    - {{id: a0, at: 0, prompt: [{{content: doc, tokens: 300}}, {{content: q0, tokens: 40}}], max_tokens: 30}}
+    - {{id: a1, at: 2, prompt: [{{content: doc, tokens: 300}}, {{content: q1, tokens: 50}}], max_tokens: 20}}
+    - {{id: c1, at: 4, prompt: [{{content: other, tokens: 150}}], max_tokens: 10}}
+    - {{id: b0, at: 60, prompt: [{{content: doc, tokens: 300}}, {{content: q2, tokens: 30}}], max_tokens: 12}}
+    - {{id: b1, at: 61, prompt: [{{content: doc, tokens: 300}}, {{content: q3, tokens: 70}}], max_tokens: 12}}
+    - {{id: c2, at: 62, prompt: [{{content: more, tokens: 260}}], max_tokens: 8}}
+    - {{id: d0, at: 63, prompt: [{{content: doc, tokens: 300}}, {{content: q4, tokens: 20}}], max_tokens: 40}}
+actions:
+  - {{at: 30, evict: {{prefix_of: a0, group: 0, blocks: [3, 4]}}}}
+  - {{at: 55, reset_prefix_cache: true}}
+"""
+#: name -> (groups, eviction policy, blocks, the manager the fast build takes, its pool).
+COUNTER_CASES = {
+    # A sliding window: no quiet horizons, the counting manager with the plain scheduler.
+    "window": (
+        "[full_attention, {type: sliding_window, window: 64}]",
+        "lru",
+        60,
+        "CountingKVCacheManager",
+        "CountingBlockPool",
+    ),
+    # Mamba prefill checkpoints under a what-if eviction policy: the counting policy pool.
+    "checkpoints-policy": (
+        "[full_attention, {type: mamba, prefill_checkpoints: true}]",
+        "group_coherent",
+        60,
+        "QuietKVCacheManager",
+        "CountingPolicyBlockPool",
+    ),
+    # Replica groups: the followers count their own blocks.
+    "replicas": (
+        "[{type: mamba, prefill_checkpoints: true}, full_attention, {type: mamba, prefill_checkpoints: true}]",
+        "lru",
+        80,
+        "QuietKVCacheManager",
+        "CountingBlockPool",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COUNTER_CASES))
+def test_the_steps_tables_counters_identical_with_and_without_fast_paths(case: str) -> None:
+    """The steps table's ``blocks_gN`` and ``cached_gN``: the core counts the tables and the cached map at every
+    step, the speed layer keeps counters; the tables must be identical (a counter off by one anywhere shows)."""
+    groups, policy, blocks, manager, pool = COUNTER_CASES[case]
+    text = COUNTERS.format(name=case, groups=groups, policy=policy, blocks=blocks)
+    scenario = scenario_from_text(text, f"<counters {case}>")
+    built = build_components(scenario, fast_paths=True)
+    assert built is not None
+    assert type(built.kv_manager).__name__ == manager and type(built.kv_manager.block_pool).__name__ == pool
+    assert isinstance(built.kv_manager.coordinator, ReplicaCoordinator) == (case == "replicas")
+    tables = _assert_same(scenario)
+    events = tables["kv_events"]
+    assert ",cleared," in events and ",reset" in events and ",cache" in events
+    steps = [line.split(",") for line in tables["steps"].splitlines()]
+    header, rows = steps[0], steps[1:]
+    held = [i for i, name in enumerate(header) if name.startswith("blocks_g")]
+    cached = [i for i, name in enumerate(header) if name.startswith("cached_g")]
+    assert all(any(int(row[i]) > 0 for row in rows) for i in held + cached)
 
 
 # ---------------------------------------------------------------- quiet stretches on a single engine

@@ -7,6 +7,9 @@ The core imports nothing from here. Every table a run writes is byte-identical
 with and without these classes: ``tests/test_fastpath_differential.py`` is the
 contract.
 
+* :class:`~sim.accel.counters.CountingKVCacheManager`: the pool and the single-type managers keep the
+  steps table's per-group held blocks and cache entries as counters (the core counts them when asked);
+  every manager below is one.
 * :class:`~sim.accel.quiet.QuietKVCacheManager`: quiet horizons around
   ``allocate_slots`` (most running-loop calls give a request a few more tokens
   inside blocks it already holds; the per-group steps then change nothing).
@@ -31,6 +34,7 @@ contract.
   single engine or of a cluster instance, takes such a stretch as one event).
 """
 
+from sim.accel.counters import CountingKVCacheManager
 from sim.accel.decodes import QuietDecodeScheduler
 from sim.accel.hashing import SharedPrefixBlockHasher
 from sim.accel.lookups import HeadOfLineLookups
@@ -38,6 +42,7 @@ from sim.accel.quiet import QuietHorizons, QuietKVCacheManager, quiet_horizon
 from sim.accel.replicas import MambaFollower, ReplicaCoordinator
 
 __all__ = [
+    "CountingKVCacheManager",
     "HeadOfLineLookups",
     "MambaFollower",
     "QuietDecodeScheduler",

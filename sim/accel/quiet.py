@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import Final, Sequence
 
+from sim.accel.counters import CountingBlockPool, CountingKVCacheManager
 from sim.accel.lookups import HeadOfLineLookups
 from sim.accel.replicas import ReplicaCoordinator
-from sim.core.kv.block_pool import BlockPool, KVCacheBlock, KVEvent, KVEventLog
-from sim.core.kv.kv_cache_coordinator import KVCacheOptions
-from sim.core.kv.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
+from sim.core.kv.kv_cache_manager import KVCacheBlocks
 from sim.core.kv.single_type_kv_cache_manager import (
     FullAttentionManager,
     MambaManager,
@@ -180,8 +180,8 @@ class QuietHorizons:
         )
 
 
-class QuietKVCacheManager(KVCacheManager):
-    """:class:`KVCacheManager` that skips ``allocate_slots`` calls inside a request's quiet horizon.
+class QuietKVCacheManager(CountingKVCacheManager):
+    """:class:`~sim.accel.counters.CountingKVCacheManager` that skips ``allocate_slots`` calls inside a request's quiet horizon.
 
     Every other call goes to the plain manager: the horizon is dropped before
     anything that may change the request's tables and noted again after a
@@ -209,13 +209,7 @@ class QuietKVCacheManager(KVCacheManager):
         if not self.supports(kv_cache_config):
             raise ValueError("quiet horizons need full-attention / align-mode Mamba groups of one block size")
         super().__init__(kv_cache_config, **options)  # type: ignore[arg-type]
-        kv_options = KVCacheOptions(
-            self.block_pool.enable_kv_cache_events,
-            options.get("max_in_flight_tokens"),  # type: ignore[arg-type]
-            bool(options.get("corrected_mamba_accounting", False)),
-            options.get("eviction_policy"),  # type: ignore[arg-type]
-            options.get("eviction_context"),  # type: ignore[arg-type]
-        )
+        kv_options = self.kv_cache_options
         #: The replica groups' coordinator (sim.accel.replicas) where the layout has them, else None.
         self.replicas: ReplicaCoordinator | None = None
         if ReplicaCoordinator.applies(kv_cache_config, kv_options):
@@ -228,7 +222,7 @@ class QuietKVCacheManager(KVCacheManager):
         #: Events taken from the pool so far, and num_cached_per_group's last answer with the count it was
         #: computed at (-1: never).
         self._events_taken = 0
-        self._count_events = type(self.block_pool) is BlockPool and self.block_pool.enable_kv_cache_events
+        self._count_events = type(self.block_pool) is CountingBlockPool and self.block_pool.enable_kv_cache_events
         self._cached_counts: tuple[int, ...] = ()
         self._cached_counts_at = -1
         self.quiet = QuietHorizons(
@@ -277,10 +271,10 @@ class QuietKVCacheManager(KVCacheManager):
         return held
 
     def num_blocks_per_group(self) -> tuple[int, ...]:
-        return tuple([m.num_held_blocks for m in self._managers])
+        return tuple([m.held_blocks for m in self._managers])  # type: ignore[attr-defined]
 
     def num_cached_per_group(self) -> tuple[int, ...]:
-        """The core's answer (the steps table asks every step), kept while no event left the pool meanwhile.
+        """The counters' answer (the steps table asks every step), kept while no event left the pool meanwhile.
 
         A group's entry count changes only where the pool emits an event (``stored``, ``removed``,
         ``cleared``), and every event leaves the pool through this manager (:meth:`take_event_log`,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from sim.accel.counters import CountingMambaManager
 from sim.core.kv.block_pool import KVCacheBlock
 from sim.core.kv.hash_view import block_hashes_at
 from sim.core.kv.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheOptions
@@ -52,7 +53,7 @@ from sim.core.request import Request
 _PLAIN, _LEADER, _FOLLOWER = 0, 1, 2
 
 
-class MambaFollower(MambaManager):
+class MambaFollower(CountingMambaManager):
     """An align-mode Mamba group identical to an earlier one (its *leader*): it applies the leader's decisions.
 
     Invariant (kept by :class:`ReplicaCoordinator`, which alone calls the ``follow_*`` methods): for every
@@ -61,7 +62,8 @@ class MambaFollower(MambaManager):
     field is exactly what the core's :class:`MambaManager` would hold in this group's place. The fields are
     this class's own (inherited from :class:`MambaManager`); the follower writes only its own. Its blocks
     are its own (taken from, freed to and keyed in the shared pool in its place in the group order), and
-    so are its held-block count and same-step set. Its plain methods stay exact: the coordinator calls them
+    so are its held-block counter (:class:`~sim.accel.counters.HeldBlockCounter`, moved by the free queue's
+    change across each ``follow_*`` call that takes or frees blocks) and same-step set. Its plain methods stay exact: the coordinator calls them
     whenever a decision cannot be shared.
     """
 
@@ -93,16 +95,19 @@ class MambaFollower(MambaManager):
         ``retire_to`` (if >= 0), then free the previous state slot ``state_idx`` (its own call)."""
         blocks = self.req_to_blocks[request_id]
         null = self._null_block
+        queue = self.block_pool.free_block_queue
+        free = queue.num_free_blocks
         if freed:
             released = [blocks[i] for i in freed]
             for i in freed:
                 blocks[i] = null
-            self.num_held_blocks -= self.block_pool.free_blocks(released)
+            self.block_pool.free_blocks(released)
         if retire_to >= 0:
             self.num_retired_blocks[request_id] = retire_to
         if state_idx is not None:
-            self.num_held_blocks -= self.block_pool.free_blocks((blocks[state_idx],))
+            self.block_pool.free_blocks((blocks[state_idx],))
             blocks[state_idx] = null
+        self.held_blocks += free - queue.num_free_blocks
 
     def follow_allocate(self, request_id: str, prev_len: int, num_nulls: int, num_new: int) -> list[KVCacheBlock]:
         """``allocate_new_blocks`` after the leader's: its table grew from ``prev_len`` by ``num_nulls`` null
@@ -115,7 +120,7 @@ class MambaFollower(MambaManager):
         if num_nulls:
             table.extend([self._null_block] * num_nulls)
         new_blocks = self.block_pool.get_new_blocks(num_new, request_id)
-        self.num_held_blocks += num_new
+        self.held_blocks += num_new
         returned = table[prev_len:]
         table.extend(new_blocks)
         returned.extend(new_blocks)
@@ -167,7 +172,10 @@ class MambaFollower(MambaManager):
             tail = blocks[head:]
             if tail:
                 tail.reverse()
-                self.num_held_blocks -= self.block_pool.free_blocks(tail)
+                queue = self.block_pool.free_block_queue
+                free = queue.num_free_blocks
+                self.block_pool.free_blocks(tail)
+                self.held_blocks += free - queue.num_free_blocks
 
 
 class _CachePlan:
@@ -192,7 +200,12 @@ def replica_classes(managers: Sequence[SingleTypeKVCacheManager]) -> list[list[i
     """Group ids of each class of two or more identical align-mode Mamba groups with caching on, in group order."""
     classes: dict[tuple[object, ...], list[int]] = {}
     for gid, manager in enumerate(managers):
-        if type(manager) is MambaManager and manager.enable_caching and manager.mamba_cache_mode == "align":
+        if (
+            isinstance(manager, MambaManager)
+            and type(manager) in (MambaManager, CountingMambaManager)
+            and manager.enable_caching
+            and manager.mamba_cache_mode == "align"
+        ):
             key = (manager.kv_cache_spec, manager.corrected_mamba_accounting, manager.cache_hit_alignment_tokens)
             classes.setdefault(key, []).append(gid)
     return [gids for gids in classes.values() if len(gids) >= 2]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from sim.accel import QuietDecodeScheduler, QuietKVCacheManager, SharedPrefixBlockHasher
+from sim.accel import CountingKVCacheManager, QuietDecodeScheduler, QuietKVCacheManager, SharedPrefixBlockHasher
 from sim.config import ScenarioError
 from sim.config.scenario import Scenario, check_connector_request_ids
 from sim.connector.protocol import Connector
@@ -404,8 +404,9 @@ def build_components(
     KV-cache manager and the scheduler: the speed layer's
     :class:`~sim.accel.QuietKVCacheManager` and
     :class:`~sim.accel.QuietDecodeScheduler` where the manager supports the
-    layout, else (or with ``fast_paths`` False) the plain
-    :class:`KVCacheManager` and :class:`Scheduler`; the tables are identical
+    layout, else its :class:`~sim.accel.CountingKVCacheManager` (counters for the
+    steps table) and the plain :class:`Scheduler`; with ``fast_paths`` False the plain
+    :class:`KVCacheManager` and :class:`Scheduler`. The tables are identical
     (tests/test_fastpath_differential.py).
     """
     config = _check_block_limit(build_kv_cache_config(scenario))
@@ -426,7 +427,9 @@ def build_components(
         return None
 
     # As vLLM's Scheduler does, hand the manager the in-flight token bound (sliding-window admission cap).
-    manager_cls = QuietKVCacheManager if fast_paths and QuietKVCacheManager.supports(config) else KVCacheManager
+    manager_cls: type[KVCacheManager] = KVCacheManager
+    if fast_paths:
+        manager_cls = QuietKVCacheManager if QuietKVCacheManager.supports(config) else CountingKVCacheManager
     kv_manager = manager_cls(
         config,
         max_in_flight_tokens=scheduler_config.max_in_flight_tokens,

@@ -35,7 +35,7 @@ LAYOUTS = [
         {"type": "mamba", "prefill_checkpoints": True},
     ],
 ]
-#: Mixed block sizes, sliding windows: the quiet rules do not cover them, the build takes the plain manager.
+#: Mixed block sizes, sliding windows: the quiet rules do not cover them, the build takes the counting manager.
 UNSUPPORTED = [
     [{"type": "full_attention", "block_size": 32}, {"type": "mamba", "prefill_checkpoints": True}],
     ["full_attention", {"type": "sliding_window", "window": 64, "block_size": 32}],
@@ -56,7 +56,7 @@ def _state(m):
     for mgr in m.coordinator.single_type_managers:
         out.append(sorted((rid, [b.block_id for b in t]) for rid, t in mgr.req_to_blocks.items()))
         out.append(sorted(mgr.num_cached_block.items()))
-        out.append(mgr.num_held_blocks)
+        out.append(mgr.num_held_blocks())
         if isinstance(mgr, MambaManager):
             out.append(sorted(mgr.last_state_block_idx.items()))
             out.append(sorted(mgr.num_retired_blocks.items()))

@@ -38,7 +38,7 @@ def _state(m: KVCacheManager) -> list[object]:
     for mgr in m.coordinator.single_type_managers:
         out.append(sorted((rid, [b.block_id for b in t]) for rid, t in mgr.req_to_blocks.items()))
         out.append(sorted(mgr.num_cached_block.items()))
-        out.append(mgr.num_held_blocks)
+        out.append(mgr.num_held_blocks())
         if isinstance(mgr, MambaManager):
             out.append(sorted(mgr.last_state_block_idx.items()))
             out.append(sorted(mgr.num_retired_blocks.items()))
@@ -132,9 +132,9 @@ def test_the_build_takes_replicas_only_for_identical_align_groups() -> None:
     m = QuietKVCacheManager(nemotron)
     assert isinstance(m.coordinator, ReplicaCoordinator) and m.block_pool is m.coordinator.block_pool
     assert [type(g).__name__ for g in m.coordinator.single_type_managers] == [
-        "MambaManager",
+        "CountingMambaManager",
         "MambaFollower",
         "MambaFollower",
         "MambaFollower",
-        "FullAttentionManager",
+        "CountingFullAttentionManager",
     ]

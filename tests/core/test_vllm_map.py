@@ -130,3 +130,36 @@ def test_the_maps_order_is_vllms(ours: tuple[str, str]) -> None:
     theirs = [name for name, _ in _same_class_rows(*ours, vllm_file, vllm_cls)]
     order = [lines[name] for name in theirs]
     assert order == sorted(order), f"docs/kv-core.md: the {vllm_cls} rows are not in {vllm_file}'s order: {theirs}"
+
+
+def _vllm_function(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
+    body: list[ast.stmt] = tree.body
+    node: ast.stmt | None = None
+    for part in qualname.split("."):
+        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def test_the_pools_methods_return_nothing_where_vllms_do() -> None:
+    """A side-by-side read of the pool: where vLLM's ``block_pool.py`` function returns ``None`` (``touch``,
+    ``free_blocks``, ...), ours returns nothing either (no counts handed back for a speed layer)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed (`make vllm-env`)")
+    tree = ast.parse((Path(spec.origin).parent / "v1" / "core" / "block_pool.py").read_text(encoding="utf-8"))
+    checked, differ = [], []
+    for vllm_file, theirs, module, ours in _rows():
+        node = _vllm_function(tree, theirs) if vllm_file == "block_pool.py" else None
+        if node is None or not (isinstance(node.returns, ast.Constant) and node.returns.value is None):
+            continue
+        obj: object = importlib.import_module(module)
+        for part in ours.split("."):
+            obj = getattr(obj, part)
+        checked.append(ours)
+        if getattr(obj, "__annotations__", {}).get("return") != "None":
+            differ.append(ours)
+    assert {"BlockPool.touch", "BlockPool.free_blocks"} <= set(checked)
+    assert not differ, f"these return a value where vLLM's return None: {differ}"

@@ -273,8 +273,6 @@ class BlockPool:
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         #: group id -> hash -> block, or {block_id: block} in insertion order when several hold it.
         self.cached_block_hash_to_block: dict[int, dict[BlockHash, KVCacheBlock | dict[int, KVCacheBlock]]] = {}
-        #: group id -> number of cache entries (blocks findable by a key); grown as groups first cache.
-        self._num_cached: list[int] = []
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self._events = KVEventLog()
@@ -368,9 +366,6 @@ class BlockPool:
             group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
         block.block_hash = group_key(block_hash, group_id)
         block.block_hash_num_tokens = num_tokens
-        while len(self._num_cached) <= group_id:
-            self._num_cached.append(0)
-        self._num_cached[group_id] += 1
         if self.enable_kv_cache_events:
             self._events.append("stored", group_id, block.block_id, block_hash, request_id, "cache")
         if self.cache_listener is not None:
@@ -410,31 +405,24 @@ class BlockPool:
         block.block_hash = None
         block.block_hash_num_tokens = None
         block.taint = None
-        self._num_cached[group_id] -= 1
         if self.enable_kv_cache_events:
             self._events.append("removed", group_id, block.block_id, block_hash, request_id, cause)
         return True
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> int:
-        """Take a reference on each (non-null) block; a free one leaves the queue.
-
-        Returns how many blocks left the free queue (went from 0 to 1 reference).
-        """
-        taken = 0
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on each (non-null) block; a free one leaves the queue."""
         for block in blocks:
             if block.is_null:
                 continue
             if block.ref_cnt == 0:
                 self.free_block_queue.remove(block)
-                taken += 1
             block.ref_cnt += 1
-        return taken
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> int:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference on each block, given in eviction-priority order.
 
         Blocks reaching 0 go to the front if uncached (in the given order) and
-        to the back if cached (in the given order). Returns how many reached 0.
+        to the back if cached (in the given order).
         """
         blocks_to_evict_last: list[KVCacheBlock] = []
         blocks_to_evict_first: list[KVCacheBlock] = []
@@ -451,7 +439,6 @@ class BlockPool:
                 raise AssertionError(f"negative ref count on block {block.block_id}")
         self.free_block_queue.prepend_n(blocks_to_evict_first)
         self.free_block_queue.append_n(blocks_to_evict_last)
-        return len(blocks_to_evict_first) + len(blocks_to_evict_last)
 
     def evict_blocks(self, block_ids: Iterable[int], request_id: str = "", cause: str = "evict_forced") -> None:
         """Drop the cache entries of the given blocks (vLLM ``evict_blocks``).
@@ -469,7 +456,6 @@ class BlockPool:
         if num_used_blocks != 1:  # the null block is always in use
             return False
         self.cached_block_hash_to_block = {}
-        self._num_cached = []
         for block in self.blocks:
             block.block_hash = None
             block.block_hash_num_tokens = None
@@ -505,8 +491,12 @@ class BlockPool:
         return [entry]
 
     def num_cached_entries(self, group_id: int) -> int:
-        """Cache entries (blocks findable by a key) of one group."""
-        return self._num_cached[group_id] if 0 <= group_id < len(self._num_cached) else 0
+        """Cache entries (blocks findable by a key) of one group, counted in the cached map: O(its entries)
+        (the speed layer's pool keeps a counter: ``sim.accel.counters``)."""
+        group_map = self.cached_block_hash_to_block.get(group_id)
+        if not group_map:
+            return 0
+        return sum([len(entry) if isinstance(entry, dict) else 1 for entry in group_map.values()])
 
     @property
     def num_pending_events(self) -> int:

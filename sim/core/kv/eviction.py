@@ -192,12 +192,11 @@ class PolicyBlockPool(BlockPool):
             self.free_block_queue.prepend_n((blk,))
         return True
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> int:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """vLLM's ``free_blocks``, then the policy hears which blocks were freed (:meth:`EvictionPolicy.on_freed`)."""
         blocks = [b for b in ordered_blocks if not b.is_null]
-        freed = super().free_blocks(blocks)
+        super().free_blocks(blocks)
         self.policy.on_freed(blocks)
-        return freed
 
     def reset_prefix_cache(self) -> bool:
         if not super().reset_prefix_cache():
@@ -249,13 +248,17 @@ def make_block_pool(
     enable_kv_cache_events: bool,
     policy: EvictionPolicy | None,
     context: EvictionContext | None = None,
+    *,
+    lru_pool: type[BlockPool] = BlockPool,
+    policy_pool: type[PolicyBlockPool] = PolicyBlockPool,
 ) -> BlockPool:
-    """The plain vLLM pool for ``policy=None`` (``lru``), else a :class:`PolicyBlockPool`."""
+    """The plain vLLM pool for ``policy=None`` (``lru``), else a :class:`PolicyBlockPool` (either as a
+    subclass that decides the same, if given: the speed layer's counting pools)."""
     if policy is None or not enable_caching:
-        return BlockPool(
+        return lru_pool(
             config.num_blocks, enable_caching, enable_kv_cache_events, hash_block_size=config.hash_block_size
         )
-    return PolicyBlockPool(
+    return policy_pool(
         config.num_blocks,
         enable_caching,
         enable_kv_cache_events,

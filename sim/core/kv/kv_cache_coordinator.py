@@ -16,8 +16,8 @@ hits are rejected (:func:`~sim.core.kv.specs.check_modelled_layout`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Sequence
 
 from sim.core.kv.block_pool import BlockPool, KVCacheBlock
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, make_block_pool
@@ -48,13 +48,30 @@ class SpecGroup(NamedTuple):
     manager_cls: type[SingleTypeKVCacheManager]
 
 
+#: Builds a coordinator's pool: ``(config, enable_caching, enable_kv_cache_events, eviction policy, its context)``.
+BlockPoolFactory = Callable[[KVCacheConfig, bool, bool, EvictionPolicy | None, EvictionContext | None], BlockPool]
+
+
+@dataclass(frozen=True)
+class KVCacheClasses:
+    """Where a coordinator's pool and per-group managers come from: the core's own by default
+    (:func:`~sim.core.kv.eviction.make_block_pool`, :func:`manager_class_for`).
+
+    The speed layer passes subclasses that take every decision the core's classes take, by calling them,
+    and keep counters besides (``sim.accel.counters``); the tables are the same either way.
+    """
+
+    make_block_pool: BlockPoolFactory = make_block_pool
+    manager_class_for: Callable[[KVCacheSpec], type[SingleTypeKVCacheManager]] = manager_class_for
+
+
 @dataclass(frozen=True)
 class KVCacheOptions:
     """How the pool and the per-group managers are built: everything but the layout (``KVCacheConfig``).
 
     ``max_in_flight_tokens`` sizes the sliding-window admission cap (None: ``max_model_len``);
     ``corrected_mamba_accounting`` is the Mamba what-if of :class:`MambaManager`; an eviction policy
-    replaces the pool's LRU (not vLLM: docs/eviction.md).
+    replaces the pool's LRU (not vLLM: docs/eviction.md); ``classes`` builds the pool and the managers.
     """
 
     enable_kv_cache_events: bool = True
@@ -62,6 +79,7 @@ class KVCacheOptions:
     corrected_mamba_accounting: bool = False
     eviction_policy: EvictionPolicy | None = None
     eviction_context: EvictionContext | None = None
+    classes: KVCacheClasses = field(default_factory=KVCacheClasses)
 
 
 class KVCacheCoordinator:
@@ -74,7 +92,8 @@ class KVCacheCoordinator:
         self.hash_block_size = kv_cache_config.hash_block_size
         if enable_caching:
             check_modelled_layout(kv_cache_config)
-        self.block_pool: BlockPool = make_block_pool(
+        classes = options.classes
+        self.block_pool: BlockPool = classes.make_block_pool(
             kv_cache_config,
             enable_caching,
             options.enable_kv_cache_events,
@@ -87,9 +106,11 @@ class KVCacheCoordinator:
         align = self.scheduler_block_size
         for gid, group in enumerate(kv_cache_config.groups):
             spec = group.spec
+            manager_cls = classes.manager_class_for(spec)
             manager: SingleTypeKVCacheManager
             if isinstance(spec, MambaSpec):
-                manager = MambaManager(
+                assert issubclass(manager_cls, MambaManager)
+                manager = manager_cls(
                     spec,
                     self.block_pool,
                     gid,
@@ -103,7 +124,7 @@ class KVCacheCoordinator:
                     if isinstance(spec, SlidingWindowSpec)
                     else None
                 )
-                manager = manager_class_for(spec)(
+                manager = manager_cls(
                     spec,
                     self.block_pool,
                     gid,

@@ -7,12 +7,17 @@ verifies the pool and every table after a step (``--check-invariants``).
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import ClassVar, Iterable, Sequence
 
 from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, PolicyBlockPool
 from sim.core.kv.hashing import BlockHash
-from sim.core.kv.kv_cache_coordinator import HybridKVCacheCoordinator, KVCacheOptions, get_kv_cache_coordinator
+from sim.core.kv.kv_cache_coordinator import (
+    HybridKVCacheCoordinator,
+    KVCacheClasses,
+    KVCacheOptions,
+    get_kv_cache_coordinator,
+)
 from sim.core.kv.specs import KVCacheConfig, MambaSpec, cdiv
 from sim.core.request import Request, RequestStatus
 
@@ -50,7 +55,11 @@ class KVCacheManager:
     ``corrected_mamba_accounting``: see :class:`~sim.core.kv.single_type_kv_cache_manager.MambaManager`.
     ``eviction_policy``: ``None`` is vLLM's LRU (the plain pool); anything else
     is a what-if policy (:mod:`sim.core.kv.eviction`), told ``eviction_context``.
+    ``kv_cache_classes``: the classes of the pool and the per-group managers (a subclass may choose others
+    that decide the same: :class:`~sim.core.kv.kv_cache_coordinator.KVCacheClasses`).
     """
+
+    kv_cache_classes: ClassVar[KVCacheClasses] = KVCacheClasses()
 
     def __init__(
         self,
@@ -68,14 +77,16 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.max_model_len = kv_cache_config.max_model_len
         self.enable_caching = kv_cache_config.enable_prefix_caching
-        options = KVCacheOptions(
+        #: How the coordinator was built (a speed-layer subclass may build another from it).
+        self.kv_cache_options = KVCacheOptions(
             enable_kv_cache_events,
             max_in_flight_tokens,
             corrected_mamba_accounting,
             eviction_policy,
             eviction_context,
+            self.kv_cache_classes,
         )
-        self.coordinator = get_kv_cache_coordinator(kv_cache_config, options)
+        self.coordinator = get_kv_cache_coordinator(kv_cache_config, self.kv_cache_options)
         self.block_pool = self.coordinator.block_pool
         #: The pool that tags extra Mamba states (a what-if placement needs a policy pool), else None.
         self._extra_state_pool = self.block_pool if isinstance(self.block_pool, PolicyBlockPool) else None
@@ -298,8 +309,8 @@ class KVCacheManager:
         return self.block_pool.get_num_free_blocks()
 
     def num_blocks_per_group(self) -> tuple[int, ...]:
-        """Distinct real blocks held by each group's tables (steps table ``blocks_gN``); O(groups)."""
-        return tuple([m.num_held_blocks for m in self.coordinator.single_type_managers])
+        """Distinct real blocks held by each group's tables (steps table ``blocks_gN``)."""
+        return tuple([m.num_held_blocks() for m in self.coordinator.single_type_managers])
 
     def num_cached_per_group(self) -> tuple[int, ...]:
         """Cache entries of each group (steps table ``cached_gN``)."""
@@ -313,7 +324,8 @@ def check_invariants(manager: KVCacheManager) -> None:
     Checked: no negative ref count; ref counts equal table membership across
     requests and groups; no block both free and owned; block conservation
     (free + owned + null = num_blocks); cached map consistent with the
-    blocks' keys and the per-group entry counts.
+    blocks' keys; the per-group held-block and entry counts the manager reports (a speed layer's
+    counters) equal the tables' and the cached map's.
     """
     pool = manager.block_pool
     holders: dict[int, int] = {}
@@ -352,11 +364,12 @@ def check_invariants(manager: KVCacheManager) -> None:
             raise AssertionError(
                 f"free xor owned: block {b.block_id} ref_cnt={b.ref_cnt}, in free queue={b.block_id in free_ids}"
             )
+    reported = manager.num_blocks_per_group()
     for gid, m in enumerate(manager.coordinator.single_type_managers):
         held = {b.block_id for blocks in m.req_to_blocks.values() for b in blocks if not b.is_null}
-        if len(held) != m.num_held_blocks:
+        if len(held) != reported[gid]:
             raise AssertionError(
-                f"held blocks: group {gid} tables hold {len(held)} distinct blocks but counter says {m.num_held_blocks}"
+                f"held blocks: group {gid} tables hold {len(held)} distinct blocks but the manager says {reported[gid]}"
             )
     owned = len(holders)
     if owned + len(free_ids) + 1 != pool.num_gpu_blocks:
@@ -385,8 +398,8 @@ def check_invariants(manager: KVCacheManager) -> None:
         found = mapped is b if not isinstance(mapped, dict) else mapped.get(b.block_id) is b
         if not found:
             raise AssertionError(f"cached map: block {b.block_id} holds key {key} but the map does not point to it")
-    for gid in set(counts) | set(pool.cached_block_hash_to_block):
-        if counts.get(gid, 0) != pool.num_cached_entries(gid):
+    for gid, entries in enumerate(manager.num_cached_per_group()):
+        if counts.get(gid, 0) != entries:
             raise AssertionError(
-                f"cached map: group {gid} has {counts.get(gid, 0)} entries but counter says {pool.num_cached_entries(gid)}"
+                f"cached map: group {gid} has {counts.get(gid, 0)} entries but the manager says {entries}"
             )

@@ -82,9 +82,6 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         #: Only for requests that took their first allocation with hits (vLLM: "running").
         self.num_cached_block: dict[str, int] = {}
-        #: Distinct real blocks held by this group's tables (steps table ``blocks_gN``).
-        #: Only this manager moves its blocks' ref counts, so it counts each 0 <-> 1 transition.
-        self.num_held_blocks = 0
         self._null_block = block_pool.null_block
         self._init_kind()
 
@@ -132,7 +129,7 @@ class SingleTypeKVCacheManager:
         if num_skipped_blocks > 0:
             new_computed_blocks = new_computed_blocks[num_skipped_blocks:]
         if self.enable_caching:
-            self.num_held_blocks += self.block_pool.touch(new_computed_blocks)
+            self.block_pool.touch(new_computed_blocks)
         else:
             assert not new_computed_blocks, "computed blocks with prefix caching disabled"
         if num_skipped_blocks > 0:
@@ -161,7 +158,6 @@ class SingleTypeKVCacheManager:
         n = self.num_external_blocks(len(req_blocks), num_local_computed_tokens, num_external_computed_tokens)
         if n:
             req_blocks.extend(self.block_pool.get_new_blocks(n, request_id))
-            self.num_held_blocks += n
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks.setdefault(request_id, [])
@@ -169,7 +165,6 @@ class SingleTypeKVCacheManager:
         if num_new <= 0:
             return []
         new_blocks = self.block_pool.get_new_blocks(num_new, request_id)
-        self.num_held_blocks += num_new
         req_blocks.extend(new_blocks)
         return new_blocks
 
@@ -231,7 +226,7 @@ class SingleTypeKVCacheManager:
         """Free the table tail first, so the tail is evicted first."""
         blocks = self.pop_blocks_for_free(request_id)
         if blocks:
-            self.num_held_blocks -= self.block_pool.free_blocks(reversed(blocks))
+            self.block_pool.free_blocks(reversed(blocks))
 
     @classmethod
     def find_longest_cache_hit(
@@ -259,7 +254,7 @@ class SingleTypeKVCacheManager:
             freed.append(blocks[i])
             blocks[i] = null
         if freed:
-            self.num_held_blocks -= self.block_pool.free_blocks(freed)
+            self.block_pool.free_blocks(freed)
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
         """Free blocks no longer attended, from the processed-token boundary."""
@@ -277,6 +272,11 @@ class SingleTypeKVCacheManager:
 
     def new_step_starts(self) -> None:
         return None
+
+    def num_held_blocks(self) -> int:
+        """Distinct real blocks held by this group's tables (steps table ``blocks_gN``), counted in the
+        tables: O(blocks held) (the speed layer's managers keep a counter: ``sim.accel.counters``)."""
+        return len({b.block_id for blocks in self.req_to_blocks.values() for b in blocks if not b.is_null})
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
@@ -521,7 +521,7 @@ class MambaManager(SingleTypeKVCacheManager):
             freed.append(blocks[i])
             blocks[i] = null
         if freed:
-            self.num_held_blocks -= self.block_pool.free_blocks(freed)
+            self.block_pool.free_blocks(freed)
         self.num_retired_blocks[request_id] = last_block
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
@@ -534,7 +534,7 @@ class MambaManager(SingleTypeKVCacheManager):
         if idx is not None and idx < cdiv(processed_computed_tokens, self.block_size) - 1:
             blocks = self.req_to_blocks[request_id]
             if not blocks[idx].is_null:
-                self.num_held_blocks -= self.block_pool.free_blocks((blocks[idx],))
+                self.block_pool.free_blocks((blocks[idx],))
                 blocks[idx] = self._null_block
 
     def _needs_internal_checkpoint(
@@ -633,7 +633,6 @@ class MambaManager(SingleTypeKVCacheManager):
         num_new = max(num_required - len(req_blocks), 0)
         assert num_new <= 1 + checkpoint_block, "num_new_blocks <= max_new_blocks"
         new_blocks = self.block_pool.get_new_blocks(num_new, request_id)
-        self.num_held_blocks += num_new
         returned = req_blocks[prev_len:]
         req_blocks.extend(new_blocks)
         returned.extend(new_blocks)
