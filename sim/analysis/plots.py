@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.patches import StepPatch
 from matplotlib.ticker import MaxNLocator
 
 from sim.analysis.agg_text import shared_text
@@ -374,11 +375,11 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
                 1.0,
             )
             peak = int(counts.max())
-            ax.stairs(
+            _bars_at_zero(
+                ax,
                 counts * (0.4 * top / max(peak, 1)),
                 xs,
-                fill=True,
-                color="#d62728",
+                facecolor="#d62728",
                 alpha=0.3,
                 label=f"{EVICTION_DEFINITION}\n(bars: per {(xs[1] - xs[0]):.3g} {unit}, peak at 40% height)",
             )
@@ -389,6 +390,17 @@ def plot_block_usage(result: ResultSource, path: str | Path, *, group_kinds: Seq
     axes[-1, 0].set_xlabel(xlabel)
     _figure_legend(fig, axes[0, 0])
     return _save(fig, path)
+
+
+def _bars_at_zero(ax: Axes, heights: np.ndarray, edges: np.ndarray, **kw: Any) -> None:
+    """``ax.stairs(heights, edges, fill=True, **kw)`` (filled, no outline) for ``heights`` >= 0, with the data limits taken from the
+    bars' extent (``edges[0]``..``edges[-1]`` by 0..the tallest) instead of matplotlib walking the outline
+    segment by segment (1.6 -> 0.1 ms for 80 bars): the same limits, the same pixels."""
+    patch = StepPatch(heights, edges, baseline=0, fill=True, linewidth=0, **kw)
+    ax.add_artist(patch)  # in ax.patches all the same (legend, drawing order); add_patch would walk it
+    patch.sticky_edges.y.append(0)
+    ax.update_datalim([(edges[0], 0.0), (edges[-1], max(float(heights.max()), 0.0))])
+    ax.autoscale_view()
 
 
 def _usage_axes(ax: Axes) -> None:

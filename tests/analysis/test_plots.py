@@ -422,3 +422,33 @@ def test_text_from_the_shared_cache_is_matplotlib_s(tmp_path, tables, drawn, mon
         reference = io.BytesIO()
         fig.savefig(reference, format="png", dpi=100)
         assert np.array_equal(np.asarray(Image.open(path)), np.asarray(Image.open(reference))[..., :3]), path
+
+
+def test_eviction_bars_are_matplotlib_s_stairs(tmp_path, tables, drawn, monkeypatch):
+    """block_usage's eviction bars (many evictions: a density) skip ax.stairs' walk over their outline and
+    draw the same pixels, with the same data limits."""
+    from matplotlib.patches import StepPatch
+
+    from sim.analysis.plots import _bars_at_zero as bars_at_zero
+    from sim.analysis.plots import plot_block_usage
+
+    kv = tables["kv_events"]
+    many = kv[kv["kind"] == "removed"].iloc[[0]].loc[lambda f: f.index.repeat(400)]
+    many = many.assign(seq=np.arange(400) + 100, time_s=np.linspace(0.0, 3.0, 400), block_id=np.arange(400) % 64)
+    busy = LoadedResult.from_tables(
+        dict(tables, kv_events=pd.concat([kv, many], ignore_index=True)), summary={"clock": "time"}, group_kinds=KINDS
+    )
+    ours = plot_block_usage(busy, tmp_path / "ours.png")
+    monkeypatch.setattr(
+        plots_module, "_bars_at_zero", lambda ax, heights, edges, **kw: ax.stairs(heights, edges, fill=True, **kw)
+    )
+    theirs = plot_block_usage(busy, tmp_path / "theirs.png")
+    bars = [p for p in drawn[0].axes[1].patches if isinstance(p, StepPatch)]
+    assert len(bars) == 1 and drawn[0].axes[1].dataLim.bounds == drawn[1].axes[1].dataLim.bounds
+    assert np.array_equal(imread(ours), imread(theirs))
+    # Alone on an axes, the bars set the data and view limits as ax.stairs does.
+    alone, stairs = Figure().subplots(1, 2)
+    heights, edges = np.array([3.0, 0.0, 7.5, 1.0]), np.array([2.0, 2.5, 3.0, 3.5, 4.0])
+    bars_at_zero(alone, heights, edges, facecolor="red")
+    stairs.stairs(heights, edges, fill=True, facecolor="red")
+    assert alone.dataLim.bounds == stairs.dataLim.bounds and alone.viewLim.bounds == stairs.viewLim.bounds
