@@ -20,7 +20,14 @@ def instance_scenarios(scenario: Scenario) -> list[Scenario]:
     each instance's connector is the offload connector with the tier's options (the cluster then gives it
     the shared store, :mod:`sim.cluster.tier`); a ``decode`` instance's is the ``remote`` connector with
     ``cluster.pd``'s link, a ``prefill`` instance's the ``remote`` connector prefilling nothing remotely (the
-    cluster then wires both to its P/D proxy, :mod:`sim.cluster.pd`)."""
+    cluster then wires both to its P/D proxy, :mod:`sim.cluster.pd`).
+
+    With both, an instance runs the two under vLLM's ``MultiConnector`` (:mod:`sim.connector.multi`): a decode
+    instance ``[remote, offload]``, so a request's own prefill is pulled from its prefill instance whenever
+    there is any of it to pull and the tier serves only what NIXL does not (a re-admission after a preemption,
+    whose one pull is spent), while every request still stores to the tier; a prefill instance ``[offload,
+    remote]``, the tier serving its lookups (its ``remote`` connector never answers a non-zero count) and both
+    keeping a finished leg's blocks, the tier until its stores land, NIXL until the decode instance pulled."""
     cluster = scenario.cluster
     assert cluster is not None
     base = scenario.model_dump(mode="json", exclude={"cluster"})
@@ -34,12 +41,19 @@ def instance_scenarios(scenario: Scenario) -> list[Scenario]:
                     merged.pop(key, None)
             merged.update(overrides)
             data[section] = merged
-        if cluster.tier is not None:  # every instance's connector is the offload connector on the shared tier
-            data["connector"] = {"type": "offload", **cluster.tier.connector_options()}
-        elif spec.role == "decode":  # NIXL's decode side, pulling from the prefill instances (sim.cluster.pd)
-            data["connector"] = {"type": "remote", **(cluster.pd or PDLinkSection()).connector_options()}
+        connectors = []
+        if spec.role == "decode":  # NIXL's decode side, pulling from the prefill instances (sim.cluster.pd)
+            connectors.append({"type": "remote", **(cluster.pd or PDLinkSection()).connector_options()})
         elif spec.role == "prefill":  # NIXL's prefill side: no request of its own is prefilled elsewhere
-            data["connector"] = {"type": "remote", "requests": []}
+            connectors.append({"type": "remote", "requests": []})
+        if cluster.tier is not None:  # the offload connector on the shared tier
+            tier = {"type": "offload", **cluster.tier.connector_options()}
+            # P/D and a tier: vLLM's MultiConnector, the pull first on a decode instance (docstring).
+            connectors.insert(0 if spec.role == "prefill" else len(connectors), tier)
+        if len(connectors) == 1:
+            data["connector"] = connectors[0]
+        elif connectors:
+            data["connector"] = {"type": "multi", "connectors": connectors}
         try:
             out.append(Scenario.model_validate(data))
         except ValidationError as exc:

@@ -35,6 +35,7 @@ from sim.cluster.tier import InstancePort, SharedTier, check_tier
 from sim.cluster.view import KVCacheView
 from sim.config.scenario import Scenario
 from sim.config.yamlio import ScenarioError
+from sim.connector.multi import connector_part
 from sim.connector.offload import OffloadConnector
 from sim.connector.remote import RemoteConnector
 from sim.core.request import Request
@@ -427,8 +428,8 @@ def build_cluster_run(scenario: Scenario, options: RunOptions | None = None, *, 
     for instance, rng in zip(instances, connector_rngs):
         instance.loop = _instance_loop(env, instance, rng, options, feed, stretches)
     if tier is not None:
-        connector = instances[0].components.connector
-        assert isinstance(connector, OffloadConnector)
+        connector = connector_part(instances[0].components.connector, OffloadConnector)
+        assert connector is not None
         tier.chunk_tokens = connector.C
     for request in sorted(sessions.initial if sessions else requests, key=lambda r: r.arrival_time):
         feed.submit(request)
@@ -456,8 +457,8 @@ def _disaggregate(scenario: Scenario, instances: list[Instance], feed: ArrivalFe
     pd = Disaggregation(release=feed.hand, wake=wake, on_idle=feed.recheck_all)
     feed.pd = pd
     for instance, role in zip(instances, roles):
-        connector = instance.components.connector
-        assert isinstance(connector, RemoteConnector), "instance_scenarios gives P/D instances the remote connector"
+        connector = connector_part(instance.components.connector, RemoteConnector)
+        assert connector is not None, "instance_scenarios gives P/D instances the remote connector"
         if role == "decode":
             connector.prefill_side = DecodePort(pd)
         else:
@@ -472,8 +473,8 @@ def _shared_tier(scenario: Scenario, instances: list[Instance], env: simpy.Envir
         return None
     tier = SharedTier(cluster.tier, instances[0].components.group_kinds, lambda: float(env.now))
     for instance in instances:
-        connector = instance.components.connector
-        assert isinstance(connector, OffloadConnector), "instance_scenarios gives each instance the offload connector"
+        connector = connector_part(instance.components.connector, OffloadConnector)
+        assert connector is not None, "instance_scenarios gives each instance the offload connector"
         connector.backend = InstancePort(tier, instance.index)
     return tier
 

@@ -220,8 +220,6 @@ class ClusterSection(_Strict):
         for needed in ("prefill", "decode"):
             if needed not in roles:
                 raise ValueError(f"@instances: a P/D cluster needs at least one {needed} instance (roles: {roles})")
-        if self.tier is not None:
-            raise ValueError("@tier: a shared tier with prefill/decode instances is not modelled (drop one of them)")
         return self
 
     @property

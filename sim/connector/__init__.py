@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sim.connector.base import KVConnector, NoConnector
 from sim.connector.faulty import FaultyConnector
+from sim.connector.multi import MultiConnector
 from sim.connector.offload import OffloadConnector
 from sim.connector.remote import RemoteConnector
 from sim.connector.scripted import ScriptedConnector
@@ -30,11 +31,13 @@ register_connector(ScriptedConnector)
 register_connector(OffloadConnector)
 register_connector(RemoteConnector)
 register_connector(FaultyConnector)
+register_connector(MultiConnector)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "FaultyConnector",
     "KVConnector",
+    "MultiConnector",
     "OffloadConnector",
     "RemoteConnector",
     "NoConnector",

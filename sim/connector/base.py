@@ -111,6 +111,12 @@ class KVConnector:
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """Blocks were allocated for ``request``; ``num_external_tokens`` > 0 means load them."""
 
+    def served_elsewhere(self, request: Request) -> None:
+        """Simulation side (``multi``, :mod:`sim.connector.multi`): another connector loads this admission of
+        ``request``; this one's next ``update_state_after_alloc`` gets 0 external tokens for that reason, not
+        because its own answer was 0 or refused (an offload connector on a shared tier then leaves the
+        admission out of the tier's hit statistics)."""
+
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, KVTransferParams | None]:

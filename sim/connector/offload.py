@@ -408,6 +408,10 @@ class OffloadConnector(KVConnector):
             keys.extend((g.index, self._key(request, j)) for j in range(lo, stop))
         return keys
 
+    def served_elsewhere(self, request: Request) -> None:
+        """Another connector loads this admission: its lookup is not the tier's to count."""
+        self._unadmitted.pop(request.request_id, None)
+
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         state = self._state(request)
         record = self._unadmitted.pop(request.request_id, None)

@@ -12,15 +12,16 @@ dumped) plus the extra files it reads (a small trace); it depends only on ``(see
   open or closed loop, with concurrency), CSV tables and invariant checks;
 * **time**: a model and hardware preset on the time clock with a small generator workload (each structure),
   a small pool, every built-in prefix and eviction policy (``marconi`` included), and no, the ``offload``,
-  the ``remote`` or a ``faulty`` connector, sessions for conversations;
+  the ``remote``, a ``faulty`` or a ``multi`` (``remote`` then ``offload``) connector, sessions for
+  conversations;
 * **trace**: the same on a small Mooncake-format trace written next to the scenario (``trace.jsonl``), with
   ``limit``, ``sample`` and ``time_window``.
 
 About a quarter of the scenarios of every kind then run on a **cluster** (:func:`_cluster`): 1 to 4
 instances (a count, or per-instance cache and scheduler overrides), every built-in router with its options
 (``group_aware``, ``load_weight``, a stale ``view_delay``), and a shared tier or prefill/decode roles with
-their links. A cluster takes no scripted actions, and with a tier or P/D roles no connector of its own, so
-those are dropped. The cluster is drawn from a stream of its own (:data:`CLUSTER_STREAM`): a scenario that
+their links, or both (each instance then runs a ``multi`` connector). A cluster takes no scripted actions,
+and with a tier or P/D roles no connector of its own, so those are dropped. The cluster is drawn from a stream of its own (:data:`CLUSTER_STREAM`): a scenario that
 stays on one instance is the one the same seed gave before the cluster layer existed.
 """
 
@@ -48,7 +49,7 @@ ROUTERS = ("round_robin", "least_loaded", "session_affinity", "prefix_aware")
 #: The trace file a ``trace`` scenario reads, written next to it.
 TRACE_FILE = "trace.jsonl"
 #: Connectors the generator configures (every built-in one; a test checks it covers the registry's).
-CONNECTORS = ("none", "scripted", "offload", "remote", "faulty")
+CONNECTORS = ("none", "scripted", "offload", "remote", "faulty", "multi")
 #: Eviction policies that need the step-time model (a preset model and hardware).
 TIMED_EVICTION = ("marconi",)
 
@@ -113,7 +114,7 @@ def _cluster(rng: np.random.Generator, data: dict[str, Any]) -> None:
     if _chance(rng, 0.3):
         router["view_delay"] = float(_pick(rng, (1, 3, 10))) if data.get("clock") == "steps" else 0.05
     cluster["router"] = router
-    if shape == "tier":
+    if shape == "tier" or (shape == "pd" and _chance(rng, 0.4)):
         tier: dict[str, Any] = {
             "capacity_gb": float(_pick(rng, (0.0005, 0.01, 1.0))),
             "store": _pick(rng, ("on_compute", "on_finish")),
@@ -299,6 +300,8 @@ def _timed_connector(rng: np.random.Generator) -> dict[str, Any]:
     if kind == "offload":
         return {"type": "offload", "capacity_gb": float(_pick(rng, (0.5, 4.0, 64.0)))}
     if kind == "remote":
+        if _chance(rng, 0.4):  # vLLM's MultiConnector: NIXL first, then a CPU tier
+            return {"type": "multi", "connectors": [{"type": "remote"}, {"type": "offload", "capacity_gb": 4.0}]}
         return {"type": "remote"}
     if kind == "faulty":
         inner = _pick(rng, ({"type": "offload", "capacity_gb": 4.0}, {"type": "remote"}))

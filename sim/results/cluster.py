@@ -178,7 +178,7 @@ def _pd_summary(record: ClusterRecord, tables: dict[str, pd.DataFrame]) -> dict[
     for run, role in zip(record.instances, roles):
         if role == "decode" and run.connector_metrics:
             for key in pulls:
-                pulls[key] += run.connector_metrics.get(key, 0)
+                pulls[key] += run.connector_metrics.get(f"remote.{key}", run.connector_metrics.get(key, 0))
     return {
         "prefill_instances": [i for i, r in enumerate(roles) if r == "prefill"],
         "decode_instances": [i for i, r in enumerate(roles) if r == "decode"],

@@ -26,6 +26,7 @@ def _connector_types(data: dict) -> set[str]:
     kinds = {connector.get("type", "none")}
     if "wraps" in connector:
         kinds.add(connector["wraps"]["type"])
+    kinds |= {child["type"] for child in connector.get("connectors", [])}
     return kinds
 
 
@@ -88,11 +89,13 @@ def test_a_quarter_of_the_scenarios_run_on_every_shape_of_cluster() -> None:
         if "tier" in cluster:
             seen.add("tier")
             assert data["connector"] == {"type": "none"}
+            if isinstance(instances, list) and any(i.get("role") for i in instances):
+                seen.add("pd+tier")
         if not files:
             scenario_from_text(yaml.safe_dump(data), f"{data['name']}.yaml")
     assert 50 <= clustered <= 100
     assert routers == set(builtin_router_names())
-    assert {"steps", "time", "trace", "pd", "tier", "overrides"} <= seen
+    assert {"steps", "time", "trace", "pd", "tier", "pd+tier", "overrides"} <= seen
 
 
 def test_the_cluster_layer_leaves_the_other_scenarios_as_they_were(monkeypatch) -> None:
