@@ -14,8 +14,8 @@ core's code:
   queue's change across each of the manager's calls that take, touch or free
   blocks. Invariant: ``held_blocks == num_held_blocks()`` of the core.
 * :class:`CachedEntryCounter` (a mixin on the pool, LRU or policy): one count
-  per group, up when ``_insert_block_hash`` keys a block, down when
-  ``_maybe_evict_cached_block`` drops an entry, cleared with the cache.
+  per group, folded from the pool's own ``stored`` / ``removed`` / ``cleared``
+  events (one per entry keyed, dropped, or all cleared) when asked.
   Invariant: ``num_cached_entries(g)`` equals the core's count of the map.
 
 :data:`COUNTING_CLASSES` hands them to the coordinator
@@ -31,9 +31,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from sim.core.kv.block_pool import BlockPool, KVCacheBlock
+from sim.core.kv.block_pool import BlockPool, KVCacheBlock, KVEventLog
 from sim.core.kv.eviction import EvictionContext, EvictionPolicy, PolicyBlockPool, make_block_pool
-from sim.core.kv.hashing import BlockHash
 from sim.core.kv.kv_cache_coordinator import KVCacheClasses
 from sim.core.kv.kv_cache_manager import KVCacheManager
 from sim.core.kv.single_type_kv_cache_manager import (
@@ -131,39 +130,51 @@ def counting_manager_class_for(spec: KVCacheSpec) -> type[SingleTypeKVCacheManag
 
 
 class CachedEntryCounter(BlockPool):
-    """A pool that counts each group's cache entries (module docstring)."""
+    """A pool that counts each group's cache entries (module docstring).
+
+    The counts are folded from the pool's own event log: an entry stored, dropped or all of them cleared
+    is exactly one ``stored``, ``removed`` or ``cleared`` event, in order, and nothing else writes that log.
+    The events emitted since the last fold are folded when a count is asked and before the log is taken
+    (no hook per block). Without events (``enable_kv_cache_events`` off) the counts are the core's.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: group id -> its cache entries; grown as groups first cache.
         self._num_cached: list[int] = []
+        #: Events of the current log already folded into ``_num_cached``.
+        self._folded = 0
 
-    def _insert_block_hash(
-        self, request_id: str, block: KVCacheBlock, block_hash: BlockHash, group_id: int, num_tokens: int
-    ) -> None:
-        keyed = block.block_hash is not None  # then the core inserts nothing (or refuses a second key)
-        super()._insert_block_hash(request_id, block, block_hash, group_id, num_tokens)
-        if not keyed:
-            counts = self._num_cached
-            while len(counts) <= group_id:
-                counts.append(0)
-            counts[group_id] += 1
+    def _fold(self) -> None:
+        log = self._events
+        kinds = log.kind
+        end = len(kinds)
+        if self._folded == end:
+            return
+        counts = self._num_cached
+        groups = log.group
+        for i in range(self._folded, end):
+            kind = kinds[i]
+            if kind == "stored":
+                group = groups[i]
+                while len(counts) <= group:
+                    counts.append(0)
+                counts[group] += 1
+            elif kind == "removed":
+                counts[groups[i]] -= 1
+            else:  # cleared
+                counts.clear()
+        self._folded = end
 
-    def _maybe_evict_cached_block(self, block: KVCacheBlock, request_id: str, cause: str) -> bool:
-        key = block.block_hash
-        if not super()._maybe_evict_cached_block(block, request_id, cause):
-            return False
-        assert key is not None
-        self._num_cached[key[1]] -= 1
-        return True
-
-    def reset_prefix_cache(self) -> bool:
-        if not super().reset_prefix_cache():
-            return False
-        self._num_cached = []
-        return True
+    def take_event_log(self) -> KVEventLog:
+        self._fold()
+        self._folded = 0
+        return super().take_event_log()
 
     def num_cached_entries(self, group_id: int) -> int:
+        if not self.enable_kv_cache_events:
+            return super().num_cached_entries(group_id)
+        self._fold()
         counts = self._num_cached
         return counts[group_id] if 0 <= group_id < len(counts) else 0
 
