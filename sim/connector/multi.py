@@ -29,10 +29,11 @@ What a load writes (``supplies_mamba_state``, ``pulls_unhashed_blocks``, read by
 right after the lookup that admits a request) is the serving child's: the composite answers for the child that
 gave the last non-zero lookup answer.
 
-Metrics: ``lookups`` and ``hit_tokens`` are the composite's own answers; ``loads``, ``bytes_loaded``,
-``stores`` and ``bytes_stored`` are summed over the children (each load is served by one child); every child's
-own metrics follow under ``<type>.`` (``remote.loads``, ``offload.tier_bytes``). Step columns are the
-children's, summed where two children report the same column (``conn_loads_in_flight``).
+Metrics: ``queries`` (its ``get_num_new_matched_tokens`` calls) and ``hit_tokens`` (the sum of its answers) are
+the composite's own; ``loads``, ``bytes_loaded``, ``stores`` and ``bytes_stored`` are summed over the children
+(each load is served by one child); every child's own metrics follow under ``<type>.`` (``remote.loads``,
+``offload.tier_bytes``). Step columns are the children's, summed where two children report the same column
+(``conn_loads_in_flight``).
 
 Invariants: at most one child loads a request per admission; a request's blocks are freed once, after the
 last delaying child let them go; with one child the composite decides exactly as that child alone.
@@ -86,7 +87,7 @@ class MultiConnector(KVConnector):
         self._extra_sends: dict[str, int] = {}
         #: The child of the last non-zero lookup answer (what the admission it leads to loads).
         self._serving = 0
-        self.counters = {"lookups": 0, "hit_tokens": 0}
+        self.counters = {"queries": 0, "hit_tokens": 0}
 
     # ------------------------------------------------------------------ what a load writes
     @property
@@ -130,6 +131,7 @@ class MultiConnector(KVConnector):
 
     # ------------------------------------------------------------------ lookup and allocation
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        self.counters["queries"] += 1
         answer: tuple[int | None, bool] = (0, False)
         for i, child in enumerate(self.children):
             count, load_async = child.get_num_new_matched_tokens(request, num_computed_tokens)
@@ -139,7 +141,6 @@ class MultiConnector(KVConnector):
                 self._loader[request.request_id] = i
                 self._serving = i
                 answer = (count, load_async)
-        self.counters["lookups"] += 1
         self.counters["hit_tokens"] += answer[0] or 0
         return answer
 

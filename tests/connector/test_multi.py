@@ -109,6 +109,24 @@ def test_no_delaying_child_frees_at_once_and_params_merge_or_clash() -> None:
         clash.request_finished_all_groups(_request(), ([],))
 
 
+class Counting(Child):
+    def metrics(self) -> dict[str, Any]:
+        return {"loads": 2, "bytes_loaded": 10, "queries": 7}
+
+    def step_columns(self) -> dict[str, Any]:
+        return {"conn_loads_in_flight": 1, f"conn_{self.name}": 3}
+
+
+def test_metrics_sum_loads_keep_each_childs_under_its_type_and_columns_add_up() -> None:
+    multi = MultiConnector([Counting("a", 0), Counting("b", 16)])
+    multi.get_num_new_matched_tokens(_request(), 0)
+    multi.get_num_new_matched_tokens(_request(), 0)
+    m = multi.metrics()
+    assert (m["queries"], m["hit_tokens"], m["loads"], m["bytes_loaded"]) == (2, 32, 4, 20)
+    assert (m["a.queries"], m["b.loads"]) == (7, 2) and "stores" not in m
+    assert multi.step_columns() == {"conn_loads_in_flight": 2, "conn_a": 3, "conn_b": 3}
+
+
 def test_parts_and_children_built_from_options() -> None:
     multi = create_connector("multi", connectors=[{"type": "remote"}, {"type": "offload", "capacity_gb": 1}])
     assert isinstance(multi, MultiConnector)
