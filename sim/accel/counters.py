@@ -178,6 +178,17 @@ class CachedEntryCounter(BlockPool):
         counts = self._num_cached
         return counts[group_id] if 0 <= group_id < len(counts) else 0
 
+    def cached_entries_per_group(self, num_groups: int) -> tuple[int, ...]:
+        """``num_cached_entries`` of groups ``0 .. num_groups - 1``, folded once."""
+        if not self.enable_kv_cache_events:
+            core = super().num_cached_entries
+            return tuple([core(g) for g in range(num_groups)])
+        self._fold()
+        counts = self._num_cached
+        if len(counts) < num_groups:
+            counts.extend([0] * (num_groups - len(counts)))
+        return tuple(counts[:num_groups])
+
 
 class CountingBlockPool(CachedEntryCounter, BlockPool):
     """vLLM's LRU :class:`BlockPool` with per-group entry counters."""
@@ -219,5 +230,7 @@ class CountingKVCacheManager(KVCacheManager):
     def num_blocks_per_group(self) -> tuple[int, ...]:
         return tuple([m.held_blocks for m in self.coordinator.single_type_managers])  # type: ignore[attr-defined]
 
+    block_pool: CachedEntryCounter
+
     def num_cached_per_group(self) -> tuple[int, ...]:
-        return tuple(map(self.block_pool.num_cached_entries, range(self.num_kv_cache_groups)))
+        return self.block_pool.cached_entries_per_group(self.num_kv_cache_groups)

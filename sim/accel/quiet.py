@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Final, Sequence
 
-from sim.accel.counters import CountingBlockPool, CountingKVCacheManager
+from sim.accel.counters import CachedEntryCounter, CountingBlockPool, CountingKVCacheManager
 from sim.accel.lookups import HeadOfLineLookups
 from sim.accel.replicas import ReplicaCoordinator
 from sim.core.kv.block_pool import KVCacheBlock, KVEvent, KVEventLog
@@ -215,10 +215,11 @@ class QuietKVCacheManager(CountingKVCacheManager):
         if ReplicaCoordinator.applies(kv_cache_config, kv_options):
             # Built in place of the core's coordinator before anything used it (the LRU pool it made is dropped).
             self.replicas = self.coordinator = ReplicaCoordinator(kv_cache_config, kv_options)
-            self.block_pool = self.coordinator.block_pool
+            pool = self.coordinator.block_pool
+            assert isinstance(pool, CachedEntryCounter)
+            self.block_pool = pool
         managers = self.coordinator.single_type_managers
         self._managers = managers
-        self._group_ids = range(self.num_kv_cache_groups)
         #: Events taken from the pool so far, and num_cached_per_group's last answer with the count it was
         #: computed at (-1: never).
         self._events_taken = 0
@@ -283,7 +284,7 @@ class QuietKVCacheManager(CountingKVCacheManager):
         """
         seen = self._events_taken + self.block_pool.num_pending_events
         if seen != self._cached_counts_at or not self._count_events:
-            self._cached_counts = tuple(map(self.block_pool.num_cached_entries, self._group_ids))
+            self._cached_counts = self.block_pool.cached_entries_per_group(self.num_kv_cache_groups)
             self._cached_counts_at = seen
         return self._cached_counts
 

@@ -38,6 +38,8 @@ def test_entry_counters_follow_the_cached_map(policy: str | None, events: bool) 
     def check() -> None:
         seen.append(_counts(pool))
         assert _counts(pool) == _core_counts(pool)
+        assert isinstance(pool, CountingBlockPool | CountingPolicyBlockPool)
+        assert pool.cached_entries_per_group(3) == tuple(_core_counts(pool))
 
     a, b, c, d = pool.get_new_blocks(4, "r")
     pool.cache_full_blocks("r", [a, b], [11, 22], 0, 2, 16, 0)
