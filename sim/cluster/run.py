@@ -272,6 +272,13 @@ class ClusterRun:
         finally:
             for loop in loops:
                 loop.close()
+        if status == "complete" and any(loop.stalled for loop in loops):
+            # An instance that stalled ended alone; the others ran to their end.
+            stuck = [i.index for i in self.instances if i.loop is not None and i.loop.stalled]
+            status = "stalled"
+            message = (
+                f"stalled: requests are waiting on instance(s) {', '.join(map(str, stuck))} but none can be scheduled"
+            )
         settled = [loop.settle() for loop in loops if isinstance(loop, StretchLoop)]
         if not all(settled) and status != "interrupted" and self.rebuild is not None:
             return self.rebuild().execute()
@@ -534,5 +541,6 @@ def _instance_loop(
         max_steps=options.max_steps,
         on_finished=on_finished,
         held_open=feed.may_route,
+        stall_ends_loop=True,
         **extra,
     )

@@ -112,6 +112,9 @@ class EngineLoop:
     #: While this returns True the loop never ends or stalls for want of work: more requests may still be
     #: released to it (a cluster's router, :mod:`sim.cluster.run`); it sleeps until :meth:`wake`.
     held_open: Callable[[], bool] | None = None
+    #: A stall ends this loop's process (``stalled`` set) instead of stopping the run: a cluster's instance,
+    #: whose stall leaves the other instances running (the cluster reports it at the end).
+    stall_ends_loop: bool = False
     #: Retire each request as it finishes (:meth:`Request.retire`): only when nothing reads a finished
     #: request's prompt or block hashes after its step (no connector, no sessions, no cluster, no ideal hit rate).
     retire_finished: bool = False
@@ -227,6 +230,8 @@ class EngineLoop:
                 if nxt is None and not self._transfers_pending() and not self._is_held_open():
                     if self._has_work():
                         self.stalled = True
+                        if self.stall_ends_loop:
+                            return
                         raise StopRun("stalled: requests are waiting but none can be scheduled and nothing is pending")
                     return
                 self.wake_event = env.event()

@@ -353,3 +353,19 @@ def test_an_instance_stalled_early_takes_no_step_when_the_routing_ends() -> None
     assert result.summary["instances"][0]["steps"] == 6
     requests = result.tables["requests"].set_index("request_id")
     assert requests.loc["r0", "instance"] != 0 and requests.loc["big", "outcome"] != "ok"
+
+
+def test_a_stalled_instance_leaves_the_others_running() -> None:
+    """Instance 0 can never schedule ``big``: it ends alone, stalled, and the others serve r0 and r2 to the end
+    (its stall stopped the whole cluster before, cutting r0 off at its arrival, which no vLLM engine does);
+    the cluster's status says which instance stalled."""
+    text = STALLS_EARLY.replace(
+        "tokens: 194}, {content: tail0, tokens: 47}", "tokens: 100}, {content: tail0, tokens: 20}"
+    )
+    result = _run(text)
+    requests = result.tables["requests"].set_index("request_id")
+    assert requests.loc["r0", "instance"] != 0
+    assert list(requests["outcome"]) == ["failed", "ok", "ok"]  # big, r2, r0 (arrival order)
+    assert requests.loc["r0", "output_tokens"] == 4
+    assert result.status == "stalled"
+    assert result.summary["message"] == ("stalled: requests are waiting on instance(s) 0 but none can be scheduled")
