@@ -42,15 +42,14 @@ from sim.core.request import Request
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components, run_rngs, scenario_workload
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
+from sim.engine.request_rows import record_requests, record_unstarted
 from sim.engine.run import (
     RunOptions,
     RunRecord,
-    _record_requests,
     _step_duration_fn,
     _transfer_service,
     bind_connector,
     invariant_check,
-    record_unstarted,
 )
 from sim.engine.sessions import SessionDriver
 from sim.engine.stretch import StretchLoop, decode_run_of
@@ -295,7 +294,7 @@ class ClusterRun:
             components = replace(instance.components, requests=instance.routed, rejected=[])
             if stopped:
                 loop.fail_in_flight()
-            _record_requests(components, loop, stopped)
+            record_requests(components.recorder, components.requests, [], loop, stopped)
             for request in instance.routed:
                 routing[request.request_id] = instance.index
             instance_crash = None

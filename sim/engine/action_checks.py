@@ -7,7 +7,7 @@ checked actions to a run.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from sim.config import ScenarioError
 from sim.connector.protocol import FaultInjector
@@ -70,9 +70,13 @@ def fault_options(spec: "ActionSpec", scenario: "Scenario", connector: Any, inde
     return options
 
 
-def check_actions(scenario: "Scenario", requests: list[Any], rejected: list[Any], config: Any, connector: Any) -> None:
+def check_actions(
+    scenario: "Scenario", requests: Iterable[Any], rejected: Iterable[Any], config: Any, connector: Any
+) -> None:
     """Everything :func:`sim.engine.actions.build_actions` refuses, checked before a run is built (so
     ``validate`` refuses what ``run`` refuses)."""
+    if not scenario.actions:
+        return
     by_id = {r.request_id: r for r in (*requests, *rejected)}
     for i, spec in enumerate(scenario.actions):
         if spec.evict is not None:

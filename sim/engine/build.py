@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, Union
 
 import numpy as np
 
@@ -38,12 +38,17 @@ from sim.engine.action_checks import check_actions
 from sim.trace.recorder import Recorder
 from sim.workload.build import build_requests
 from sim.workload.errors import WorkloadError
+from sim.workload.stream import StreamedTrace
 
 if TYPE_CHECKING:
     from sim.core.policy.checkpoint import BaseCheckpointPolicy
     from sim.engine.timing import StepTimeModel
 
 T = TypeVar("T")
+
+
+#: A run's requests: a list, or a streamed trace (:mod:`sim.workload.stream`).
+_Workload = Union[list[Request], StreamedTrace]
 
 
 @dataclass
@@ -56,7 +61,9 @@ class Components:
     scheduler: Scheduler
     connector: Connector | None
     recorder: Recorder
-    requests: list[Request]
+    #: The runnable requests in arrival order; a :class:`~sim.workload.stream.StreamedTrace` (each request
+    #: made when the engine takes it) when built with ``streamed``.
+    requests: list[Request] | StreamedTrace
     step_time_model: StepTimeModel | None
     group_kinds: list[str]
     connector_rng: np.random.Generator
@@ -188,9 +195,13 @@ def _check_kv_cache_sizing(scenario: Scenario, config: KVCacheConfig, max_model_
         )
 
 
-def _warn_if_never_fits(config: KVCacheConfig, requests: list[Request], max_model_len: int) -> None:
+def _warn_if_never_fits(config: KVCacheConfig, requests: list[Request] | StreamedTrace, max_model_len: int) -> None:
     """A warning (never a refusal) when some request cannot fit even an empty pool."""
-    longest = max(requests, key=lambda r: min(r.num_prompt_tokens + r.output_len, max_model_len))
+    if isinstance(requests, StreamedTrace):
+        sizes = np.minimum(requests.prompt_tokens + requests.output_len, max_model_len)
+        longest = requests.take(int(np.argmax(sizes)))  # the first of the longest, as max() picks
+    else:
+        longest = max(requests, key=lambda r: min(r.num_prompt_tokens + r.output_len, max_model_len))
     tokens = min(longest.num_prompt_tokens + longest.output_len, max_model_len)
     need = blocks_for_one_request(config, tokens)
     usable = config.num_blocks - 1
@@ -204,10 +215,14 @@ def _warn_if_never_fits(config: KVCacheConfig, requests: list[Request], max_mode
         )
 
 
-def _split_too_long(requests: list[Request], max_model_len: int, mode: str) -> tuple[list[Request], list[Request]]:
+def _split_too_long(requests: _Workload, max_model_len: int, mode: str) -> tuple[_Workload, list[Request]]:
     """(runnable, rejected): a prompt longer than ``max_model_len`` is rejected as vLLM rejects it
     (``too_long: reject``) or is an error naming both fixes (``too_long: error``)."""
-    too_long = [r for r in requests if r.num_prompt_tokens > max_model_len]
+    if isinstance(requests, StreamedTrace):
+        long = requests.prompt_tokens > max_model_len
+        too_long = [requests.take(i) for i in np.flatnonzero(long).tolist()]
+    else:
+        too_long = [r for r in requests if r.num_prompt_tokens > max_model_len]
     if too_long and (mode == "error" or len(too_long) == len(requests)):
         first = too_long[0]
         why = "every request is" if len(too_long) == len(requests) else f"{len(too_long)} request(s) are"
@@ -224,6 +239,8 @@ def _split_too_long(requests: list[Request], max_model_len: int, mode: str) -> t
         )
     if not too_long:
         return requests, []
+    if isinstance(requests, StreamedTrace):
+        return requests.subset(~long), too_long
     ids = {r.request_id for r in too_long}
     return [r for r in requests if r.request_id not in ids], too_long
 
@@ -324,8 +341,11 @@ def _build_workload(
     rng: np.random.Generator,
     max_model_len: int,
     read_at_most: int | None = None,
-) -> tuple[list[Request], list[Request]]:
-    """The workload's requests, hashed at the layout's hash block size: ``(kept, rejected as too long)``."""
+    streamed: bool = False,
+) -> tuple[_Workload, list[Request]]:
+    """The workload's requests, hashed at the layout's hash block size: ``(kept, rejected as too long)``;
+    with ``streamed`` a trace that streams is a :class:`~sim.workload.stream.StreamedTrace` (only for a run
+    without a connector: its per-request options are not checked against it)."""
     try:
         requests = build_requests(
             scenario.workload,
@@ -334,13 +354,15 @@ def _build_workload(
             hash_block_size=config.hash_block_size,
             clock=scenario.clock,
             read_at_most=read_at_most,
+            stream=streamed,
         )
     except WorkloadError as exc:
         text = str(exc)
         raise ScenarioError(text if text.startswith("workload") else f"workload: {text}") from None
-    if not requests:
+    if not len(requests):
         raise _err("workload", "the workload has no requests (check limit, time_window and sample)")
-    if scenario.workload.requests is None:  # scripted workloads are checked by the scenario model
+    if scenario.workload.requests is None and not isinstance(requests, StreamedTrace):
+        # (scripted workloads are checked by the scenario model)
         try:
             check_connector_request_ids(scenario.connector.options(), [r.request_id for r in requests])
         except ValueError as exc:
@@ -354,7 +376,11 @@ def scenario_workload(scenario: Scenario, *, read_at_most: int | None = None) ->
     the run reads it whole)."""
     config = build_kv_cache_config(scenario)
     max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
-    return _build_workload(scenario, config, run_rngs(scenario.seed).workload, max_model_len, read_at_most)
+    requests, rejected = _build_workload(
+        scenario, config, run_rngs(scenario.seed).workload, max_model_len, read_at_most
+    )
+    assert isinstance(requests, list)  # (not streamed)
+    return requests, rejected
 
 
 def _scheduler_config(scenario: Scenario, max_model_len: int) -> SchedulerConfig:
@@ -394,6 +420,7 @@ def build_components(
     dry_run: bool = False,
     fast_paths: bool = True,
     workload: tuple[list[Request], list[Request]] | None = None,
+    streamed: bool = False,
 ) -> Components | None:
     """Build (or, with ``dry_run``, only check) everything a run needs.
 
@@ -408,12 +435,15 @@ def build_components(
     steps table) and the plain :class:`Scheduler`; with ``fast_paths`` False the plain
     :class:`KVCacheManager` and :class:`Scheduler`. The tables are identical
     (tests/test_fastpath_differential.py).
+    ``streamed``: a trace that streams is read as a
+    :class:`~sim.workload.stream.StreamedTrace` (for a run that takes its requests from the loop one at a time
+    and lets them go: no connector, actions, sessions; :func:`sim.engine.run.build_run` decides).
     """
     config = _check_block_limit(build_kv_cache_config(scenario))
     rngs = run_rngs(scenario.seed)
     max_model_len = _resolved(scenario.scheduler.max_model_len, "scheduler.max_model_len")
     # ``workload``: requests already drawn for this layout (a cluster's instances share one workload).
-    requests, rejected = workload or _build_workload(scenario, config, rngs.workload, max_model_len)
+    requests, rejected = workload or _build_workload(scenario, config, rngs.workload, max_model_len, streamed=streamed)
     scheduler_config = _scheduler_config(scenario, max_model_len)
     _check_kv_cache_sizing(scenario, config, max_model_len, scheduler_config.max_in_flight_tokens)
     _warn_if_never_fits(config, requests, max_model_len)

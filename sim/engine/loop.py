@@ -25,6 +25,11 @@ Ordering inside a step (docs/design.md §5): at the start of step ``k`` (time
 Arrivals are fed by the engine loop itself from the time-sorted workload
 rather than by a separate SimPy process: SimPy orders simultaneous events by
 scheduling order, and "arrived just before step k" must not depend on that.
+The workload is an :class:`ArrivalSource`: a sorted list, or a streamed trace
+(:class:`sim.workload.stream.StreamedTrace`) whose requests are made as they
+arrive; with ``record_finished`` a finished request's ``requests`` row is
+recorded at once and the loop lets go of it, so a long trace's requests are
+held only while they run.
 When nothing is runnable the engine sleeps until the next arrival, the next
 due action or a connector wake-up, whichever is first (unless the connector
 counts an in-flight load in engine steps: then it keeps stepping, as vLLM's
@@ -40,7 +45,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator, Iterator, Protocol, Sequence, runtime_checkable
 
 import simpy
 
@@ -52,7 +57,29 @@ from sim.engine.transfer import EngineTransferService
 from sim.trace.recorder import Recorder
 
 
-@dataclass
+@runtime_checkable
+class ArrivalSource(Protocol):
+    """A workload in arrival order whose request ``i`` is made when the loop takes it
+    (:class:`sim.workload.stream.StreamedTrace`, or an :class:`ArrivalList`)."""
+
+    def __len__(self) -> int: ...
+
+    def arrival_time(self, i: int) -> float: ...
+
+    def take(self, i: int) -> Request: ...
+
+
+class ArrivalList(list):
+    """Requests sorted by arrival time, as an :class:`ArrivalSource` (each taken as it is)."""
+
+    def arrival_time(self, i: int) -> float:
+        return self[i].arrival_time
+
+    def take(self, i: int) -> Request:
+        return self[i]
+
+
+@dataclass(slots=True)
 class RequestTimes:
     """Timestamps of one request on the simulated clock (seconds or steps)."""
 
@@ -93,7 +120,8 @@ class EngineLoop:
 
     env: simpy.Environment
     scheduler: Scheduler
-    requests: Sequence[Request]
+    #: The workload: requests in any order (sorted by arrival here), or an :class:`ArrivalSource` as it is.
+    requests: Sequence[Request] | ArrivalSource
     clock: str
     step_duration: Callable[[SchedulerOutput, Scheduler], float]
     recorder: Recorder
@@ -118,6 +146,11 @@ class EngineLoop:
     #: Retire each request as it finishes (:meth:`Request.retire`): only when nothing reads a finished
     #: request's prompt or block hashes after its step (no connector, no sessions, no cluster, no ideal hit rate).
     retire_finished: bool = False
+    #: Record each request's ``requests`` row as it finishes (:func:`sim.engine.request_rows.record_row`, with
+    #: a provisional outcome: ``failed``, or ``ok`` until the run's admissions are known) and let go of the
+    #: request and its times; the run records the rest and settles the outcomes after it ends. Only where
+    #: nothing reads a finished request afterwards (as ``retire_finished``) and no request is released.
+    record_finished: bool = False
 
     times: dict[str, RequestTimes] = field(default_factory=dict)
     #: Arrived requests the connector routed and has handed over since the last step (``route_arrival``).
@@ -141,8 +174,11 @@ class EngineLoop:
         for action in self.actions:
             if action.at is not None:
                 self._actions_by_step.setdefault(action.at, []).append(action)
-        self.requests = sorted(self.requests, key=lambda r: r.arrival_time)
-        self._by_id = {r.request_id: r for r in self.requests}
+        if not isinstance(self.requests, ArrivalSource):
+            self.requests = ArrivalList(sorted(self.requests, key=lambda r: r.arrival_time))
+        self._source: ArrivalSource = self.requests
+        #: The arrived requests the loop still holds (all of them unless ``record_finished``), by id.
+        self._by_id: dict[str, Request] = {}
         #: Requests scheduled at least once whose first token has not come yet.
         self._awaiting_first_token: dict[str, RequestTimes] = {}
         if self.transfers is not None:
@@ -153,7 +189,7 @@ class EngineLoop:
         """Queue a request that was held back; its ``arrival_time`` must not be in the past."""
         assert request.arrival_time >= self.env.now, (request.request_id, request.arrival_time, self.env.now)
         requests = self.requests
-        assert isinstance(requests, list)  # __post_init__ replaced the field with a sorted list
+        assert isinstance(requests, ArrivalList) and not self.record_finished
         bisect.insort(requests, request, lo=self._next_request, key=_arrival_time)
         self._by_id[request.request_id] = request
 
@@ -183,8 +219,9 @@ class EngineLoop:
     def _next_wakeup(self) -> float | None:
         """The earliest simulated time at which something new can happen."""
         candidates: list[float] = []
-        if self._next_request < len(self.requests):
-            candidates.append(float(self.requests[self._next_request].arrival_time))
+        arrival = self.next_arrival_time()
+        if arrival is not None:
+            candidates.append(arrival)
         if self.clock == "steps" and self._actions_by_step:
             # Applied steps are popped, and the steps clock visits every step while busy.
             candidates.append(float(min(self._actions_by_step)))
@@ -195,13 +232,30 @@ class EngineLoop:
             candidates.append(float(due))
         return min(candidates) if candidates else None
 
+    def next_arrival_time(self) -> float | None:
+        """The arrival time of the next request not yet taken (``None``: every request was taken)."""
+        if self._next_request < len(self.requests):
+            return float(self._source.arrival_time(self._next_request))
+        return None
+
+    def held_requests(self) -> list[Request]:
+        """The arrived requests the loop still holds, in arrival order (every arrived one unless
+        ``record_finished``: then those whose row is not recorded yet)."""
+        return list(self._by_id.values())
+
+    def not_arrived(self) -> Iterator[Request]:
+        """The requests never taken, made one at a time, in arrival order."""
+        return map(self._source.take, range(self._next_request, len(self._source)))
+
     # ---------------------------------------------------------------- loop
     def _admit_arrivals(self) -> None:
         now = self.env.now
         connector = self.connector
-        while self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= now:
-            request = self.requests[self._next_request]
+        source = self._source
+        while self._next_request < len(source) and source.arrival_time(self._next_request) <= now:
+            request = source.take(self._next_request)
             self._next_request += 1
+            self._by_id[request.request_id] = request
             self.times[request.request_id] = RequestTimes(arrival_step=self.step)
             if connector is None or not connector.route_arrival(request, self.handed_over.append):
                 self.scheduler.add_request(request)
@@ -261,7 +315,8 @@ class EngineLoop:
     def _due_now(self) -> bool:
         if self.handed_over:
             return True
-        if self._next_request < len(self.requests) and self.requests[self._next_request].arrival_time <= self.env.now:
+        arrival = self.next_arrival_time()
+        if arrival is not None and arrival <= self.env.now:
             return True
         if self.step in self._actions_by_step:
             return True
@@ -338,6 +393,8 @@ class EngineLoop:
         if self.retire_finished:
             for request in finished:
                 request.retire()
+        if self.record_finished and finished:
+            self._record_finished(finished)
         # Nothing ran and nothing moved: sleep until something new can happen.
         self._idle = not (output.num_scheduled_tokens or output.preempted_req_ids)
         self.num_finished += len(finished)
@@ -363,6 +420,15 @@ class EngineLoop:
         self.step += 1
         if self.clock == "steps":
             self.step = max(self.step, int(env.now))
+
+    def _record_finished(self, finished: list[Request]) -> None:
+        from sim.engine.request_rows import provisional_outcome, record_row
+
+        for request in finished:
+            rid = request.request_id
+            record_row(self.recorder, request, self.times.pop(rid), provisional_outcome(request))
+            del self._by_id[rid]
+            self._awaiting_first_token.pop(rid, None)
 
     def _record_kv_events(self) -> None:
         kv = self.kv_manager

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import simpy
@@ -31,15 +31,17 @@ from sim.accel import QuietDecodeScheduler
 from sim.config import load_scenario
 from sim.config.scenario import Scenario
 from sim.core.kv.specs import KVCacheConfig
-from sim.core.request import Request, RequestStatus
+from sim.core.request import Request
 from sim.core.scheduler import Scheduler, SchedulerOutput
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
+from sim.engine.request_rows import record_requests
 from sim.engine.stretch import StretchLoop, decode_run_of
 from sim.engine.transfer import EngineTransferService
 from sim.interrupts import interruptible, pause_hook
 from sim.trace.recorder import Recorder
+from sim.workload.stream import StreamedTrace
 
 if TYPE_CHECKING:
     from sim.engine.sessions import SessionDriver
@@ -101,7 +103,7 @@ class RunRecord:
     steps: int
     simulated_s: float
     connector_metrics: dict[str, Any] | None
-    requests: list[Request]
+    requests: list[Request] | StreamedTrace
     lookup_path: str
     think_used: dict[str, float]
 
@@ -131,76 +133,6 @@ def _transfer_service(env: simpy.Environment, clock: str):
     from sim.engine.transfer import SimPyTransferService, StepTransferService
 
     return StepTransferService() if clock == "steps" else SimPyTransferService(env)
-
-
-def _request_outcome(request: Request, worst: dict[str, str], crashed_id: str | None, stopped: bool) -> str:
-    """A request's outcome: its worst admission outcome if it finished; else why it did not."""
-    if request.request_id == crashed_id:
-        return "crash"
-    if request.status == RequestStatus.FINISHED_ERROR:
-        return "failed"
-    if request.is_finished():
-        return worst.get(request.request_id, "ok")
-    return "failed" if stopped else "unfinished"
-
-
-_OUTCOME_RANK = {"ok": 0, "recompute": 1, "corrupt": 2, "crash": 3}
-
-
-def _worst_outcomes(request_ids: Iterable[str], outcomes: Iterable[str]) -> dict[str, str]:
-    """Each request's worst admission outcome (``ok`` < ``recompute`` < ``corrupt`` < ``crash``); a request whose
-    outcomes are all ``ok`` is left out (read it as ``worst.get(rid, "ok")``)."""
-    worst: dict[str, str] = {}
-    for rid, outcome in zip(request_ids, outcomes):
-        # "ok" ranks lowest and is the default: only worse outcomes are kept (a long run's ids are many).
-        if (
-            outcome != "ok"
-            and outcome in _OUTCOME_RANK
-            and _OUTCOME_RANK[outcome] >= _OUTCOME_RANK.get(worst.get(rid, "ok"), 0)
-        ):
-            worst[rid] = outcome
-    return worst
-
-
-def _record_requests(components: Components, loop: EngineLoop, stopped: bool) -> None:
-    rec = components.recorder
-    worst = _worst_outcomes(rec.column_values("admissions", "request_id"), rec.column_values("admissions", "outcome"))
-    crashed = loop.crash.request_id if loop.crash is not None else None
-    for request in components.requests:
-        t = loop.times.get(request.request_id)
-        arrived = t is not None
-        rec.record_request(
-            request_id=request.request_id,
-            arrival_s=float(request.arrival_time),
-            first_scheduled_s=t.first_scheduled if t is not None else None,
-            first_token_s=t.first_token if t is not None else None,
-            finished_s=t.finished if t is not None else None,
-            prompt_tokens=request.num_prompt_tokens,
-            output_tokens=request.num_output_tokens,
-            local_hit_tokens=max(0, request.num_cached_tokens - request.num_external_computed_tokens),
-            external_hit_tokens=request.num_external_computed_tokens,
-            preemptions=request.num_preemptions,
-            outcome=_request_outcome(request, worst, crashed, stopped) if arrived else "not_arrived",
-        )
-    for request in components.rejected:
-        record_unstarted(rec, request, "rejected")
-
-
-def record_unstarted(recorder: Recorder, request: Request, outcome: str) -> None:
-    """The ``requests`` row of a request that never reached a scheduler (``rejected``, or ``not_arrived``)."""
-    recorder.record_request(
-        request_id=request.request_id,
-        arrival_s=float(request.arrival_time),
-        first_scheduled_s=None,
-        first_token_s=None,
-        finished_s=None,
-        prompt_tokens=request.num_prompt_tokens,
-        output_tokens=0,
-        local_hit_tokens=0,
-        external_hit_tokens=0,
-        preemptions=0,
-        outcome=outcome,
-    )
 
 
 def bind_connector(components: Components, rng: np.random.Generator, transfers: EngineTransferService) -> None:
@@ -286,7 +218,7 @@ class Run:
         stopped = status != "complete"
         if stopped:
             loop.fail_in_flight()
-        _record_requests(components, loop, stopped)
+        record_requests(components.recorder, components.requests, components.rejected, loop, stopped)
         crash = None
         if loop.crash is not None:
             c = loop.crash
@@ -328,7 +260,16 @@ def build_run(
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     options = options or RunOptions()
-    components = build_components(scenario, fast_paths=options.use_fast_paths())
+    # A trace that streams is read as its requests arrive, and a finished one's row recorded and let go,
+    # where nothing reads a finished request (as for retiring one, below) and nothing else names one (actions).
+    streamed = (
+        options.retire_finished
+        and scenario.connector.type == "none"
+        and scenario.workload.sessions is None
+        and not scenario.outputs.ideal_hit_rate
+        and not scenario.actions
+    )
+    components = build_components(scenario, fast_paths=options.use_fast_paths(), streamed=streamed)
     assert components is not None
     env = simpy.Environment()
     transfers = _transfer_service(env, scenario.clock)
@@ -336,8 +277,11 @@ def build_run(
     bind_connector(components, components.connector_rng, transfers)
     progress = _Progress(scenario, len(components.requests)) if options.progress else None
     check = invariant_check(components, options)
-    sessions = _session_driver(scenario, components.requests)
+    sessions = (
+        _session_driver(scenario, components.requests) if not isinstance(components.requests, StreamedTrace) else None
+    )
     hook = pause_hook("run")
+    retire = options.retire_finished and connector is None and sessions is None and not scenario.outputs.ideal_hit_rate
     loop_cls: type[EngineLoop] = EngineLoop
     extra: dict[str, Any] = {}
     if (
@@ -370,10 +314,8 @@ def build_run(
         progress=progress.update if progress else hook,
         max_steps=options.max_steps,
         on_finished=sessions.on_finished if sessions is not None else None,
-        retire_finished=options.retire_finished
-        and connector is None
-        and sessions is None
-        and not scenario.outputs.ideal_hit_rate,
+        retire_finished=retire,
+        record_finished=retire and isinstance(components.requests, StreamedTrace),
         **extra,
     )
     if sessions is not None:

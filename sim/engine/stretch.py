@@ -178,8 +178,9 @@ class StretchLoop(EngineLoop):
         if limit < 2:
             return None
         horizon = math.inf
-        if self._next_request < len(self.requests):
-            horizon = float(self.requests[self._next_request].arrival_time)
+        arrival = self.next_arrival_time()
+        if arrival is not None:
+            horizon = arrival
         now = float(self.env.now)
         if not now < horizon:
             return None

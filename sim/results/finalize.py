@@ -116,6 +116,7 @@ def finalize(record: RunRecord, *, with_sessions: bool = True) -> RunResult:
         limits = None
         if config.has_mamba_layers and config.enable_prefix_caching:
             limits = MambaPlacementLimits(build_checkpoint_policy(scenario, config), config.retention_interval)
+        assert isinstance(record.requests, list)  # (a run with an ideal hit rate is not streamed)
         add_ideal_hit_rate(summary, tables, record.requests, config.scheduler_block_size, limits)
     if record.connector_metrics is not None:
         summary["connector_metrics"] = record.connector_metrics
@@ -123,6 +124,7 @@ def finalize(record: RunRecord, *, with_sessions: bool = True) -> RunResult:
     if scenario.workload.sessions is not None and with_sessions:
         from sim.results.sessions import session_tables_and_summary
 
+        assert isinstance(record.requests, list)  # (a run with sessions is not streamed)
         session_tables, summary["sessions"] = session_tables_and_summary(
             scenario.workload.sessions.mode, record.requests, tables, record.think_used
         )

@@ -203,7 +203,7 @@ def probe(scenario: Scenario, max_steps: int | None = None) -> Observation:
         crash = CrashSite(
             step=c.step, request_id=c.request_id, reason=c.reason, site=crash_site, divergence=crash_divergence
         )
-    by_id = {r.request_id: r for r in loop.requests}
+    by_id = {r.request_id: r for r in loop.held_requests()}
     arrivals = sorted(
         ((t.arrival_step, by_id[rid]) for rid, t in loop.times.items()),
         key=lambda item: (item[0], item[1].arrival_time),

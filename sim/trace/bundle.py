@@ -281,6 +281,9 @@ def write_result(
                 write_table(table, path, tables_format)
                 rows = len(table)
             stage.record_table(name, path, rows)
+            # What the table's conversion freed goes back to the system before the next (the C library's
+            # allocator keeps freed pages otherwise: 0.2 to 0.3 GB a 1M-row group of a long run).
+            pa.default_memory_pool().release_unused()
         if extras is not None:
             extras(directory)
         stage.finish()

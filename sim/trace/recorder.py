@@ -84,6 +84,10 @@ def step_columns(num_groups: int) -> list[str]:
     )
 
 
+#: The ``requests`` columns of times (seconds or steps; NaN, a null in the table, for a time not reached).
+_REQUEST_TIMES = ("arrival_s", "first_scheduled_s", "first_token_s", "finished_s")
+_NAN = float("nan")
+
 #: The ``steps`` columns before the per-group ones, in order.
 _STEP_FIXED = ("step", "time_s", "duration_s", "running", "waiting", "prefill_tokens", "decode_tokens", "free_blocks")
 
@@ -387,10 +391,11 @@ class Recorder:
         self.kv_event_listener: Callable[[KVEventColumns, float], None] | None = None
         names = admission_columns(num_groups)
         self.admissions = Columns(names, _packed_columns("admissions", names))
-        # One row a request: its counts packed (a long run's 1M rows held 5 distinct ints each, about 36 bytes
-        # apiece); its times stay lists (a time it never reached is None).
+        # One row a request, its counts and times packed (a long run's 1M rows held 5 distinct ints and 4
+        # floats each, about 32-36 bytes apiece); a time it never reached is NaN, which the table makes null
+        # (as it made None).
         names = request_columns()
-        self.requests = Columns(names, {n: c for n, c in _packed_columns("requests", names).items() if c == "q"})
+        self.requests = Columns(names, _packed_columns("requests", names))
         self.schedule = Columns(schedule_columns())
         names = step_columns(num_groups)
         self.steps = Columns(names, _packed_columns("steps", names))
@@ -618,5 +623,20 @@ class Recorder:
         yield from columns.data[name]
 
     def record_request(self, **row) -> None:
-        """One finished (or failed) request (docs/design.md §6 ``requests``)."""
+        """One finished (or failed) request (docs/design.md §6 ``requests``); a time it never reached is None."""
+        for name in _REQUEST_TIMES:
+            if row[name] is None:
+                row[name] = _NAN
         self.requests.append(row)
+
+    def settle_request_outcomes(self, worst: Mapping[str, str], crashed: str | None) -> None:
+        """The outcome of each row recorded with a provisional one (:func:`sim.engine.request_rows.provisional_outcome`)
+        made final: ``crash`` for the crashed request, its worst admission outcome (``worst``, ``ok`` if absent)
+        for an ``ok`` one. A row recorded with its final outcome is left as it is."""
+        data = self.requests.data
+        outcomes = data["outcome"]
+        for i, rid in enumerate(data["request_id"]):
+            if rid == crashed:
+                outcomes[i] = "crash"
+            elif rid in worst and outcomes[i] == "ok":
+                outcomes[i] = worst[rid]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Literal, overload
 
 import numpy as np
 
@@ -14,8 +14,35 @@ from sim.workload.errors import WorkloadError
 from sim.workload.generators import generate
 from sim.workload.options import apply_options
 from sim.workload.spec import WorkloadSpec
+from sim.workload.stream import StreamedTrace, stream_trace, streams
 
 CLOCKS = ("time", "steps")
+
+
+@overload
+def build_requests(
+    spec: WorkloadSpec,
+    *,
+    base_dir: Path,
+    rng: np.random.Generator,
+    hash_block_size: int | None = None,
+    clock: str = "time",
+    read_at_most: int | None = None,
+    stream: Literal[False] = False,
+) -> list[Request]: ...
+
+
+@overload
+def build_requests(
+    spec: WorkloadSpec,
+    *,
+    base_dir: Path,
+    rng: np.random.Generator,
+    hash_block_size: int | None = None,
+    clock: str = "time",
+    read_at_most: int | None = None,
+    stream: bool,
+) -> list[Request] | StreamedTrace: ...
 
 
 def build_requests(
@@ -26,7 +53,8 @@ def build_requests(
     hash_block_size: int | None = None,
     clock: str = "time",
     read_at_most: int | None = None,
-) -> list[Request]:
+    stream: bool = False,
+) -> list[Request] | StreamedTrace:
     """The workload's requests, sorted by ``(arrival_time, source order)``.
 
     Each request has ``output_len`` set (its EOS point, ``<= max_tokens``) and
@@ -38,12 +66,16 @@ def build_requests(
     Paths in the spec are relative to ``base_dir``. Bad input raises
     :class:`WorkloadError`. ``read_at_most`` stops reading a trace after that
     many requests in file order (``workload stats --limit``); traces are
-    streamed, so reading costs memory only for the drafts kept.
+    streamed, so reading costs memory only for the drafts kept. With ``stream``, a trace that
+    :func:`~sim.workload.stream.streams` is returned as a :class:`~sim.workload.stream.StreamedTrace` (the same
+    requests in the same order, each made when it is taken; 48 bytes a request until then).
     """
     if clock not in CLOCKS:
         raise WorkloadError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     gen_rng, sample_rng = rng.spawn(2)
     base_dir = Path(base_dir)
+    if stream and read_at_most is None and streams(spec):
+        return stream_trace(spec, base_dir, sample_rng, clock, hash_block_size)
     drafts: Iterable[RequestDraft]
     # A workload's source and its sessions import their modules only when the workload has them.
     if spec.requests is not None:

@@ -27,6 +27,9 @@ class RequestDraft:
     lora_name: str | None = None
     cache_salt: str | None = None
     metadata: dict = field(default_factory=dict)
+    #: ``(line number, byte offset)`` of the JSONL trace line it was read from (``None``: not read from one),
+    #: where a streamed workload (:mod:`sim.workload.stream`) reads the line again when its request is made.
+    source: tuple[int, int] | None = None
 
     def to_request(self) -> Request:
         return Request(

@@ -32,6 +32,18 @@ def apply_options(
 ) -> list[RequestDraft]:
     """The options applied to a stream of drafts; with ``limit`` only the ``limit`` earliest are ever held
     (a bounded heap), so a long trace costs memory in the limit, not in its length."""
+    stream = retimed(drafts, spec, rng, clock)
+    key = attrgetter("arrival", "order")  # the tuple (arrival, order), made in C
+    if spec.limit is not None:
+        return heapq.nsmallest(spec.limit, stream, key=key)
+    return sorted(stream, key=key)
+
+
+def retimed(
+    drafts: Iterable[RequestDraft], spec: WorkloadSpec, rng: np.random.Generator, clock: str
+) -> Iterator[RequestDraft]:
+    """Options 1 to 4 applied to a stream of drafts, in source order: the kept drafts, re-timed (not sorted,
+    not limited)."""
     stream: Iterator[RequestDraft] = iter(drafts)
     if spec.time_window is not None:
         stream = _window(stream, *spec.time_window)
@@ -39,10 +51,7 @@ def apply_options(
         stream = (d for d in stream if rng.random() < spec.sample)  # one draw per request, in source order
     if spec.time_scale != 1.0 or clock == "steps":
         stream = _retime(stream, spec.time_scale, clock == "steps")
-    key = attrgetter("arrival", "order")  # the tuple (arrival, order), made in C
-    if spec.limit is not None:
-        return heapq.nsmallest(spec.limit, stream, key=key)
-    return sorted(stream, key=key)
+    return stream
 
 
 def _window(stream: Iterator[RequestDraft], start: float, end: float) -> Iterator[RequestDraft]:

@@ -211,8 +211,8 @@ def test_recorder_tables_equal_the_general_path(recorder):
     rec.record_kv_event_log(
         event_log(KVEvent("stored", 0, 3, 2**64 - 1, "r0", "cache"), KVEvent("cleared", -1, -1, 0, "", "reset"))
     )
-    rec.requests.append(
-        {
+    rec.record_request(
+        **{
             **{c: 0 for c in EXPECTED_COLUMNS["requests"]},
             "request_id": "r0",
             "outcome": "ok",

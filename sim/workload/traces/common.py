@@ -82,28 +82,54 @@ def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     and a line longer than the ``line_bytes`` limit (:mod:`sim.limits`) raise too, before memory runs out.
     Lines are parsed by orjson, the same objects as ``json.loads`` gives (:func:`_json_line`).
     """
+    with open_trace(path) as fh:
+        for line_no, _, obj in jsonl_entries(fh, path):
+            yield line_no, obj
+
+
+def jsonl_entries(fh: BinaryIO, path: Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``(line number, byte offset of the line, object)`` for each non-blank line of the open trace ``fh``
+    (read from its start), with :func:`jsonl_objects`' checks; :func:`jsonl_line` parses one line again."""
     from sim.limits import limit, over
 
     cap = limit("requests")
     count = 0
-    with open_trace(path) as fh:
+    offset = 0
+    try:
         for line_no, raw in bounded_lines(fh, path, "trace file"):
+            at, offset = offset, offset + len(raw)
             if not raw.strip():
                 continue
-            try:
-                obj = _json_line(raw)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
-            except UnicodeDecodeError as exc:
-                raise WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start} of the line)") from None
-            except RecursionError:
-                raise WorkloadError(f"{path}:{line_no}: JSON nested too deeply") from None
-            if not isinstance(obj, dict):
-                raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+            obj = _parsed(raw, path, line_no)
             count += 1
             if count > cap:
                 raise WorkloadError(f"{path}:{line_no}: " + over("requests", count, "the trace has more requests"))
-            yield line_no, obj
+            yield line_no, at, obj
+    except InputFileError as exc:
+        raise WorkloadError(str(exc)) from None
+
+
+def jsonl_line(fh: BinaryIO, path: Path, line_no: int, offset: int) -> dict[str, Any]:
+    """The object of line ``line_no`` at byte ``offset`` of the open trace ``fh``, parsed as
+    :func:`jsonl_entries` parsed it."""
+    from sim.limits import limit
+
+    fh.seek(offset)
+    return _parsed(fh.readline(limit("line_bytes") + 1), path, line_no)
+
+
+def _parsed(raw: bytes, path: Path, line_no: int) -> dict[str, Any]:
+    try:
+        obj = _json_line(raw)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}:{line_no}: not UTF-8 text (byte {exc.start} of the line)") from None
+    except RecursionError:
+        raise WorkloadError(f"{path}:{line_no}: JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 def where(path: Path | str, line: int) -> str:
