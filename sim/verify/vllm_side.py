@@ -411,6 +411,23 @@ def check_release(wanted: str) -> None:
 # --------------------------------------------------------------------------- scripted connector
 
 
+class _SchedulerRoleOnly:
+    """The worker-side hooks of vLLM's ``KVConnectorBase_V1``, which the harness's connectors (scheduler role
+    only) are never called on: placed first among their bases, it implements those abstract methods once."""
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+
 def _define_connector() -> None:
     """Define the scripted connector class in this module's namespace.
 
@@ -419,7 +436,7 @@ def _define_connector() -> None:
     """
     v = _VLLM
 
-    class HybridsimScriptedConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
+    class HybridsimScriptedConnector(_SchedulerRoleOnly, v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
         """hybridsim's ``scripted`` connector (docs/design.md §4), scheduler role only.
 
         Its script comes in ``kv_connector_extra_config["script"]``. It answers
@@ -490,23 +507,10 @@ def _define_connector() -> None:
         def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
             return False, None
 
-        # Worker-side hooks: never called on the scheduler role.
-        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-            return None
-
-        def wait_for_layer_load(self, layer_name: str) -> None:
-            return None
-
-        def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-            return None
-
-        def wait_for_save(self) -> None:
-            return None
-
     HybridsimScriptedConnector.__module__ = __name__
     globals()[CONNECTOR_CLASS_NAME] = HybridsimScriptedConnector
 
-    class HybridsimReplayConnector(v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
+    class HybridsimReplayConnector(_SchedulerRoleOnly, v["KVConnectorBase_V1"], v["SupportsHMA"]):  # type: ignore[misc,valid-type,name-defined]
         """Answers the scheduler with what hybridsim's connector answered it (a :class:`ReplayScript`).
 
         Each request's ``get_num_new_matched_tokens`` calls get the recorded answers in call order, its
@@ -621,18 +625,6 @@ def _define_connector() -> None:
 
         def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
             return self._finished(request)
-
-        def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-            return None
-
-        def wait_for_layer_load(self, layer_name: str) -> None:
-            return None
-
-        def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-            return None
-
-        def wait_for_save(self) -> None:
-            return None
 
     HybridsimReplayConnector.__module__ = __name__
     globals()[REPLAY_CLASS_NAME] = HybridsimReplayConnector
