@@ -46,6 +46,12 @@ def prefill_leg(request: Request) -> Request:
     )
 
 
+def with_prefill_legs(requests: list[Request]) -> list[Request]:
+    """``requests`` followed by their prefill legs: every request a P/D cluster's instances schedule (the ids
+    ``verify`` and ``export kv-events`` number tokens over)."""
+    return requests + [prefill_leg(r) for r in requests]
+
+
 @dataclass
 class _Leg:
     """One request between its routing and the end of its decode instance's pull."""

@@ -182,11 +182,10 @@ def _export_kv_events(cli: _Cli, bundle: Path, work: Path, rng: np.random.Genera
     """``export kv-events`` of the bundle (a cluster's: one random instance's)."""
     from sim.trace.bundle import load_result
 
-    requests = load_result(bundle).tables["requests"]
+    cluster = load_result(bundle).summary.get("cluster")
     args: list[str | Path] = ["export", "kv-events", bundle, "-o", work / "kv_events.msgpack"]
-    if "instance" in requests.columns:
-        count = int(json.loads((bundle / "summary.json").read_text(encoding="utf-8"))["cluster"]["instances"])
-        args += ["--instance", str(int(rng.integers(count)))]
+    if cluster is not None:
+        args += ["--instance", str(int(rng.integers(int(cluster["instances"]))))]
     check("export kv-events", *cli(*args))
 
 

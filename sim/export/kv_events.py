@@ -144,9 +144,9 @@ def export_kv_events(
     config = components.kv_cache_config
     requests = list(components.requests)
     if disaggregated:  # a prefill instance's requests are the legs the P/D proxy made (as verify numbers them)
-        from sim.cluster.pd import prefill_leg
+        from sim.cluster.pd import with_prefill_legs
 
-        requests += [prefill_leg(r) for r in requests]
+        requests = with_prefill_legs(requests)
     outputs = dict(zip(result.tables["requests"]["request_id"], result.tables["requests"]["output_tokens"]))
     try:
         tokens = lowered_token_ids(requests)

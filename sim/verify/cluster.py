@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings
 
 from sim.cluster.instances import instance_scenarios
-from sim.cluster.pd import prefill_leg
+from sim.cluster.pd import with_prefill_legs
 from sim.config.scenario import Scenario
 from sim.engine.build import CapacityWarning, build_components, scenario_workload
 from sim.engine.run import RunOptions
@@ -110,7 +110,7 @@ def verify_cluster(scenario: Scenario) -> Verdict:
     home = {str(r): int(i) for r, i in zip(requests["request_id"], requests["instance"])}
     fresh, _ = scenario_workload(instances[0])
     if disaggregated:  # the prefill instances' requests are the legs the proxy made
-        fresh = fresh + [prefill_leg(r) for r in fresh]
+        fresh = with_prefill_legs(fresh)
     verdicts: list[str] = []
     first: tuple[Difference, DecisionTrace, DecisionTrace] | None = None
     for i, instance in enumerate(instances):
