@@ -42,7 +42,7 @@ from sim.core.request import Request
 from sim.engine.actions import build_actions
 from sim.engine.build import Components, build_components, run_rngs, scenario_workload
 from sim.engine.loop import EngineLoop, InvariantViolation, StopRun
-from sim.engine.request_rows import record_requests, record_unstarted
+from sim.engine.request_rows import record_unstarted
 from sim.engine.run import (
     RunOptions,
     RunRecord,
@@ -50,6 +50,7 @@ from sim.engine.run import (
     _transfer_service,
     bind_connector,
     invariant_check,
+    loop_record,
 )
 from sim.engine.sessions import SessionDriver
 from sim.engine.stretch import StretchLoop, decode_run_of
@@ -284,43 +285,21 @@ class ClusterRun:
         return self._record(status, message)
 
     def _record(self, status: str, message: str) -> ClusterRecord:
-        stopped = status != "complete"
         records: list[RunRecord] = []
         crash: dict[str, Any] | None = None
         routing: dict[str, int] = {}
+        think_used = dict(self.feed.sessions.think_used) if self.feed.sessions is not None else {}
         for instance in self.instances:
             loop = instance.loop
             assert loop is not None
-            components = replace(instance.components, requests=instance.routed, rejected=[])
-            if stopped:
-                loop.fail_in_flight()
-            record_requests(components.recorder, components.requests, [], loop, stopped)
+            components = replace(instance.components, requests=list(instance.routed), rejected=[])
+            record = loop_record(components, loop, status, message, float(self.env.now), think_used)
+            records.append(record)
             for request in instance.routed:
                 routing[request.request_id] = instance.index
-            instance_crash = None
-            if loop.crash is not None:
-                c = loop.crash
-                instance_crash = {"step": c.step, "time_s": c.time_s, "request_id": c.request_id, "reason": c.reason}
-                if crash is None or (c.time_s, c.step) < (crash["time_s"], crash["step"]):
-                    crash = dict(instance_crash, instance=instance.index)
-            connector = components.connector
-            records.append(
-                RunRecord(
-                    scenario=components.scenario,
-                    recorder=components.recorder,
-                    kv_cache_config=components.kv_cache_config,
-                    group_kinds=list(components.group_kinds),
-                    status=status,
-                    message=message,
-                    crash=instance_crash,
-                    steps=loop.step,
-                    simulated_s=float(self.env.now),
-                    connector_metrics=connector.metrics() if connector is not None else None,
-                    requests=list(instance.routed),
-                    lookup_path=components.scheduler.prefix_policy.lookup_path(connector),
-                    think_used=dict(self.feed.sessions.think_used) if self.feed.sessions is not None else {},
-                )
-            )
+            c = record.crash
+            if c is not None and (crash is None or (c["time_s"], c["step"]) < (crash["time_s"], crash["step"])):
+                crash = dict(c, instance=instance.index)
         unrouted = Recorder(len(self.instances[0].components.kv_cache_config.groups), record_schedule=False)
         for request in self.rejected:
             record_unstarted(unrouted, request, "rejected")

@@ -214,31 +214,45 @@ class Run:
             loop.close()
         if isinstance(loop, StretchLoop) and not loop.settle() and status != "interrupted" and self.rebuild:
             return self.rebuild().execute()
-        components = self.components
-        stopped = status != "complete"
-        if stopped:
-            loop.fail_in_flight()
-        record_requests(components.recorder, components.requests, components.rejected, loop, stopped)
-        crash = None
-        if loop.crash is not None:
-            c = loop.crash
-            crash = {"step": c.step, "time_s": c.time_s, "request_id": c.request_id, "reason": c.reason}
-        connector = components.connector
-        return RunRecord(
-            scenario=components.scenario,
-            recorder=components.recorder,
-            kv_cache_config=components.kv_cache_config,
-            group_kinds=list(components.group_kinds),
-            status=status,
-            message=message,
-            crash=crash,
-            steps=loop.step,
-            simulated_s=float(self.env.now),
-            connector_metrics=connector.metrics() if connector is not None else None,
-            requests=components.requests,
-            lookup_path=components.scheduler.prefix_policy.lookup_path(connector),
-            think_used=dict(self.sessions.think_used) if self.sessions is not None else {},
-        )
+        think_used = dict(self.sessions.think_used) if self.sessions is not None else {}
+        return loop_record(self.components, loop, status, message, float(self.env.now), think_used)
+
+
+def loop_record(
+    components: Components,
+    loop: EngineLoop,
+    status: str,
+    message: str,
+    simulated_s: float,
+    think_used: dict[str, float],
+) -> RunRecord:
+    """What an engine loop that ended with ``status`` leaves: its requests' rows recorded (``components``'
+    requests and rejected ones; those in flight failed when the run stopped early), its crash, the rest of
+    the run's facts. One engine's run and each of a cluster's instances end through it."""
+    stopped = status != "complete"
+    if stopped:
+        loop.fail_in_flight()
+    record_requests(components.recorder, components.requests, components.rejected, loop, stopped)
+    crash = None
+    if loop.crash is not None:
+        c = loop.crash
+        crash = {"step": c.step, "time_s": c.time_s, "request_id": c.request_id, "reason": c.reason}
+    connector = components.connector
+    return RunRecord(
+        scenario=components.scenario,
+        recorder=components.recorder,
+        kv_cache_config=components.kv_cache_config,
+        group_kinds=list(components.group_kinds),
+        status=status,
+        message=message,
+        crash=crash,
+        steps=loop.step,
+        simulated_s=simulated_s,
+        connector_metrics=connector.metrics() if connector is not None else None,
+        requests=components.requests,
+        lookup_path=components.scheduler.prefix_policy.lookup_path(connector),
+        think_used=think_used,
+    )
 
 
 def build_run(
