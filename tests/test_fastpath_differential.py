@@ -21,7 +21,7 @@ import random
 from pathlib import Path
 
 import pytest
-import simpy
+from support.interrupt import interrupt_at
 
 from sim.accel import CountingKVCacheManager, QuietDecodeScheduler, QuietKVCacheManager
 from sim.accel.quiet import QuietHorizons
@@ -601,14 +601,7 @@ def _interrupted(scenario, *, fast: bool, at: float):
     """One run interrupted (a ``KeyboardInterrupt`` from a SimPy event) at simulated time ``at``; its tables
     and whether the engine was inside a stretch then."""
     run = build_run(scenario, RunOptions(write_plots=False, fast_paths=fast))
-
-    def interrupt(_event) -> None:
-        raise KeyboardInterrupt("interrupted (test)")
-
-    event = simpy.Event(run.env)
-    event._ok, event._value = True, None
-    event.callbacks.append(interrupt)
-    run.env.schedule(event, delay=at)
+    interrupt_at(run.env, at)
     inside: list[bool] = []
     loop = run.loop
     if isinstance(loop, StretchLoop):

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 import pytest
-import simpy
+from support.interrupt import interrupt_at
 
 from sim.api import RunOptions
 from sim.cluster.run import build_cluster_run
@@ -279,14 +279,7 @@ def _interrupted(scenario, *, fast: bool, at: float):
     """A cluster run interrupted (a ``KeyboardInterrupt`` from a SimPy event) at time ``at``: its tables, and
     whether an instance was inside a cut stretch then."""
     run = build_cluster_run(scenario, RunOptions(write_plots=False, fast_paths=fast))
-
-    def interrupt(_event) -> None:
-        raise KeyboardInterrupt("interrupted (test)")
-
-    event = simpy.Event(run.env)
-    event._ok, event._value = True, None
-    event.callbacks.append(interrupt)
-    run.env.schedule(event, delay=at)
+    interrupt_at(run.env, at)
     inside: list[bool] = []
     for instance in run.instances:
         loop = instance.loop
